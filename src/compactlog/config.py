@@ -1,0 +1,346 @@
+"""Every topic config key, declared once: name, type, default, allowed range and doc.
+
+Where Kafka has a name for a setting, compactlog uses that name and Kafka's meaning
+(https://kafka.apache.org/documentation/#topicconfigs). Where compactlog's default
+differs from Kafka's, the doc text says so and why. `docs/configuration.md` is
+generated from this table (`compactlog config-docs`), and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from compactlog.errors import InvalidConfigError, UnknownConfigError
+
+LONG_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    name: str
+    type: str  # "long", "int", "double", "boolean", "string", "list"
+    default: Any
+    doc: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+    # -1 is Kafka's "unlimited" for retention settings; allowed besides the range.
+    allow_minus_one: bool = False
+    kafka_default: Any = None
+
+    def allowed(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.type == "boolean":
+            return "true or false"
+        parts = [f"a {self.type}"]
+        if self.minimum is not None and self.maximum is not None:
+            parts.append(f"in [{_fmt(self.minimum)}, {_fmt(self.maximum)}]")
+        elif self.minimum is not None:
+            parts.append(f">= {_fmt(self.minimum)}")
+        if self.allow_minus_one:
+            parts.append("or -1 for unlimited")
+        return " ".join(parts)
+
+    def parse(self, raw: object) -> Any:
+        """Turn a string (CLI, Kafka CreateTopics) or a typed value into the key's type."""
+        value = _convert(self, raw)
+        if self.choices is not None and value not in self.choices:
+            raise InvalidConfigError(self.name, raw, "must be " + self.allowed())
+        if self.type in ("long", "int", "double"):
+            if self.allow_minus_one and value == -1:
+                return value
+            if (self.minimum is not None and value < self.minimum) or (
+                self.maximum is not None and value > self.maximum
+            ):
+                raise InvalidConfigError(self.name, raw, "must be " + self.allowed())
+        return value
+
+
+def _fmt(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+def _convert(key: ConfigKey, raw: object) -> Any:
+    if key.type in ("long", "int"):
+        if isinstance(raw, bool):
+            raise InvalidConfigError(key.name, raw, "must be " + key.allowed())
+        if isinstance(raw, int):
+            return raw
+        try:
+            return int(str(raw).strip())
+        except ValueError:
+            raise InvalidConfigError(key.name, raw, "must be " + key.allowed()) from None
+    if key.type == "double":
+        if isinstance(raw, bool):
+            raise InvalidConfigError(key.name, raw, "must be " + key.allowed())
+        try:
+            return float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise InvalidConfigError(key.name, raw, "must be " + key.allowed()) from None
+    if key.type == "boolean":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("true", "false"):
+            return text == "true"
+        raise InvalidConfigError(key.name, raw, "must be true or false")
+    if key.type == "list":
+        # Kafka lists are comma-separated; normalise spacing and order for cleanup.policy.
+        items = [part.strip() for part in str(raw).split(",") if part.strip()]
+        return ",".join(sorted(set(items)))
+    return str(raw)
+
+
+TOPIC_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "cleanup.policy",
+        "list",
+        "delete",
+        "What happens to old records. `delete`: retention removes old sealed segments. "
+        "`compact`: compaction keeps the latest record per key; retention removes a raw "
+        "segment only once it lies wholly at or below the compaction horizon. "
+        "`compact,delete`: as `compact`, and records older than retention.ms also leave "
+        "the compacted view.",
+        choices=("delete", "compact", "compact,delete"),
+        kafka_default="delete",
+    ),
+    ConfigKey(
+        "segment.bytes",
+        "int",
+        128 * 1024 * 1024,
+        "The active segment is rolled and sealed into a Parquet file once it holds this many "
+        "bytes. Kafka's default is 1 GiB; compactlog uses 128 MiB because only sealed segments "
+        "are compacted, and a smaller active segment lets compaction catch up sooner.",
+        minimum=1024,
+        maximum=INT_MAX,
+        kafka_default=1073741824,
+    ),
+    ConfigKey(
+        "segment.ms",
+        "long",
+        24 * 3600 * 1000,
+        "The active segment is rolled once its first record is this old, even if it is small. "
+        "Kafka's default is 7 days; compactlog uses 1 day so that quiet partitions still "
+        "reach compaction (a known Kafka pitfall).",
+        minimum=1,
+        maximum=LONG_MAX,
+        kafka_default=604800000,
+    ),
+    ConfigKey(
+        "retention.ms",
+        "long",
+        7 * 24 * 3600 * 1000,
+        "With cleanup.policy=delete, sealed segments whose newest record is older than this "
+        "are deleted. -1 keeps them forever.",
+        minimum=0,
+        maximum=LONG_MAX,
+        allow_minus_one=True,
+        kafka_default=604800000,
+    ),
+    ConfigKey(
+        "retention.bytes",
+        "long",
+        -1,
+        "With cleanup.policy=delete, the oldest sealed segments are deleted while the partition "
+        "holds more than this many bytes. -1 means no size limit.",
+        minimum=0,
+        maximum=LONG_MAX,
+        allow_minus_one=True,
+        kafka_default=-1,
+    ),
+    ConfigKey(
+        "min.compaction.lag.ms",
+        "long",
+        0,
+        "Records younger than this are never compacted away.",
+        minimum=0,
+        maximum=LONG_MAX,
+        kafka_default=0,
+    ),
+    ConfigKey(
+        "max.compaction.lag.ms",
+        "long",
+        LONG_MAX,
+        "A partition whose oldest uncompacted record is older than this becomes eligible for "
+        "compaction whatever its dirty ratio.",
+        minimum=1,
+        maximum=LONG_MAX,
+        kafka_default=LONG_MAX,
+    ),
+    ConfigKey(
+        "delete.retention.ms",
+        "long",
+        24 * 3600 * 1000,
+        "How long a tombstone stays in the compacted view after the compaction that first kept "
+        "it. 0 drops tombstones at once, as Pulsar does.",
+        minimum=0,
+        maximum=LONG_MAX,
+        kafka_default=86400000,
+    ),
+    ConfigKey(
+        "min.cleanable.dirty.ratio",
+        "double",
+        0.5,
+        "Compaction becomes due when dirty bytes / (clean + dirty bytes) reaches this ratio.",
+        minimum=0.0,
+        maximum=1.0,
+        kafka_default=0.5,
+    ),
+    ConfigKey(
+        "max.message.bytes",
+        "int",
+        1048588,
+        "The largest record batch the topic accepts, in bytes.",
+        minimum=0,
+        maximum=INT_MAX,
+        kafka_default=1048588,
+    ),
+    ConfigKey(
+        "flush.messages",
+        "long",
+        1,
+        "Appends are fsynced once this many records are unflushed. The default 1 fsyncs every "
+        "batch before the append returns, so an acknowledged record survives power loss. Kafka's "
+        "default is Long.MAX (leave it to the OS), because Kafka relies on replication, which a "
+        "single compactlog node does not have. Set Long.MAX to leave flushing to the OS.",
+        minimum=1,
+        maximum=LONG_MAX,
+        kafka_default=LONG_MAX,
+    ),
+    ConfigKey(
+        "flush.ms",
+        "long",
+        LONG_MAX,
+        "Appends are fsynced once the oldest unflushed record has waited this long.",
+        minimum=0,
+        maximum=LONG_MAX,
+        kafka_default=LONG_MAX,
+    ),
+    ConfigKey(
+        "null.key.policy",
+        "string",
+        "reject",
+        "compactlog: what a compacted topic does with records that have no key. `reject` "
+        "refuses them at produce, as Kafka does; `drop` accepts them and compaction drops them "
+        "(Pulsar's default); `keep` keeps them in the compacted view at their offsets.",
+        choices=("reject", "drop", "keep"),
+    ),
+    ConfigKey(
+        "empty.value.is.tombstone",
+        "boolean",
+        False,
+        "compactlog: treat a record with an empty (zero-length) value as a tombstone, as "
+        "Pulsar does. By default only a null value is a tombstone, as in Kafka.",
+    ),
+    ConfigKey(
+        "parquet.row.group.bytes",
+        "int",
+        4 * 1024 * 1024,
+        "compactlog: target size of one Parquet row group in a sealed segment, in uncompressed "
+        "record bytes. A read seeks to the row group that holds its offset through the row "
+        "groups' offset statistics, so smaller groups mean finer seeks and larger footers.",
+        minimum=64 * 1024,
+        maximum=1024 * 1024 * 1024,
+    ),
+    ConfigKey(
+        "parquet.compression",
+        "string",
+        "zstd",
+        "compactlog: the Parquet codec of sealed segments. Spark, DuckDB and Polars read all "
+        "of these.",
+        choices=("none", "snappy", "zstd", "lz4", "gzip"),
+    ),
+)
+
+TOPIC_KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in TOPIC_KEYS}
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """The effective config of one topic: defaults overlaid with the topic's own values."""
+
+    overrides: Mapping[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.overrides:
+            return self.overrides[name]
+        return TOPIC_KEYS_BY_NAME[name].default
+
+    def effective(self) -> dict[str, Any]:
+        return {key.name: self[key.name] for key in TOPIC_KEYS}
+
+    @property
+    def cleanup_policy(self) -> str:
+        return str(self["cleanup.policy"])
+
+    @property
+    def compacted(self) -> bool:
+        return "compact" in self.cleanup_policy.split(",")
+
+    @classmethod
+    def from_strings(cls, raw: Mapping[str, object]) -> TopicConfig:
+        return cls(validate_overrides(raw))
+
+    def altered(self, set_values: Mapping[str, object], delete: Iterable[str] = ()) -> TopicConfig:
+        merged = dict(self.overrides)
+        for name in delete:
+            lookup(name)
+            merged.pop(name, None)
+        merged.update(validate_overrides(set_values))
+        return TopicConfig(merged)
+
+
+def lookup(name: str) -> ConfigKey:
+    key = TOPIC_KEYS_BY_NAME.get(name)
+    if key is None:
+        raise UnknownConfigError(name, list(TOPIC_KEYS_BY_NAME))
+    return key
+
+
+def validate_overrides(raw: Mapping[str, object]) -> dict[str, Any]:
+    return {name: lookup(name).parse(value) for name, value in raw.items()}
+
+
+def parse_assignments(items: Iterable[str], describe: Callable[[str], str] = str) -> dict[str, str]:
+    """Parse `KEY=VALUE` strings, as given to `--config`."""
+    result: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise InvalidConfigError(describe(item), item, "expected KEY=VALUE")
+        result[name.strip()] = value.strip()
+    return result
+
+
+def render_docs() -> str:
+    """The config reference as Markdown; docs/configuration.md holds its output."""
+    lines = [
+        "# Topic configuration",
+        "",
+        "Generated by `compactlog config-docs` from `src/compactlog/config.py`; do not edit by "
+        "hand. Set a key when creating a topic (`compactlog topics create T --config KEY=VALUE`) "
+        "or later (`compactlog topics alter T --config KEY=VALUE`).",
+        "",
+    ]
+    for key in TOPIC_KEYS:
+        lines.append(f"## `{key.name}`")
+        lines.append("")
+        lines.append(key.doc)
+        lines.append("")
+        lines.append(f"- type: {key.type}")
+        lines.append(f"- default: `{_render_value(key.default)}`")
+        lines.append(f"- allowed: {key.allowed()}")
+        if key.kafka_default is not None and key.kafka_default != key.default:
+            lines.append(f"- Kafka's default: `{_render_value(key.kafka_default)}`")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _render_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,1 @@
+"""The log store: records and batches, log and sealed segments, manifests, partitions."""

@@ -1,0 +1,621 @@
+"""A partition: sealed Parquet segments, rolled log segments and one active log segment.
+
+Directory layout:
+  manifest/   versioned PartitionManifest documents (see manifest.py)
+  log/        <base offset>.log files of v2 record batches; the last is the active one
+  segments/   <base offset>-<id>.parquet sealed segments, listed by the manifest
+
+Invariants:
+- Offsets are assigned here, densely, and never reused; sealing and retention keep them.
+- A sealed segment exists for readers only once the manifest lists it. A log file is
+  deleted only after a manifest listing its sealed form is committed.
+- One process writes a partition (the store's writer lock); others open it read-only
+  and `refresh` to see new data. Compaction commits to the manifest concurrently, so
+  the writer's manifest commits retry on conflict by re-applying their change.
+
+Sealing protocol for a rolled log segment (a crash after any step is recovered on open):
+  1. write the Parquet file under a temporary name and fsync it;
+  2. rename it to its final name in segments/ and fsync the directory;
+  3. commit a manifest version that lists it;
+  4. delete the log file.
+Recovery removes temporary files (crash in 1), Parquet files no manifest lists (crash
+after 2), and log files wholly covered by sealed segments (crash after 3).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pyarrow as pa
+
+from compactlog.config import TopicConfig
+from compactlog.errors import (
+    ConflictError,
+    CorruptionError,
+    InvalidRecordError,
+    ReadOnlyStoreError,
+)
+from compactlog.storage import fsutil
+from compactlog.storage.logfile import LogSegment, TornTail, base_offset_of, log_file_name
+from compactlog.storage.manifest import PartitionManifest, SegmentInfo, VersionedDocument
+from compactlog.storage.records import (
+    BatchError,
+    BatchHeader,
+    ProducerRecord,
+    Record,
+    check_batch,
+    encode_batch,
+    parse_header,
+    set_base_offset,
+)
+from compactlog.storage.sealed import (
+    RECORD_COLUMNS,
+    SealedSegment,
+    WriteOptions,
+    record_bytes,
+    table_to_records,
+    write_segment,
+)
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+DEFAULT_MAX_RECORDS = 500
+DEFAULT_MAX_BYTES = 1024 * 1024
+
+
+@dataclass
+class RecoveryReport:
+    """What opening a partition had to repair, for logs and for `topics describe`."""
+
+    torn_tails: list[TornTail] = field(default_factory=list)
+    removed_files: list[Path] = field(default_factory=list)
+    corrupt_ranges: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.torn_tails or self.removed_files or self.corrupt_ranges)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    partition: int
+    base_offset: int
+    last_offset: int
+
+
+class Partition:
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        index: int,
+        config: Callable[[], TopicConfig],
+        writable: bool,
+        clock: Clock = time.time,
+    ) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.index = index
+        self._config = config
+        self.writable = writable
+        self.clock = clock
+        self.manifest_doc = VersionedDocument(directory / "manifest")
+        self.log_dir = directory / "log"
+        self.segment_dir = directory / "segments"
+        self.manifest = PartitionManifest()
+        self.manifest_version = 0
+        self.logs: list[LogSegment] = []  # rolled segments, then the active one last
+        self._sealed: dict[str, SealedSegment] = {}
+        self._lock = threading.RLock()
+        self._appended = threading.Condition(self._lock)
+        self.recovery = RecoveryReport()
+        self.auto_seal = True
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}/{self.index}"
+
+    @property
+    def config(self) -> TopicConfig:
+        return self._config()
+
+    # -- opening and recovery -------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, topic: str, index: int, config: Callable[[], TopicConfig],
+               clock: Clock = time.time) -> None:
+        """Lay out a new, empty partition: an empty manifest and an active segment at 0."""
+        for sub in ("manifest", "log", "segments"):
+            (directory / sub).mkdir(parents=True, exist_ok=True)
+        VersionedDocument(directory / "manifest").commit(0, PartitionManifest().to_json())
+        (directory / "log" / log_file_name(0)).touch()
+
+    def open(self) -> Partition:
+        with self._lock:
+            self._load_manifest(initial=True)
+            if self.writable:
+                self._recover_files()
+            self._open_logs()
+            if self.writable:
+                for segment in self.logs:
+                    if segment.torn_tail:
+                        self.recovery.torn_tails.append(segment.torn_tail)
+                    self.recovery.corrupt_ranges.extend(
+                        hole.describe() for hole in segment.corrupt.values()
+                    )
+                if self.auto_seal:
+                    self.seal_rolled()
+        return self
+
+    def _load_manifest(self, initial: bool = False) -> None:
+        loaded = self.manifest_doc.load()
+        if loaded is None:
+            has_data = any(self.segment_dir.glob("*.parquet")) or any(
+                p.stat().st_size > 0 for p in self.log_dir.glob("*.log")
+            )
+            if has_data or not initial:
+                raise CorruptionError(
+                    self.manifest_doc.directory,
+                    f"partition {self.name} holds data files but its manifest is missing",
+                )
+            if not self.writable:
+                return
+            self.manifest_doc.directory.mkdir(parents=True, exist_ok=True)
+            self.manifest_version = self.manifest_doc.commit(0, PartitionManifest().to_json())
+            self.manifest = PartitionManifest()
+            return
+        version, body = loaded
+        self.manifest = PartitionManifest.from_json(body, self.manifest_doc.path_of(version))
+        self.manifest_version = version
+
+    def _recover_files(self) -> None:
+        removed = self.recovery.removed_files
+        for directory in (self.log_dir, self.segment_dir, self.manifest_doc.directory):
+            directory.mkdir(parents=True, exist_ok=True)
+            removed.extend(fsutil.remove_temp_files(directory))
+        listed = {segment.file for segment in self.manifest.segments}
+        for path in self.segment_dir.glob("*.parquet"):
+            if path.name not in listed:
+                path.unlink()
+                removed.append(path)
+                log.info("%s: removed %s, sealed but never committed", self.name, path.name)
+        sealed_end = self.manifest.sealed_end_offset
+        log_files = sorted(self._log_files())
+        for position, (base, path) in enumerate(log_files):
+            next_base = log_files[position + 1][0] if position + 1 < len(log_files) else None
+            if next_base is not None and next_base <= sealed_end:
+                path.unlink()  # sealed and committed; the crash came before its deletion
+                removed.append(path)
+                log.info("%s: removed %s, already sealed", self.name, path.name)
+        if removed:
+            fsutil.fsync_dir(self.log_dir)
+
+    def _log_files(self) -> list[tuple[int, Path]]:
+        found = []
+        for path in self.log_dir.glob("*.log"):
+            base = base_offset_of(path)
+            if base is not None:
+                found.append((base, path))
+        return found
+
+    def _open_logs(self) -> None:
+        sealed_end = self.manifest.sealed_end_offset
+        files = sorted(self._log_files())
+        if not files:
+            if not self.writable:
+                return
+            path = self.log_dir / log_file_name(sealed_end)
+            path.touch()
+            fsutil.fsync_dir(self.log_dir)
+            files = [(sealed_end, path)]
+        for base, path in files:
+            if self.writable or base >= sealed_end or base == files[-1][0]:
+                segment = LogSegment(path, base, writable=self.writable)
+                segment.scan(repair=self.writable)
+                self.logs.append(segment)
+
+    # -- appending ------------------------------------------------------------------
+
+    @property
+    def active(self) -> LogSegment:
+        return self.logs[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next record will get (Kafka's log end offset / high watermark)."""
+        if self.logs:
+            return max(self.active.next_offset, self.manifest.sealed_end_offset)
+        return self.manifest.sealed_end_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.manifest.log_start_offset
+
+    def append(self, records: Sequence[ProducerRecord]) -> AppendResult:
+        """Append records as one batch, atomically: all get offsets, or none does."""
+        self._require_writable()
+        if not records:
+            raise InvalidRecordError(f"{self.name}: nothing to append")
+        self.check_keys(records)
+        now_ms = int(self.clock() * 1000)
+        with self._lock:
+            batch = encode_batch(records, self.log_end_offset, now_ms)
+            return self._append_encoded(batch, parse_header(batch), now_ms)
+
+    def check_keys(self, records: Sequence[ProducerRecord]) -> None:
+        """Refuse null keys on a compacted topic whose null.key.policy is reject."""
+        config = self.config
+        if config.compacted and config["null.key.policy"] == "reject":
+            for position, record in enumerate(records):
+                if record.key is None:
+                    raise InvalidRecordError(
+                        f"record {position} has no key; compacted topic {self.topic!r} "
+                        "refuses null keys (null.key.policy=reject)"
+                    )
+
+    def append_batch(self, batch: bytearray) -> AppendResult:
+        """Append a v2 batch built elsewhere (a Kafka producer): validated, offsets assigned."""
+        self._require_writable()
+        try:
+            header = check_batch(batch, 0, len(batch))
+        except BatchError as error:
+            raise InvalidRecordError(f"{self.name}: rejected record batch: {error}") from None
+        if header.size != len(batch):
+            raise InvalidRecordError(
+                f"{self.name}: rejected record batch: {len(batch) - header.size} trailing bytes"
+            )
+        with self._lock:
+            set_base_offset(batch, self.log_end_offset)
+            return self._append_encoded(batch, parse_header(batch), int(self.clock() * 1000))
+
+    def _append_encoded(self, batch: bytearray, header: BatchHeader, now_ms: int) -> AppendResult:
+        config = self.config
+        if len(batch) > config["max.message.bytes"]:
+            raise InvalidRecordError(
+                f"{self.name}: record batch of {len(batch)} bytes exceeds "
+                f"max.message.bytes={config['max.message.bytes']}"
+            )
+        if self._should_roll(len(batch), now_ms):
+            self._roll()
+        active = self.active
+        active.append(batch, header)
+        active.unflushed_records += header.record_count
+        if active.first_unflushed_ms is None:
+            active.first_unflushed_ms = now_ms
+        if (
+            active.unflushed_records >= config["flush.messages"]
+            or now_ms - active.first_unflushed_ms >= config["flush.ms"]
+        ):
+            active.flush()
+        self._appended.notify_all()
+        result = AppendResult(self.index, header.base_offset, header.last_offset)
+        if self.auto_seal and len(self.logs) > 1:
+            self.seal_rolled()
+        return result
+
+    def _should_roll(self, incoming: int, now_ms: int) -> bool:
+        active = self.active
+        if active.is_empty:
+            return False
+        if active.size + incoming > self.config["segment.bytes"]:
+            return True
+        first_ts = active.first_batch_max_timestamp
+        return first_ts is not None and now_ms - first_ts >= self.config["segment.ms"]
+
+    def _roll(self) -> None:
+        """Start a new active segment; the old one waits to be sealed."""
+        old = self.active
+        old.flush()
+        path = self.log_dir / log_file_name(old.next_offset)
+        segment = LogSegment(path, old.next_offset, writable=True)
+        fsutil.fsync_dir(self.log_dir)
+        self.logs.append(segment)
+        log.debug("%s: rolled segment at offset %d", self.name, old.next_offset)
+
+    def roll_if_due(self) -> bool:
+        """Roll an idle active segment that has passed segment.ms (appends alone never would)."""
+        self._require_writable()
+        with self._lock:
+            if self._should_roll(0, int(self.clock() * 1000)):
+                self._roll()
+                if self.auto_seal:
+                    self.seal_rolled()
+                return True
+        return False
+
+    def flush(self) -> None:
+        with self._lock:
+            for segment in self.logs:
+                if segment.unflushed_records:
+                    segment.flush()
+
+    def _require_writable(self) -> None:
+        if not self.writable:
+            raise ReadOnlyStoreError(f"{self.name} is open read-only")
+
+    # -- sealing --------------------------------------------------------------------
+
+    def seal_rolled(self) -> list[SegmentInfo]:
+        """Seal every rolled log segment into Parquet, oldest first."""
+        self._require_writable()
+        sealed = []
+        with self._lock:
+            while len(self.logs) > 1:
+                segment = self.logs[0]
+                if segment.is_empty:
+                    self._drop_log(segment)
+                    continue
+                sealed.append(self._seal(segment))
+        return sealed
+
+    def _seal(self, segment: LogSegment) -> SegmentInfo:
+        config = self.config
+        options = WriteOptions(config["parquet.row.group.bytes"], config["parquet.compression"])
+        name = f"{segment.base_offset:020d}-{uuid.uuid4().hex[:8]}.parquet"
+        temp = fsutil.temp_path(self.segment_dir, name)
+        try:
+            info = write_segment(segment.iter_batches(), temp, name, options)
+            fsutil.publish_replace(temp, self.segment_dir / name)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        for hole in segment.corrupt.values():
+            log.error("%s: sealing %s without %s", self.name, segment.path.name, hole.describe())
+
+        def add_segment(manifest: PartitionManifest) -> PartitionManifest:
+            return replace(manifest, segments=(*manifest.segments, info))
+
+        self.commit_manifest(add_segment)
+        self._drop_log(segment)
+        log.info(
+            "%s: sealed offsets %d..%d (%d records, %d bytes) into %s",
+            self.name, info.base_offset, info.last_offset, info.record_count,
+            info.size_bytes, name,
+        )
+        return info
+
+    def _drop_log(self, segment: LogSegment) -> None:
+        segment.close()
+        segment.path.unlink(missing_ok=True)
+        fsutil.fsync_dir(self.log_dir)
+        self.logs.remove(segment)
+
+    def commit_manifest(
+        self, change: Callable[[PartitionManifest], PartitionManifest], attempts: int = 20
+    ) -> PartitionManifest:
+        """Apply `change` to the current manifest and commit it, re-applying on conflict."""
+        for _ in range(attempts):
+            updated = change(self.manifest)
+            try:
+                version = self.manifest_doc.commit(self.manifest_version, updated.to_json())
+            except ConflictError:
+                self._load_manifest()
+                continue
+            self.manifest = updated
+            self.manifest_version = version
+            return updated
+        raise ConflictError(f"{self.name}: manifest kept changing; gave up after {attempts} tries")
+
+    # -- reading --------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Pick up what other processes committed or appended (read-only instances)."""
+        with self._lock:
+            if self.manifest_doc.latest_version() != self.manifest_version:
+                self._load_manifest()
+            if self.writable:
+                return
+            known = {segment.base_offset for segment in self.logs}
+            for base, path in sorted(self._log_files()):
+                if base not in known:
+                    try:
+                        segment = LogSegment(path, base, writable=False)
+                    except FileNotFoundError:
+                        continue
+                    self.logs.append(segment)
+            self.logs.sort(key=lambda s: s.base_offset)
+            for segment in self.logs:
+                segment.scan(repair=False)
+            sealed_end = self.manifest.sealed_end_offset
+            while len(self.logs) > 1 and self.logs[0].next_offset <= sealed_end:
+                self.logs.pop(0).close()
+
+    def sealed_segment(self, info: SegmentInfo) -> SealedSegment:
+        segment = self._sealed.get(info.file)
+        if segment is None:
+            segment = SealedSegment(self.segment_dir / info.file, info)
+            self._sealed[info.file] = segment
+        return segment
+
+    def read(
+        self,
+        offset: int,
+        max_records: int = DEFAULT_MAX_RECORDS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> list[Record]:
+        """Records from `offset` on, across sealed and log segments, in offset order.
+
+        Returns at least one record when any exists at or after `offset`, then stops at
+        max_records or once max_bytes are reached. Offsets below the log start are
+        served from the log start, as a consumer resetting to earliest expects.
+        """
+        with self._lock:
+            manifest = self.manifest
+            logs = list(self.logs)
+        offset = max(offset, manifest.log_start_offset)
+        records: list[Record] = []
+        taken = 0
+        for table in self._sealed_tables(manifest, offset):
+            if len(records) >= max_records or (records and taken >= max_bytes):
+                return records
+            table = table.slice(0, max_records - len(records))
+            table = _trim_to_bytes(table, max_bytes - taken)
+            records.extend(table_to_records(table))
+            taken += record_bytes(table)
+        if records:
+            offset = records[-1].offset + 1
+        for segment in logs:
+            if len(records) >= max_records or (records and taken >= max_bytes):
+                break
+            if segment.next_offset <= offset:
+                continue
+            more = segment.read(offset, max_records - len(records), max(max_bytes - taken, 1))
+            records.extend(more)
+            taken += sum(16 + len(r.key or b"") + len(r.value or b"") for r in more)
+            if more:
+                offset = more[-1].offset + 1
+        return records
+
+    def _sealed_tables(self, manifest: PartitionManifest, offset: int) -> Iterator[pa.Table]:
+        segments = manifest.segments
+        start = bisect.bisect_left([s.last_offset for s in segments], offset)
+        for info in segments[start:]:
+            yield from self.sealed_segment(info).iter_tables(offset, RECORD_COLUMNS)
+
+    def wait_for_data(self, offset: int, timeout: float) -> bool:
+        """Block until a record at or after `offset` may exist, or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        with self._appended:
+            while self.log_end_offset <= offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                if self.writable:
+                    self._appended.wait(remaining)
+                else:
+                    # Another process appends: poll the files.
+                    self._appended.wait(min(remaining, 0.05))
+                    self.refresh()
+        return True
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """The first offset whose record timestamp is >= `timestamp` (Kafka's ListOffsets)."""
+        with self._lock:
+            manifest = self.manifest
+            logs = list(self.logs)
+        for info in manifest.segments:
+            if info.max_timestamp >= timestamp and info.last_offset >= manifest.log_start_offset:
+                found = self.sealed_segment(info).offset_for_timestamp(timestamp)
+                if found is not None and found >= manifest.log_start_offset:
+                    return found
+        for segment in logs:
+            found = segment.offset_for_timestamp(timestamp)
+            if found is not None:
+                return found
+        return None
+
+    # -- retention ------------------------------------------------------------------
+
+    def apply_retention(self) -> list[SegmentInfo]:
+        """Delete whole sealed segments past retention.ms or retention.bytes.
+
+        The active and rolled log segments are never deleted. On compacted topics only
+        segments at or below the compaction horizon may go (none before a compaction).
+        """
+        self._require_writable()
+        config = self.config
+        horizon = (self.manifest.compaction or {}).get("horizon")
+        now_ms = int(self.clock() * 1000)
+        with self._lock:
+            doomed = _expired_segments(self.manifest, config, now_ms, horizon)
+            if not doomed:
+                return []
+            doomed_files = {info.file for info in doomed}
+
+            def drop(manifest: PartitionManifest) -> PartitionManifest:
+                kept = tuple(s for s in manifest.segments if s.file not in doomed_files)
+                new_start = kept[0].base_offset if kept else manifest.sealed_end_offset
+                return replace(
+                    manifest,
+                    segments=kept,
+                    log_start_offset=max(manifest.log_start_offset, new_start),
+                )
+
+            self.commit_manifest(drop)
+            for info in doomed:
+                self._sealed.pop(info.file, None)
+                (self.segment_dir / info.file).unlink(missing_ok=True)
+                log.info(
+                    "%s: retention deleted %s (offsets %d..%d)",
+                    self.name, info.file, info.base_offset, info.last_offset,
+                )
+            fsutil.fsync_dir(self.segment_dir)
+            return doomed
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            sealed_bytes = sum(s.size_bytes for s in self.manifest.segments)
+            log_bytes = sum(s.size for s in self.logs)
+            return {
+                "log_start_offset": self.log_start_offset,
+                "log_end_offset": self.log_end_offset,
+                "sealed_segments": len(self.manifest.segments),
+                "sealed_bytes": sealed_bytes,
+                "log_segments": len(self.logs),
+                "log_bytes": log_bytes,
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            if self.writable:
+                self.flush()
+            for segment in self.logs:
+                segment.close()
+            self.logs = []
+            self._sealed.clear()
+
+
+def _trim_to_bytes(table: pa.Table, budget: int) -> pa.Table:
+    """Keep rows while the running size stays within `budget`, but always the first row."""
+    if table.num_rows <= 1 or record_bytes(table) <= budget:
+        return table
+    low, high = 1, table.num_rows
+    while low < high:
+        middle = (low + high + 1) // 2
+        if record_bytes(table.slice(0, middle)) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return table.slice(0, low)
+
+
+def _expired_segments(
+    manifest: PartitionManifest, config: TopicConfig, now_ms: int, horizon: int | None
+) -> list[SegmentInfo]:
+    """The prefix of sealed segments that retention deletes now.
+
+    Under `compact` and `compact,delete` only segments wholly at or below the compaction
+    horizon are candidates: the compacted view must not lose what it has not covered.
+    """
+    candidates = list(manifest.segments)
+    if config.compacted:
+        if horizon is None:
+            return []
+        candidates = [s for s in candidates if s.last_offset <= horizon]
+    doomed: list[SegmentInfo] = []
+    retention_ms = config["retention.ms"]
+    if retention_ms >= 0:
+        for info in candidates:
+            if now_ms - info.max_timestamp <= retention_ms:
+                break  # a prefix only, so the log stays contiguous from its start
+            doomed.append(info)
+    retention_bytes = config["retention.bytes"]
+    if retention_bytes >= 0:
+        total = sum(s.size_bytes for s in manifest.segments) - sum(s.size_bytes for s in doomed)
+        for info in candidates[len(doomed):]:
+            if total <= retention_bytes:
+                break
+            doomed.append(info)
+            total -= info.size_bytes
+    return doomed

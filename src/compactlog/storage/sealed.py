@@ -1,0 +1,299 @@
+"""Sealed segments: immutable Parquet files, one row per record, sorted by offset.
+
+This is the one module that knows the on-disk format of sealed data, so that the
+format can change in one place (Arrow IPC reads faster; Parquet is what Spark, DuckDB
+and Polars read natively, and it compresses real payloads several-fold).
+
+Columns (see docs/parquet-schema.md): the record itself (offset, timestamp, key, value,
+headers), `value_size` so that compaction can find tombstones without reading values,
+and the batch fields needed to rebuild Kafka record batches for the wire (batch base and
+last offset, attributes, producer id, epoch and base sequence).
+
+Row groups hold about `parquet.row.group.bytes` of records, and carry min/max statistics
+on offset and timestamp, so a read seeks to its row group from the footer alone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from itertools import repeat
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from aiokafka.record._crecords import DefaultRecordBatch
+
+from compactlog.errors import CorruptionError
+from compactlog.storage.manifest import SegmentInfo
+from compactlog.storage.records import BatchHeader, Headers, Record
+
+FORMAT_VERSION = "1"
+HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+SCHEMA = pa.schema(
+    [
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("timestamp", pa.int64(), nullable=False),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", HEADER_TYPE),
+        pa.field("value_size", pa.int32()),
+        pa.field("batch_base_offset", pa.int64(), nullable=False),
+        pa.field("batch_last_offset", pa.int64(), nullable=False),
+        pa.field("batch_attributes", pa.int16(), nullable=False),
+        pa.field("producer_id", pa.int64(), nullable=False),
+        pa.field("producer_epoch", pa.int16(), nullable=False),
+        pa.field("base_sequence", pa.int32(), nullable=False),
+    ]
+)
+RECORD_COLUMNS = ["offset", "timestamp", "key", "value", "headers"]
+_new_record = partial(tuple.__new__, Record)
+_NO_HEADERS: Headers = ()
+
+
+class _ColumnBuffer:
+    """Columns of decoded records, flushed to Parquet one row group at a time."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+        self.nbytes = 0
+
+    def add_batch(self, header: BatchHeader, raw: bytes) -> int:
+        cols = self.columns
+        count = 0
+        for record in DefaultRecordBatch(raw):
+            key = record.key
+            value = record.value
+            cols["offset"].append(record.offset)
+            cols["timestamp"].append(record.timestamp)
+            cols["key"].append(key)
+            cols["value"].append(value)
+            cols["headers"].append(record.headers or None)
+            cols["value_size"].append(None if value is None else len(value))
+            count += 1
+            self.nbytes += 16 + (len(key) if key else 0) + (len(value) if value else 0)
+        for name, item in (
+            ("batch_base_offset", header.base_offset),
+            ("batch_last_offset", header.last_offset),
+            ("batch_attributes", header.attributes),
+            ("producer_id", header.producer_id),
+            ("producer_epoch", header.producer_epoch),
+            ("base_sequence", header.base_sequence),
+        ):
+            cols[name].extend(repeat(item, count))
+        return count
+
+    def to_table(self) -> pa.Table:
+        arrays = [pa.array(self.columns[f.name], type=f.type) for f in SCHEMA]
+        table = pa.Table.from_arrays(arrays, schema=SCHEMA)
+        self.columns = {name: [] for name in SCHEMA.names}
+        self.nbytes = 0
+        return table
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    row_group_bytes: int
+    compression: str
+
+
+def write_segment(
+    batches: Iterable[tuple[BatchHeader, bytes]],
+    path: Path,
+    file_name: str,
+    options: WriteOptions,
+) -> SegmentInfo:
+    """Write the given whole, validated batches as one Parquet file at `path` and fsync it.
+
+    `file_name` is the name the file will be published under (recorded in SegmentInfo).
+    """
+    buffer = _ColumnBuffer()
+    writer = pq.ParquetWriter(
+        path,
+        SCHEMA,
+        compression=options.compression,
+        use_dictionary=["key", "batch_attributes", "producer_id", "producer_epoch"],
+        column_encoding={
+            "offset": "DELTA_BINARY_PACKED",
+            "timestamp": "DELTA_BINARY_PACKED",
+            "batch_base_offset": "DELTA_BINARY_PACKED",
+            "batch_last_offset": "DELTA_BINARY_PACKED",
+        },
+        write_statistics=["offset", "timestamp", "key"],
+    )
+    base_offset = last_offset = -1
+    record_count = 0
+    min_ts, max_ts = 2**63 - 1, -(2**63)
+    try:
+        for header, raw in batches:
+            if base_offset < 0:
+                base_offset = header.base_offset
+            last_offset = header.last_offset
+            if header.record_count:
+                min_ts = min(min_ts, header.base_timestamp)
+                max_ts = max(max_ts, header.max_timestamp)
+            record_count += buffer.add_batch(header, raw)
+            if buffer.nbytes >= options.row_group_bytes:
+                writer.write_table(buffer.to_table())
+        if buffer.columns["offset"]:
+            writer.write_table(buffer.to_table())
+        writer.add_key_value_metadata(
+            {
+                "compactlog.format": FORMAT_VERSION,
+                "compactlog.base_offset": str(base_offset),
+                "compactlog.last_offset": str(last_offset),
+            }
+        )
+    finally:
+        writer.close()
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+    if record_count == 0:
+        min_ts = max_ts = 0
+    return SegmentInfo(
+        file=file_name,
+        base_offset=base_offset,
+        last_offset=last_offset,
+        record_count=record_count,
+        size_bytes=path.stat().st_size,
+        min_timestamp=min_ts,
+        max_timestamp=max_ts,
+        sealed_at_ms=int(time.time() * 1000),
+    )
+
+
+class SealedSegment:
+    """Reads one sealed segment, seeking by the offset statistics of its row groups."""
+
+    def __init__(self, path: Path, info: SegmentInfo) -> None:
+        self.path = path
+        self.info = info
+        self._file: pq.ParquetFile | None = None
+        self._group_first: list[int] = []
+        self._group_last: list[int] = []
+        self._group_min_ts: list[int] = []
+        self._group_max_ts: list[int] = []
+        self._cached: tuple[tuple[int, tuple[str, ...] | None], pa.Table] | None = None
+
+    def _corrupt(self, detail: str) -> CorruptionError:
+        return CorruptionError(
+            self.path,
+            f"sealed segment with offsets {self.info.base_offset}..{self.info.last_offset}: "
+            f"{detail}",
+        )
+
+    def _open(self) -> pq.ParquetFile:
+        if self._file is not None:
+            return self._file
+        try:
+            handle = pq.ParquetFile(self.path)
+            meta = handle.metadata
+            offset_col = meta.schema.to_arrow_schema().get_field_index("offset")
+            ts_col = meta.schema.to_arrow_schema().get_field_index("timestamp")
+            for i in range(meta.num_row_groups):
+                group = meta.row_group(i)
+                stats = group.column(offset_col).statistics
+                ts_stats = group.column(ts_col).statistics
+                if stats is None or not stats.has_min_max:
+                    raise self._corrupt(f"row group {i} has no offset statistics")
+                self._group_first.append(stats.min)
+                self._group_last.append(stats.max)
+                self._group_min_ts.append(ts_stats.min if ts_stats is not None else 0)
+                self._group_max_ts.append(ts_stats.max if ts_stats is not None else 2**63 - 1)
+        except FileNotFoundError:
+            raise self._corrupt("the file is missing") from None
+        except (OSError, pa.ArrowException) as error:
+            raise self._corrupt(f"unreadable Parquet: {error}") from None
+        self._file = handle
+        return handle
+
+    def _read_group(self, index: int, columns: list[str] | None) -> pa.Table:
+        cache_key = (index, tuple(columns) if columns is not None else None)
+        if self._cached is not None and self._cached[0] == cache_key:
+            return self._cached[1]
+        handle = self._open()
+        try:
+            table = handle.read_row_group(index, columns=columns)
+        except (OSError, pa.ArrowException) as error:
+            raise self._corrupt(f"row group {index} unreadable: {error}") from None
+        # Sequential readers ask for the same row group many times in small steps.
+        self._cached = (cache_key, table)
+        return table
+
+    def iter_tables(self, start_offset: int, columns: list[str] | None = None) -> Iterator[pa.Table]:
+        """Row groups from the one holding `start_offset`, sliced to start there.
+
+        `columns`, when given, must include "offset".
+        """
+        self._open()
+        first = bisect.bisect_left(self._group_last, start_offset)
+        for index in range(first, len(self._group_last)):
+            table = self._read_group(index, columns)
+            if self._group_first[index] < start_offset:
+                table = table.slice(_count_below(table.column("offset"), start_offset))
+            yield table
+
+    def close(self) -> None:
+        self._file = None
+        self._cached = None
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """The first offset whose timestamp is >= `timestamp`, or None."""
+        self._open()
+        for index, max_ts in enumerate(self._group_max_ts):
+            if max_ts < timestamp:
+                continue
+            table = self._read_group(index, ["offset", "timestamp"])
+            for offset, ts in zip(
+                table.column("offset").to_pylist(), table.column("timestamp").to_pylist(), strict=True
+            ):
+                if ts >= timestamp:
+                    return int(offset)
+        return None
+
+
+def _count_below(offsets: pa.ChunkedArray, start_offset: int) -> int:
+    # Offsets are sorted within a file, so a binary search finds the slice point.
+    return bisect.bisect_left(_OffsetView(offsets), start_offset)
+
+
+class _OffsetView:
+    """A sorted offset column, indexable without converting it all to Python ints."""
+
+    def __init__(self, offsets: pa.ChunkedArray) -> None:
+        self.array = offsets.combine_chunks() if offsets.num_chunks != 1 else offsets.chunk(0)
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, index: int) -> int:
+        return int(self.array[index].as_py())
+
+
+def table_to_records(table: pa.Table) -> list[Record]:
+    """Python records from a table with the record columns."""
+    offsets = table.column("offset").to_pylist()
+    timestamps = table.column("timestamp").to_pylist()
+    keys = table.column("key").to_pylist()
+    values = table.column("value").to_pylist()
+    headers_col = table.column("headers")
+    if headers_col.null_count == len(headers_col) or all(
+        len(chunk.values) == 0 for chunk in headers_col.chunks
+    ):
+        headers: Iterable[Headers] = repeat(_NO_HEADERS)
+    else:
+        headers = [
+            tuple((h["key"], h["value"]) for h in hs) if hs else _NO_HEADERS
+            for hs in headers_col.to_pylist()
+        ]
+    return list(map(_new_record, zip(offsets, timestamps, keys, values, headers)))
+
+
+def record_bytes(table: pa.Table) -> int:
+    """Approximate size of the records in `table`, as counted against read limits."""
+    return int(table.column("key").nbytes + table.column("value").nbytes) + 16 * table.num_rows

@@ -1,0 +1,338 @@
+"""The log store: a data directory of topics, each with N partitions.
+
+Layout:
+  <data dir>/.writer.lock            held (flock) by the one process that may write
+  <data dir>/topics/<topic>/meta/    versioned topic document: id, partitions, config
+  <data dir>/topics/<topic>/<n>/     partition n (see partition.py)
+
+Topic creation builds the whole topic under a temporary directory and renames it into
+place, so a crash never leaves half a topic. Deletion renames the topic away first, so
+it disappears at once, then removes the files; leftovers of either are cleaned on open.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compactlog.config import TopicConfig
+from compactlog.errors import (
+    DataDirLockedError,
+    InvalidTopicNameError,
+    ReadOnlyStoreError,
+    TopicExistsError,
+    UnknownPartitionError,
+    UnknownTopicError,
+    UserError,
+)
+from compactlog.storage import fsutil
+from compactlog.storage.manifest import VersionedDocument
+from compactlog.storage.partition import AppendResult, Clock, Partition, RecoveryReport
+from compactlog.storage.partitioner import NullKeyPartitioner, partition_for_key
+from compactlog.storage.records import ProducerRecord
+
+log = logging.getLogger(__name__)
+
+TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+MAX_PARTITIONS = 10_000
+CREATING = ".creating-"
+DELETING = ".deleting-"
+
+
+def validate_topic_name(name: str) -> None:
+    if name in (".", "..") or not TOPIC_NAME.match(name):
+        raise InvalidTopicNameError(
+            f"invalid topic name {name!r}: use 1 to 249 characters from "
+            "a-z, A-Z, 0-9, '.', '_' and '-', and not '.' or '..'"
+        )
+
+
+@dataclass(frozen=True)
+class TopicMeta:
+    name: str
+    topic_id: str
+    partitions: int
+    config: TopicConfig
+    created_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "topic_id": self.topic_id,
+            "partitions": self.partitions,
+            "config": dict(self.config.overrides),
+            "created_ms": self.created_ms,
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> TopicMeta:
+        return cls(
+            name=str(body["name"]),
+            topic_id=str(body["topic_id"]),
+            partitions=int(body["partitions"]),
+            config=TopicConfig.from_strings(body.get("config") or {}),
+            created_ms=int(body["created_ms"]),
+        )
+
+
+class Topic:
+    def __init__(self, store: LogStore, directory: Path, meta: TopicMeta, version: int) -> None:
+        self.store = store
+        self.directory = directory
+        self.meta = meta
+        self.meta_version = version
+        self.partitions: list[Partition] = []
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def config(self) -> TopicConfig:
+        return self.meta.config
+
+    def partition(self, index: int) -> Partition:
+        if not 0 <= index < len(self.partitions):
+            raise UnknownPartitionError(self.name, index, len(self.partitions))
+        return self.partitions[index]
+
+    def open_partitions(self) -> None:
+        for index in range(self.meta.partitions):
+            partition = Partition(
+                self.directory / str(index),
+                self.name,
+                index,
+                lambda: self.meta.config,
+                writable=not self.store.read_only,
+                clock=self.store.clock,
+            )
+            self.partitions.append(partition.open())
+
+    def close(self) -> None:
+        for partition in self.partitions:
+            partition.close()
+
+
+class LogStore:
+    """Topics in a data directory. One writer process at a time; any number of readers."""
+
+    def __init__(self, data_dir: Path, read_only: bool, clock: Clock) -> None:
+        self.data_dir = data_dir
+        self.topics_dir = data_dir / "topics"
+        self.read_only = read_only
+        self.clock = clock
+        self._topics: dict[str, Topic] = {}
+        self._lock = threading.RLock()
+        self._lock_fd: int | None = None
+        self._null_keys = NullKeyPartitioner()
+
+    @classmethod
+    def open(
+        cls, data_dir: str | os.PathLike[str], read_only: bool = False, clock: Clock = time.time
+    ) -> LogStore:
+        path = Path(data_dir)
+        store = cls(path, read_only, clock)
+        if read_only:
+            if not store.topics_dir.is_dir():
+                raise UserError(f"no compactlog data directory at {path}")
+        else:
+            store.topics_dir.mkdir(parents=True, exist_ok=True)
+            store._take_writer_lock()
+            store._remove_leftovers()
+        return store
+
+    def __enter__(self) -> LogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _take_writer_lock(self) -> None:
+        path = self.data_dir / ".writer.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown process"
+            os.close(fd)
+            raise DataDirLockedError(self.data_dir, holder) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+        self._lock_fd = fd
+
+    def _remove_leftovers(self) -> None:
+        for entry in self.topics_dir.iterdir():
+            if entry.name.startswith((CREATING, DELETING)):
+                shutil.rmtree(entry, ignore_errors=True)
+                log.info("removed %s, left by an interrupted create or delete", entry.name)
+
+    def close(self) -> None:
+        with self._lock:
+            for topic in self._topics.values():
+                topic.close()
+            self._topics.clear()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def _require_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(f"data directory {self.data_dir} is open read-only")
+
+    # -- topics ---------------------------------------------------------------------
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: Mapping[str, object] | None = None
+    ) -> Topic:
+        self._require_writable()
+        validate_topic_name(name)
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise UserError(f"partitions must be in [1, {MAX_PARTITIONS}], got {partitions}")
+        topic_config = TopicConfig.from_strings(config or {})
+        with self._lock:
+            final = self.topics_dir / name
+            if final.exists():
+                raise TopicExistsError(name)
+            meta = TopicMeta(
+                name, uuid.uuid4().hex, partitions, topic_config, int(self.clock() * 1000)
+            )
+            staging = self.topics_dir / f"{CREATING}{name}-{uuid.uuid4().hex[:8]}"
+            staging.mkdir()
+            for index in range(partitions):
+                Partition.create(staging / str(index), name, index, lambda: topic_config)
+            VersionedDocument(staging / "meta").commit(0, meta.to_json())
+            try:
+                os.rename(staging, final)
+            except OSError:
+                shutil.rmtree(staging, ignore_errors=True)
+                if final.exists():
+                    raise TopicExistsError(name) from None
+                raise
+            fsutil.fsync_dir(self.topics_dir)
+            log.info("created topic %s with %d partitions", name, partitions)
+            return self.topic(name)
+
+    def list_topics(self) -> list[str]:
+        if not self.topics_dir.is_dir():
+            return []
+        return sorted(
+            entry.name
+            for entry in self.topics_dir.iterdir()
+            if entry.is_dir() and not entry.name.startswith(".")
+        )
+
+    def topic(self, name: str) -> Topic:
+        with self._lock:
+            topic = self._topics.get(name)
+            if topic is not None:
+                if self.read_only:
+                    self._refresh_meta(topic)
+                return topic
+            directory = self.topics_dir / name
+            if not TOPIC_NAME.match(name) or not directory.is_dir():
+                raise UnknownTopicError(name)
+            loaded = VersionedDocument(directory / "meta").load()
+            if loaded is None:
+                raise UnknownTopicError(name)
+            version, body = loaded
+            topic = Topic(self, directory, TopicMeta.from_json(body), version)
+            topic.open_partitions()
+            self._topics[name] = topic
+            return topic
+
+    def _refresh_meta(self, topic: Topic) -> None:
+        document = VersionedDocument(topic.directory / "meta")
+        if document.latest_version() != topic.meta_version:
+            loaded = document.load()
+            if loaded is None:
+                raise UnknownTopicError(topic.name)
+            topic.meta_version, body = loaded
+            topic.meta = TopicMeta.from_json(body)
+
+    def alter_topic(
+        self, name: str, set_values: Mapping[str, object], delete: Iterable[str] = ()
+    ) -> TopicConfig:
+        self._require_writable()
+        with self._lock:
+            topic = self.topic(name)
+            new_config = topic.meta.config.altered(set_values, delete)
+            meta = TopicMeta(
+                topic.meta.name, topic.meta.topic_id, topic.meta.partitions, new_config,
+                topic.meta.created_ms,
+            )
+            topic.meta_version = VersionedDocument(topic.directory / "meta").commit(
+                topic.meta_version, meta.to_json()
+            )
+            topic.meta = meta
+            log.info("altered topic %s: set %s, deleted %s", name, dict(set_values), list(delete))
+            return new_config
+
+    def delete_topic(self, name: str) -> None:
+        self._require_writable()
+        with self._lock:
+            directory = self.topics_dir / name
+            if not TOPIC_NAME.match(name) or not directory.is_dir():
+                raise UnknownTopicError(name)
+            topic = self._topics.pop(name, None)
+            if topic is not None:
+                topic.close()
+            doomed = self.topics_dir / f"{DELETING}{name}-{uuid.uuid4().hex[:8]}"
+            os.rename(directory, doomed)
+            fsutil.fsync_dir(self.topics_dir)
+            shutil.rmtree(doomed, ignore_errors=True)
+            log.info("deleted topic %s", name)
+
+    def recovery_reports(self, name: str) -> list[RecoveryReport]:
+        return [partition.recovery for partition in self.topic(name).partitions]
+
+    # -- records --------------------------------------------------------------------
+
+    def append(
+        self,
+        topic_name: str,
+        records: Sequence[ProducerRecord],
+        partition: int | None = None,
+    ) -> list[AppendResult]:
+        """Append records, each to its key's partition (or to `partition` when given).
+
+        Records for one partition go in as one batch, in the order given; the results list
+        one (partition, base offset, last offset) per partition touched.
+        """
+        self._require_writable()
+        topic = self.topic(topic_name)
+        count = len(topic.partitions)
+        # Check the whole request first, so that a refused record leaves nothing appended.
+        topic.partitions[0].check_keys(records)
+        if partition is not None:
+            return [topic.partition(partition).append(records)]
+        groups: dict[int, list[ProducerRecord]] = defaultdict(list)
+        keyless = self._null_keys.next(count)
+        for record in records:
+            target = keyless if record.key is None else partition_for_key(record.key, count)
+            groups[target].append(record)
+        return [topic.partitions[index].append(batch) for index, batch in sorted(groups.items())]
+
+    def flush(self) -> None:
+        with self._lock:
+            for topic in self._topics.values():
+                for partition in topic.partitions:
+                    partition.flush()
+
+    def tick(self) -> None:
+        """Periodic upkeep for a long-running writer: roll idle segments, apply retention."""
+        self._require_writable()
+        for name in self.list_topics():
+            for partition in self.topic(name).partitions:
+                partition.roll_if_due()
+                partition.apply_retention()
