@@ -8,11 +8,11 @@ generated from this table (`compactlog config-docs`), and a test keeps the two e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from compactlog.errors import InvalidConfigError, UnknownConfigError
+from compactlog.errors import InvalidConfigError, UnknownConfigError, UserError
 
 LONG_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
@@ -36,7 +36,8 @@ class ConfigKey:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         if self.type == "boolean":
             return "true or false"
-        parts = [f"a {self.type}"]
+        article = "an" if self.type[0] in "aeiou" else "a"
+        parts = [f"{article} {self.type}"]
         if self.minimum is not None and self.maximum is not None:
             parts.append(f"in [{_fmt(self.minimum)}, {_fmt(self.maximum)}]")
         elif self.minimum is not None:
@@ -305,13 +306,13 @@ def validate_overrides(raw: Mapping[str, object]) -> dict[str, Any]:
     return {name: lookup(name).parse(value) for name, value in raw.items()}
 
 
-def parse_assignments(items: Iterable[str], describe: Callable[[str], str] = str) -> dict[str, str]:
+def parse_assignments(items: Iterable[str]) -> dict[str, str]:
     """Parse `KEY=VALUE` strings, as given to `--config`."""
     result: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise InvalidConfigError(describe(item), item, "expected KEY=VALUE")
+            raise UserError(f"expected KEY=VALUE, got {item!r}")
         result[name.strip()] = value.strip()
     return result
 

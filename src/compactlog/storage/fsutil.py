@@ -72,7 +72,7 @@ def publish_replace(temp: Path, final: Path) -> None:
 
 
 def remove_temp_files(directory: Path) -> list[Path]:
-    removed = []
+    removed: list[Path] = []
     if not directory.is_dir():
         return removed
     for entry in directory.iterdir():

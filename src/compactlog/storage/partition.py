@@ -25,8 +25,8 @@ after 2), and log files wholly covered by sealed segments (crash after 3).
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
-import os
 import threading
 import time
 import uuid
@@ -190,9 +190,8 @@ class Partition:
                 log.info("%s: removed %s, sealed but never committed", self.name, path.name)
         sealed_end = self.manifest.sealed_end_offset
         log_files = sorted(self._log_files())
-        for position, (base, path) in enumerate(log_files):
-            next_base = log_files[position + 1][0] if position + 1 < len(log_files) else None
-            if next_base is not None and next_base <= sealed_end:
+        for (_, path), (next_base, _) in itertools.pairwise(log_files):
+            if next_base <= sealed_end:
                 path.unlink()  # sealed and committed; the crash came before its deletion
                 removed.append(path)
                 log.info("%s: removed %s, already sealed", self.name, path.name)

@@ -152,7 +152,7 @@ def encode_batch(
     for delta, record in enumerate(records):
         timestamp = record.timestamp if record.timestamp is not None else default_ts
         append(delta, timestamp, record.key, record.value, list(record.headers))
-    batch = builder.build()
+    batch: bytearray = builder.build()
     set_base_offset(batch, base_offset)
     return batch
 

@@ -225,7 +225,9 @@ class SealedSegment:
         self._cached = (cache_key, table)
         return table
 
-    def iter_tables(self, start_offset: int, columns: list[str] | None = None) -> Iterator[pa.Table]:
+    def iter_tables(
+        self, start_offset: int, columns: list[str] | None = None
+    ) -> Iterator[pa.Table]:
         """Row groups from the one holding `start_offset`, sliced to start there.
 
         `columns`, when given, must include "offset".
@@ -249,9 +251,8 @@ class SealedSegment:
             if max_ts < timestamp:
                 continue
             table = self._read_group(index, ["offset", "timestamp"])
-            for offset, ts in zip(
-                table.column("offset").to_pylist(), table.column("timestamp").to_pylist(), strict=True
-            ):
+            offsets = table.column("offset").to_pylist()
+            for offset, ts in zip(offsets, table.column("timestamp").to_pylist(), strict=True):
                 if ts >= timestamp:
                     return int(offset)
         return None
@@ -272,7 +273,8 @@ class _OffsetView:
         return len(self.array)
 
     def __getitem__(self, index: int) -> int:
-        return int(self.array[index].as_py())
+        value: int = self.array[index].as_py()
+        return value
 
 
 def table_to_records(table: pa.Table) -> list[Record]:
@@ -291,7 +293,7 @@ def table_to_records(table: pa.Table) -> list[Record]:
             tuple((h["key"], h["value"]) for h in hs) if hs else _NO_HEADERS
             for hs in headers_col.to_pylist()
         ]
-    return list(map(_new_record, zip(offsets, timestamps, keys, values, headers)))
+    return list(map(_new_record, zip(offsets, timestamps, keys, values, headers, strict=False)))
 
 
 def record_bytes(table: pa.Table) -> int:

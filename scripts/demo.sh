@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the main job on the embedded default: a data directory
+# under the current folder (./compactlog-data), no server.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+bash "$here/scripts/setup.sh"
+exec "$here/.venv/bin/python" "$here/examples/demo.py" "$@"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up compactlog for development on a fresh machine: check Python and Java, create
+# .venv and install the project with its test tools. Safe to run again: it reinstalls
+# only when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python_bin=${PYTHON:-python3}
+if ! "$python_bin" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "compactlog needs Python >= 3.11 (found: $("$python_bin" --version 2>&1 || echo none))." >&2
+  echo "Install it, e.g. 'apt-get install python3.11 python3.11-venv', or set PYTHON=/path/to/python3.11." >&2
+  exit 1
+fi
+
+# Spark (the compaction pipeline) needs Java 17 or newer.
+java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1 || true)
+if [ -z "${java_major}" ] || [ "${java_major}" -lt 17 ]; then
+  echo "compactlog's compaction runs on Apache Spark, which needs Java 17 or newer (found: ${java_major:-none})." >&2
+  echo "Install it, e.g. 'apt-get install openjdk-17-jre-headless', or set JAVA_HOME." >&2
+  exit 1
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  "$python_bin" -m venv .venv
+fi
+stamp=.venv/.compactlog-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,113 @@
+"""The `compactlog` command: a thin layer over the library.
+
+Errors print one line, `error: ...`, with no traceback unless --debug is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from compactlog.errors import CompactlogError
+
+DEFAULT_DATA_DIR = "./compactlog-data"
+
+
+class Context:
+    def __init__(self, data_dir: Path, debug: bool) -> None:
+        self.data_dir = data_dir
+        self.debug = debug
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="""\b
+Examples:
+  compactlog topics create prices --partitions 4 --config cleanup.policy=compact
+  printf 'AAPL\\t189.5\\nMSFT\\t410.2\\n' | compactlog produce prices
+  compactlog consume prices --from earliest --format json
+""",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="COMPACTLOG_DATA_DIR",
+    default=DEFAULT_DATA_DIR,
+    show_default=True,
+    help="The data directory (or set COMPACTLOG_DATA_DIR).",
+)
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+    help="What the logs on stderr include.",
+)
+@click.version_option(package_name="compactlog")
+@click.pass_context
+def cli(ctx: click.Context, data_dir: Path, debug: bool, log_level: str) -> None:
+    """compactlog: a message log with key-compacted topics.
+
+    Producers append keyed records; a null value (a tombstone) deletes a key. Sealed
+    segments are Parquet files, readable by Spark, DuckDB and Polars.
+    """
+    level = logging.DEBUG if debug else getattr(logging, log_level.upper())
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    ctx.obj = Context(data_dir, debug)
+
+
+def _register() -> None:
+    from compactlog.cli import consume, docs, produce, topics
+
+    cli.add_command(topics.topics)
+    cli.add_command(produce.produce)
+    cli.add_command(consume.consume)
+    cli.add_command(docs.config_docs)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI and turn compactlog errors into one-line messages."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="compactlog", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except CompactlogError as error:
+        if debug:
+            raise
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (e.g. `| head`); not an error
+        sys.exit(0)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as error:  # the last line of defence: one line, not a traceback
+        if debug:
+            raise
+        click.echo(
+            f"error: unexpected {type(error).__name__}: {error} (run with --debug for a traceback)",
+            err=True,
+        )
+        sys.exit(1)
+
+
+def pass_context(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.pass_obj(func)

@@ -1,0 +1,66 @@
+"""A reader of one partition that keeps its position, like a Kafka consumer's fetch loop."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from compactlog.errors import UserError
+from compactlog.storage.partition import DEFAULT_MAX_BYTES, Partition
+from compactlog.storage.records import Record
+from compactlog.storage.store import LogStore
+
+StartPosition = int | Literal["earliest", "latest"]
+
+
+class Reader:
+    """Reads one partition of the raw log from a position, optionally waiting for more.
+
+    `position` is the next offset to read. Offsets below the log start (deleted by
+    retention) are served from the log start.
+    """
+
+    def __init__(
+        self, store: LogStore, topic: str, partition: int, start: StartPosition = "earliest"
+    ) -> None:
+        self.partition: Partition = store.topic(topic).partition(partition)
+        self.topic = topic
+        self.position = 0
+        self.seek(start)
+
+    def seek(self, start: StartPosition) -> None:
+        if start == "earliest":
+            self.position = self.partition.log_start_offset
+        elif start == "latest":
+            self.partition.refresh()
+            self.position = self.partition.log_end_offset
+        elif isinstance(start, int) and start >= 0:
+            self.position = start
+        else:
+            raise UserError(f"start position must be earliest, latest or an offset >= 0: {start!r}")
+
+    def seek_to_timestamp(self, timestamp_ms: int) -> None:
+        """Move to the first record whose timestamp is >= timestamp_ms, or to the end."""
+        self.partition.refresh()
+        found = self.partition.offset_for_timestamp(timestamp_ms)
+        self.position = found if found is not None else self.partition.log_end_offset
+
+    def poll(
+        self, max_records: int = 500, timeout: float = 0.0, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> list[Record]:
+        """The next records; waits up to `timeout` seconds when none are there yet."""
+        records = self._read(max_records, max_bytes)
+        if not records and timeout > 0 and self.partition.wait_for_data(self.position, timeout):
+            records = self._read(max_records, max_bytes)
+        return records
+
+    def _read(self, max_records: int, max_bytes: int) -> list[Record]:
+        if not self.partition.writable:
+            self.partition.refresh()
+        records = self.partition.read(self.position, max_records, max_bytes)
+        if records:
+            self.position = records[-1].offset + 1
+        return records
+
+    @property
+    def at_end(self) -> bool:
+        return self.position >= self.partition.log_end_offset
