@@ -298,4 +298,4 @@ def table_to_records(table: pa.Table) -> list[Record]:
 
 def record_bytes(table: pa.Table) -> int:
     """Approximate size of the records in `table`, as counted against read limits."""
-    return int(table.column("key").nbytes + table.column("value").nbytes) + 16 * table.num_rows
+    return int(table.column("key").nbytes + table.column("value").nbytes + 16 * table.num_rows)
