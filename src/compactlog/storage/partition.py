@@ -320,6 +320,17 @@ class Partition:
         self.logs.append(segment)
         log.debug("%s: rolled segment at offset %d", self.name, old.next_offset)
 
+    def roll(self) -> bool:
+        """Roll the active segment now if it holds anything, and seal it (when auto_seal)."""
+        self._require_writable()
+        with self._lock:
+            if self.active.is_empty:
+                return False
+            self._roll()
+            if self.auto_seal:
+                self.seal_rolled()
+            return True
+
     def roll_if_due(self) -> bool:
         """Roll an idle active segment that has passed segment.ms (appends alone never would)."""
         self._require_writable()
