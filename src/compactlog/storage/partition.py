@@ -465,12 +465,13 @@ class Partition:
         records: list[Record] = []
         taken = 0
         for table in self._sealed_tables(manifest, offset):
-            if len(records) >= max_records or (records and taken >= max_bytes):
-                return records
             table = table.slice(0, max_records - len(records))
             table = _trim_to_bytes(table, max_bytes - taken)
             records.extend(table_to_records(table))
             taken += record_bytes(table)
+            # Stop before the generator reads another row group that would go unused.
+            if len(records) >= max_records or (records and taken >= max_bytes):
+                return records
         if records:
             offset = records[-1].offset + 1
         for segment in logs:

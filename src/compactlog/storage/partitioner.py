@@ -24,6 +24,15 @@ def partition_for_key(key: bytes, partitions: int) -> int:
     return (murmurhash2(key, KAFKA_MURMUR2_SEED) & 0x7FFFFFFF) % partitions
 
 
+def partitions_for_keys(keys: list[bytes | None], partitions: int, keyless: int) -> list[int]:
+    """The partition of each key; null keys go to `keyless`."""
+    seed = KAFKA_MURMUR2_SEED
+    return [
+        keyless if key is None else (murmurhash2(key, seed) & 0x7FFFFFFF) % partitions
+        for key in keys
+    ]
+
+
 class NullKeyPartitioner:
     """Spreads keyless batches round-robin, a whole batch at a time (Kafka's sticky idea)."""
 

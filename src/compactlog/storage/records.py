@@ -149,9 +149,11 @@ def encode_batch(
     )
     default_ts = now_ms if now_ms is not None else int(time.time() * 1000)
     append = builder.append
+    no_headers: list[tuple[str, bytes | None]] = []  # the codec wants a list; never mutated
     for delta, record in enumerate(records):
         timestamp = record.timestamp if record.timestamp is not None else default_ts
-        append(delta, timestamp, record.key, record.value, list(record.headers))
+        headers = list(record.headers) if record.headers else no_headers
+        append(delta, timestamp, record.key, record.value, headers)
     batch: bytearray = builder.build()
     set_base_offset(batch, base_offset)
     return batch

@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from aiokafka.record._crecords import DefaultRecordBatch
 
 from compactlog.errors import CorruptionError
+from compactlog.storage.gcpause import gc_paused
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.records import BatchHeader, Headers, Record
 
@@ -59,41 +61,45 @@ _NO_HEADERS: Headers = ()
 class _ColumnBuffer:
     """Columns of decoded records, flushed to Parquet one row group at a time."""
 
+    BATCH_COLUMNS = ("batch_base_offset", "batch_last_offset", "batch_attributes",
+                     "producer_id", "producer_epoch", "base_sequence")
+
     def __init__(self) -> None:
-        self.columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+        self.records: list[Any] = []
+        self.batch_columns: dict[str, list[int]] = {name: [] for name in self.BATCH_COLUMNS}
         self.nbytes = 0
 
     def add_batch(self, header: BatchHeader, raw: bytes) -> int:
-        cols = self.columns
-        count = 0
-        for record in DefaultRecordBatch(raw):
-            key = record.key
-            value = record.value
-            cols["offset"].append(record.offset)
-            cols["timestamp"].append(record.timestamp)
-            cols["key"].append(key)
-            cols["value"].append(value)
-            cols["headers"].append(record.headers or None)
-            cols["value_size"].append(None if value is None else len(value))
-            count += 1
-            self.nbytes += 16 + (len(key) if key else 0) + (len(value) if value else 0)
-        for name, item in (
-            ("batch_base_offset", header.base_offset),
-            ("batch_last_offset", header.last_offset),
-            ("batch_attributes", header.attributes),
-            ("producer_id", header.producer_id),
-            ("producer_epoch", header.producer_epoch),
-            ("base_sequence", header.base_sequence),
-        ):
-            cols[name].extend(repeat(item, count))
+        records = list(DefaultRecordBatch(raw))
+        count = len(records)
+        self.records += records
+        for name, item in zip(self.BATCH_COLUMNS, (
+            header.base_offset, header.last_offset, header.attributes,
+            header.producer_id, header.producer_epoch, header.base_sequence,
+        ), strict=True):
+            self.batch_columns[name] += repeat(item, count)
+        self.nbytes += len(raw)
         return count
 
     def to_table(self) -> pa.Table:
-        arrays = [pa.array(self.columns[f.name], type=f.type) for f in SCHEMA]
-        table = pa.Table.from_arrays(arrays, schema=SCHEMA)
-        self.columns = {name: [] for name in SCHEMA.names}
-        self.nbytes = 0
+        records = self.records
+        values = pa.array([r.value for r in records], type=pa.binary())
+        columns: dict[str, pa.Array] = {
+            "offset": pa.array([r.offset for r in records], type=pa.int64()),
+            "timestamp": pa.array([r.timestamp for r in records], type=pa.int64()),
+            "key": pa.array([r.key for r in records], type=pa.binary()),
+            "value": values,
+            "headers": pa.array([r.headers or None for r in records], type=HEADER_TYPE),
+            "value_size": pc.binary_length(values),
+        }
+        for name in self.BATCH_COLUMNS:
+            columns[name] = pa.array(self.batch_columns[name], type=SCHEMA.field(name).type)
+        table = pa.Table.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA)
+        self.__init__()  # type: ignore[misc]
         return table
+
+    def __bool__(self) -> bool:
+        return bool(self.records)
 
 
 @dataclass(frozen=True)
@@ -130,18 +136,19 @@ def write_segment(
     record_count = 0
     min_ts, max_ts = 2**63 - 1, -(2**63)
     try:
-        for header, raw in batches:
-            if base_offset < 0:
-                base_offset = header.base_offset
-            last_offset = header.last_offset
-            if header.record_count:
-                min_ts = min(min_ts, header.base_timestamp)
-                max_ts = max(max_ts, header.max_timestamp)
-            record_count += buffer.add_batch(header, raw)
-            if buffer.nbytes >= options.row_group_bytes:
+        with gc_paused():
+            for header, raw in batches:
+                if base_offset < 0:
+                    base_offset = header.base_offset
+                last_offset = header.last_offset
+                if header.record_count:
+                    min_ts = min(min_ts, header.base_timestamp)
+                    max_ts = max(max_ts, header.max_timestamp)
+                record_count += buffer.add_batch(header, raw)
+                if buffer.nbytes >= options.row_group_bytes:
+                    writer.write_table(buffer.to_table())
+            if buffer:
                 writer.write_table(buffer.to_table())
-        if buffer.columns["offset"]:
-            writer.write_table(buffer.to_table())
         writer.add_key_value_metadata(
             {
                 "compactlog.format": FORMAT_VERSION,
@@ -279,6 +286,11 @@ class _OffsetView:
 
 def table_to_records(table: pa.Table) -> list[Record]:
     """Python records from a table with the record columns."""
+    with gc_paused():
+        return _table_to_records(table)
+
+
+def _table_to_records(table: pa.Table) -> list[Record]:
     offsets = table.column("offset").to_pylist()
     timestamps = table.column("timestamp").to_pylist()
     keys = table.column("key").to_pylist()

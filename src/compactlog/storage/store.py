@@ -39,7 +39,7 @@ from compactlog.errors import (
 from compactlog.storage import fsutil
 from compactlog.storage.manifest import VersionedDocument
 from compactlog.storage.partition import AppendResult, Clock, Partition, RecoveryReport
-from compactlog.storage.partitioner import NullKeyPartitioner, partition_for_key
+from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
 from compactlog.storage.records import ProducerRecord
 
 log = logging.getLogger(__name__)
@@ -316,10 +316,13 @@ class LogStore:
         topic.partitions[0].check_keys(records)
         if partition is not None:
             return [topic.partition(partition).append(records)]
+        if count == 1:
+            return [topic.partitions[0].append(records)]
         groups: dict[int, list[ProducerRecord]] = defaultdict(list)
         keyless = self._null_keys.next(count)
-        for record in records:
-            target = keyless if record.key is None else partition_for_key(record.key, count)
+        for record, target in zip(
+            records, partitions_for_keys([r.key for r in records], count, keyless), strict=True
+        ):
             groups[target].append(record)
         return [topic.partitions[index].append(batch) for index, batch in sorted(groups.items())]
 
