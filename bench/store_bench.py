@@ -4,14 +4,14 @@ For each value size (100 B, 1 KiB) and partition count (1, 4) it measures:
 - append: `LogStore.append` of keyed batches (murmur2 partitioning, v2 batch encoding,
   rolling and sealing into Parquet included), with flushing left to the OS, and again
   with an fsync per batch (flush.messages=1, the default);
-- read: `Partition.read` of every record from the sealed Parquet segments, as Python
-  `Record` objects.
+- read: every record from the sealed Parquet segments, through `Partition.read` as
+  Python `Record` objects, and through `Partition.read_table` as Arrow tables.
 
 Baselines, measured in the same run on the same data:
 - append: encoding the same batches with aiokafka's codec and writing them to one plain
   file with no index, no partitioning and no sealing: the floor for this format;
-- read: `pyarrow.parquet.read_table` of the same sealed files plus conversion of the
-  same columns to Python objects (tuples): the floor for Python records from Parquet.
+- read: `pyarrow.parquet.read_table` of the same sealed files, plus (for records)
+  conversion of the same columns to Python tuples: the floors for each kind of read.
 
     .venv/bin/python bench/store_bench.py [--records 1000000] [--json out.json]
 """
@@ -103,28 +103,38 @@ def bench_append_floor(root: Path, batches: list[list[ProducerRecord]]) -> float
     return elapsed
 
 
-def bench_read(data_dir: Path) -> tuple[float, int]:
+def bench_read(data_dir: Path, columnar: bool) -> tuple[float, int]:
     with LogStore.open(data_dir, read_only=True) as store:
         started = time.perf_counter()
         count = 0
         for partition in store.topic("bench").partitions:
             offset = 0
             while True:
-                records = partition.read(offset, max_records=10_000, max_bytes=64 << 20)
-                if not records:
-                    break
-                count += len(records)
-                offset = records[-1].offset + 1
+                if columnar:
+                    table = partition.read_table(offset, max_records=10_000, max_bytes=64 << 20)
+                    if not table.num_rows:
+                        break
+                    count += table.num_rows
+                    offset = table.column("offset")[-1].as_py() + 1
+                else:
+                    records = partition.read(offset, max_records=10_000, max_bytes=64 << 20)
+                    if not records:
+                        break
+                    count += len(records)
+                    offset = records[-1].offset + 1
         return time.perf_counter() - started, count
 
 
-def bench_read_floor(data_dir: Path) -> tuple[float, int]:
+def bench_read_floor(data_dir: Path, columnar: bool) -> tuple[float, int]:
     files = sorted(data_dir.glob("topics/bench/*/segments/*.parquet"))
     columns = ["offset", "timestamp", "key", "value", "headers"]
     started = time.perf_counter()
     count = 0
     for path in files:
         table: pa.Table = pq.read_table(path, columns=columns)
+        if columnar:
+            count += table.num_rows
+            continue
         for batch in table.to_batches(max_chunksize=10_000):
             rows = list(zip(*(batch.column(c).to_pylist() for c in columns), strict=True))
             count += len(rows)
@@ -141,18 +151,20 @@ def run(records: int, root: Path) -> list[Result]:
             seconds, data_dir = bench_append(root, batches, partitions, NO_FSYNC)
             results.append(Result("append, fsync left to the OS", value_bytes, partitions,
                                   count, seconds, floor))
-            read_s, read_count = bench_read(data_dir)
-            assert read_count == count, (read_count, count)
-            floor_s, floor_count = bench_read_floor(data_dir)
-            assert floor_count == count
-            results.append(Result("read sealed segments", value_bytes, partitions, count,
-                                  read_s, floor_s))
+            for columnar, case in ((False, "read sealed, Python records"),
+                                   (True, "read sealed, Arrow tables")):
+                read_s, read_count = bench_read(data_dir, columnar)
+                assert read_count == count, (read_count, count)
+                floor_s, floor_count = bench_read_floor(data_dir, columnar)
+                assert floor_count == count
+                results.append(Result(case, value_bytes, partitions, count, read_s, floor_s))
             shutil.rmtree(data_dir)
             seconds, data_dir = bench_append(root, batches, partitions, "1")
             results.append(Result("append, fsync per batch", value_bytes, partitions,
                                   count, seconds, floor))
             shutil.rmtree(data_dir)
-            print_row(results[-3]), print_row(results[-2]), print_row(results[-1])
+            for result in results[-4:]:
+                print_row(result)
     return results
 
 

@@ -61,6 +61,7 @@ from compactlog.storage.sealed import (
     SealedSegment,
     WriteOptions,
     record_bytes,
+    records_to_table,
     table_to_records,
     write_segment,
 )
@@ -458,33 +459,59 @@ class Partition:
         max_records or once max_bytes are reached. Offsets below the log start are
         served from the log start, as a consumer resetting to earliest expects.
         """
+        records: list[Record] = []
+        for part in self._read_parts(offset, max_records, max_bytes):
+            records.extend(table_to_records(part) if isinstance(part, pa.Table) else part)
+        return records
+
+    def read_table(
+        self,
+        offset: int,
+        max_records: int = DEFAULT_MAX_RECORDS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> pa.Table:
+        """As `read`, but columnar: an Arrow table with offset, timestamp, key, value, headers.
+
+        Sealed data comes straight from Parquet without building Python objects, which
+        is what bulk readers (table views, the Spark source, analytics) want.
+        """
+        parts = [
+            part if isinstance(part, pa.Table) else records_to_table(part)
+            for part in self._read_parts(offset, max_records, max_bytes)
+        ]
+        if not parts:
+            return records_to_table([])
+        return pa.concat_tables(parts)
+
+    def _read_parts(
+        self, offset: int, max_records: int, max_bytes: int
+    ) -> Iterator[pa.Table | list[Record]]:
         with self._lock:
             manifest = self.manifest
             logs = list(self.logs)
         offset = max(offset, manifest.log_start_offset)
-        records: list[Record] = []
-        taken = 0
+        count = taken = 0
         for table in self._sealed_tables(manifest, offset):
-            table = table.slice(0, max_records - len(records))
-            table = _trim_to_bytes(table, max_bytes - taken)
-            records.extend(table_to_records(table))
+            table = _trim_to_bytes(table.slice(0, max_records - count), max_bytes - taken)
+            count += table.num_rows
             taken += record_bytes(table)
+            if table.num_rows:
+                yield table
+                offset = table.column("offset")[-1].as_py() + 1
             # Stop before the generator reads another row group that would go unused.
-            if len(records) >= max_records or (records and taken >= max_bytes):
-                return records
-        if records:
-            offset = records[-1].offset + 1
+            if count >= max_records or (count and taken >= max_bytes):
+                return
         for segment in logs:
-            if len(records) >= max_records or (records and taken >= max_bytes):
-                break
+            if count >= max_records or (count and taken >= max_bytes):
+                return
             if segment.next_offset <= offset:
                 continue
-            more = segment.read(offset, max_records - len(records), max(max_bytes - taken, 1))
-            records.extend(more)
-            taken += sum(16 + len(r.key or b"") + len(r.value or b"") for r in more)
+            more = segment.read(offset, max_records - count, max(max_bytes - taken, 1))
             if more:
+                count += len(more)
+                taken += sum(16 + len(r.key or b"") + len(r.value or b"") for r in more)
                 offset = more[-1].offset + 1
-        return records
+                yield more
 
     def _sealed_tables(self, manifest: PartitionManifest, offset: int) -> Iterator[pa.Table]:
         segments = manifest.segments

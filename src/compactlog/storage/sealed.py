@@ -308,6 +308,23 @@ def _table_to_records(table: pa.Table) -> list[Record]:
     return list(map(_new_record, zip(offsets, timestamps, keys, values, headers, strict=False)))
 
 
+RECORD_SCHEMA = pa.schema([SCHEMA.field(name) for name in RECORD_COLUMNS])
+
+
+def records_to_table(records: list[Record]) -> pa.Table:
+    """An Arrow table with the record columns, from Python records."""
+    return pa.Table.from_arrays(
+        [
+            pa.array([r.offset for r in records], type=pa.int64()),
+            pa.array([r.timestamp for r in records], type=pa.int64()),
+            pa.array([r.key for r in records], type=pa.binary()),
+            pa.array([r.value for r in records], type=pa.binary()),
+            pa.array([list(r.headers) or None for r in records], type=HEADER_TYPE),
+        ],
+        schema=RECORD_SCHEMA,
+    )
+
+
 def record_bytes(table: pa.Table) -> int:
     """Approximate size of the records in `table`, as counted against read limits."""
     return int(table.column("key").nbytes + table.column("value").nbytes + 16 * table.num_rows)
