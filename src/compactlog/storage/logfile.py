@@ -86,6 +86,7 @@ class LogSegment:
         self.base_offset = base_offset
         self.writable = writable
         flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
+        self._fd = -1
         self._fd = os.open(path, flags, 0o644)
         self.positions = array("q")
         self.ends = array("q")
@@ -207,6 +208,11 @@ class LogSegment:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def __del__(self) -> None:
+        # A sealed log file is unlinked while readers in other threads may still hold
+        # this segment; its descriptor closes when the last of them lets go.
+        self.close()
 
     # -- reading --------------------------------------------------------------------
 

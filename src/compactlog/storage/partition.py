@@ -343,6 +343,15 @@ class Partition:
                 return True
         return False
 
+    def flush_if_due(self) -> None:
+        """fsync unflushed records that have waited flush.ms (appends alone may not come)."""
+        now_ms = int(self.clock() * 1000)
+        with self._lock:
+            for segment in self.logs:
+                first = segment.first_unflushed_ms
+                if first is not None and now_ms - first >= self.config["flush.ms"]:
+                    segment.flush()
+
     def flush(self) -> None:
         with self._lock:
             for segment in self.logs:
@@ -395,7 +404,7 @@ class Partition:
         return info
 
     def _drop_log(self, segment: LogSegment) -> None:
-        segment.close()
+        # Not closed here: a concurrent read may still be using it (see LogSegment.__del__).
         segment.path.unlink(missing_ok=True)
         fsutil.fsync_dir(self.log_dir)
         self.logs.remove(segment)

@@ -333,9 +333,10 @@ class LogStore:
                     partition.flush()
 
     def tick(self) -> None:
-        """Periodic upkeep for a long-running writer: roll idle segments, apply retention."""
+        """Periodic upkeep for a long-running writer: flush, roll idle segments, retention."""
         self._require_writable()
         for name in self.list_topics():
             for partition in self.topic(name).partitions:
+                partition.flush_if_due()
                 partition.roll_if_due()
                 partition.apply_retention()
