@@ -8,6 +8,7 @@ generated from this table (`compactlog config-docs`), and a test keeps the two e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -79,9 +80,12 @@ def _convert(key: ConfigKey, raw: object) -> Any:
         if isinstance(raw, bool):
             raise InvalidConfigError(key.name, raw, "must be " + key.allowed())
         try:
-            return float(raw)  # type: ignore[arg-type]
+            number = float(raw)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             raise InvalidConfigError(key.name, raw, "must be " + key.allowed()) from None
+        if not math.isfinite(number):  # NaN passes every range comparison
+            raise InvalidConfigError(key.name, raw, "must be " + key.allowed())
+        return number
     if key.type == "boolean":
         if isinstance(raw, bool):
             return raw

@@ -109,13 +109,17 @@ class LogSegment:
         """
         file_size = os.fstat(self._fd).st_size
         pos = self.size
+        # Offsets are dense within a segment: each batch starts right after the one before.
+        # Only the first batch after a corrupt range may start later (the range hid some).
+        after_hole = bool(self.corrupt) and max(self.corrupt) == len(self.positions)
         while pos < file_size:
             data = os.pread(self._fd, min(SCAN_CHUNK, file_size - pos), pos)
-            header, error = self._check_at(pos, data, file_size)
+            header, error = self._check_at(pos, data, file_size, after_hole)
             if header is not None:
                 self._index(pos, header)
                 pos += header.size
                 self.size = pos
+                after_hole = False
                 continue
             resume = self._resync(pos + 1, file_size)
             if resume is None:
@@ -137,9 +141,10 @@ class LogSegment:
             log.error("%s: %s (%s)", self.path, hole.describe(), error)
             pos = resume
             self.size = pos
+            after_hole = True
 
     def _check_at(
-        self, pos: int, data: bytes, file_size: int
+        self, pos: int, data: bytes, file_size: int, after_hole: bool
     ) -> tuple[BatchHeader | None, BatchError | None]:
         if len(data) >= HEADER_SIZE:
             length = parse_header(data).size
@@ -150,9 +155,10 @@ class LogSegment:
         except BatchError as error:
             return None, error
         expected = self.last_offsets[-1] + 1 if self.last_offsets else self.base_offset
-        if header.base_offset < expected:
+        # The base offset is outside the CRC32C, so a flipped bit there shows only here.
+        if header.base_offset < expected or (header.base_offset > expected and not after_hole):
             return None, BatchError(
-                f"batch base offset {header.base_offset} goes back (expected >= {expected})"
+                f"batch base offset {header.base_offset} is not the next offset {expected}"
             )
         return header, None
 

@@ -130,6 +130,26 @@ class SegmentInfo:
     min_timestamp: int
     max_timestamp: int
     sealed_at_ms: int
+    # CRC32C of the whole file, checked before the Parquet reader sees it: a damaged
+    # footer can crash the reader rather than fail it. None in hand-made infos.
+    crc32c: int | None = None
+    # Offset ranges (first, last) that a corrupt range in the log hid when it was sealed.
+    # Reads of them fail with CorruptionError rather than skip them silently.
+    missing: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> SegmentInfo:
+        fields = dict(body)
+        fields["missing"] = tuple(
+            (int(first), int(last)) for first, last in fields.get("missing") or ()
+        )
+        return cls(**fields)
+
+    def missing_range_at(self, offset: int) -> tuple[int, int] | None:
+        for first, last in self.missing:
+            if first <= offset <= last:
+                return first, last
+        return None
 
 
 @dataclass(frozen=True)
@@ -158,7 +178,7 @@ class PartitionManifest:
         try:
             return cls(
                 log_start_offset=int(body["log_start_offset"]),
-                segments=tuple(SegmentInfo(**segment) for segment in body["segments"]),
+                segments=tuple(SegmentInfo.from_json(segment) for segment in body["segments"]),
                 compaction=body.get("compaction"),
                 extra=dict(body.get("extra") or {}),
             )

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from compactlog.config import TopicConfig
@@ -52,6 +53,7 @@ from compactlog.storage.records import (
     ProducerRecord,
     Record,
     check_batch,
+    decode_checked,
     encode_batch,
     parse_header,
     set_base_offset,
@@ -59,6 +61,7 @@ from compactlog.storage.records import (
 from compactlog.storage.sealed import (
     RECORD_COLUMNS,
     SealedSegment,
+    SegmentMissingError,
     WriteOptions,
     record_bytes,
     records_to_table,
@@ -71,6 +74,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 DEFAULT_MAX_RECORDS = 500
 DEFAULT_MAX_BYTES = 1024 * 1024
+READ_ATTEMPTS = 5
 
 
 @dataclass
@@ -242,24 +246,37 @@ class Partition:
 
     def append(self, records: Sequence[ProducerRecord]) -> AppendResult:
         """Append records as one batch, atomically: all get offsets, or none does."""
+        return self.append_prepared(self.prepare(records))
+
+    def prepare(self, records: Sequence[ProducerRecord]) -> bytearray:
+        """Encode and check records as one batch, without appending it (see append_prepared).
+
+        A multi-partition append prepares every partition's batch first, so that a refused
+        record leaves nothing appended anywhere.
+        """
         self._require_writable()
         if not records:
             raise InvalidRecordError(f"{self.name}: nothing to append")
         self.check_keys(records)
-        now_ms = int(self.clock() * 1000)
-        with self._lock:
-            batch = encode_batch(records, self.log_end_offset, now_ms)
-            return self._append_encoded(batch, parse_header(batch), now_ms)
+        batch = encode_batch(records, 0, int(self.clock() * 1000))
+        self.check_size(len(batch))
+        return batch
 
-    def check_keys(self, records: Sequence[ProducerRecord]) -> None:
+    def append_prepared(self, batch: bytearray) -> AppendResult:
+        """Append a batch from `prepare`, giving it the next offsets."""
+        with self._lock:
+            set_base_offset(batch, self.log_end_offset)
+            return self._append_encoded(batch, parse_header(batch), int(self.clock() * 1000))
+
+    def check_keys(self, records: Sequence[ProducerRecord | Record]) -> None:
         """Refuse null keys on a compacted topic whose null.key.policy is reject."""
         config = self.config
         if config.compacted and config["null.key.policy"] == "reject":
             for position, record in enumerate(records):
                 if record.key is None:
                     raise InvalidRecordError(
-                        f"record {position} has no key; compacted topic {self.topic!r} "
-                        "refuses null keys (null.key.policy=reject)"
+                        f"{self.name}: record {position} has no key; compacted topic "
+                        f"{self.topic!r} refuses null keys (null.key.policy=reject)"
                     )
 
     def append_batch(self, batch: bytearray) -> AppendResult:
@@ -267,23 +284,28 @@ class Partition:
         self._require_writable()
         try:
             header = check_batch(batch, 0, len(batch))
+            if header.size != len(batch):
+                raise BatchError(f"{len(batch) - header.size} trailing bytes")
+            records = decode_checked(batch, header)
         except BatchError as error:
             raise InvalidRecordError(f"{self.name}: rejected record batch: {error}") from None
-        if header.size != len(batch):
-            raise InvalidRecordError(
-                f"{self.name}: rejected record batch: {len(batch) - header.size} trailing bytes"
-            )
+        self.check_keys(records)
+        self.check_size(len(batch))
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
             return self._append_encoded(batch, parse_header(batch), int(self.clock() * 1000))
 
+    def check_size(self, batch_bytes: int) -> None:
+        limit = self.config["max.message.bytes"]
+        if batch_bytes > limit:
+            raise InvalidRecordError(
+                f"{self.name}: record batch of {batch_bytes} bytes exceeds "
+                f"max.message.bytes={limit}"
+            )
+
     def _append_encoded(self, batch: bytearray, header: BatchHeader, now_ms: int) -> AppendResult:
         config = self.config
-        if len(batch) > config["max.message.bytes"]:
-            raise InvalidRecordError(
-                f"{self.name}: record batch of {len(batch)} bytes exceeds "
-                f"max.message.bytes={config['max.message.bytes']}"
-            )
+        self.check_size(len(batch))
         if self._should_roll(len(batch), now_ms):
             self._roll()
         active = self.active
@@ -388,8 +410,17 @@ class Partition:
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
+        missing = tuple(
+            (hole.first_offset, hole.last_offset if hole.last_offset is not None else -1)
+            for hole in segment.corrupt.values()
+        )
         for hole in segment.corrupt.values():
             log.error("%s: sealing %s without %s", self.name, segment.path.name, hole.describe())
+        if missing:
+            # The manifest keeps the holes, so reads of them fail as they did from the log.
+            info = replace(
+                info, base_offset=min(info.base_offset, segment.base_offset), missing=missing
+            )
 
         def add_segment(manifest: PartitionManifest) -> PartitionManifest:
             return replace(manifest, segments=(*manifest.segments, info))
@@ -494,39 +525,37 @@ class Partition:
 
     def _read_parts(
         self, offset: int, max_records: int, max_bytes: int
-    ) -> Iterator[pa.Table | list[Record]]:
-        with self._lock:
-            manifest = self.manifest
-            logs = list(self.logs)
-        offset = max(offset, manifest.log_start_offset)
-        count = taken = 0
-        for table in self._sealed_tables(manifest, offset):
-            table = _trim_to_bytes(table.slice(0, max_records - count), max_bytes - taken)
-            count += table.num_rows
-            taken += record_bytes(table)
-            if table.num_rows:
-                yield table
-                offset = table.column("offset")[-1].as_py() + 1
-            # Stop before the generator reads another row group that would go unused.
-            if count >= max_records or (count and taken >= max_bytes):
-                return
-        for segment in logs:
-            if count >= max_records or (count and taken >= max_bytes):
-                return
-            if segment.next_offset <= offset:
-                continue
-            more = segment.read(offset, max_records - count, max(max_bytes - taken, 1))
-            if more:
-                count += len(more)
-                taken += sum(16 + len(r.key or b"") + len(r.value or b"") for r in more)
-                offset = more[-1].offset + 1
-                yield more
+    ) -> list[pa.Table | list[Record]]:
+        for _ in range(READ_ATTEMPTS):
+            with self._lock:
+                manifest, version, logs = self.manifest, self.manifest_version, list(self.logs)
+            try:
+                return _PartRead(self, manifest, logs, max_records, max_bytes).run(offset)
+            except SegmentMissingError:
+                # Retention or compaction in another process (or thread) may have deleted
+                # the file after this view of the manifest was loaded: look again.
+                self.refresh()
+                if self.manifest_version == version:
+                    raise
+        raise ConflictError(f"{self.name}: segments kept changing under a read")
 
-    def _sealed_tables(self, manifest: PartitionManifest, offset: int) -> Iterator[pa.Table]:
+    def _sealed_tables(
+        self, manifest: PartitionManifest, offset: int
+    ) -> Iterator[tuple[SegmentInfo, pa.Table]]:
         segments = manifest.segments
         start = bisect.bisect_left([s.last_offset for s in segments], offset)
         for info in segments[start:]:
-            yield from self.sealed_segment(info).iter_tables(offset, RECORD_COLUMNS)
+            hole = info.missing_range_at(offset)
+            if hole is not None:
+                raise CorruptionError(
+                    self.segment_dir / info.file,
+                    f"offsets {hole[0]}..{hole[1]} were lost to a corrupt range in the log "
+                    "before this segment was sealed",
+                )
+            for table in self.sealed_segment(info).iter_tables(offset, RECORD_COLUMNS):
+                yield info, table
+                if table.num_rows:
+                    offset = table.column("offset")[-1].as_py() + 1
 
     def wait_for_data(self, offset: int, timeout: float) -> bool:
         """Block until a record at or after `offset` may exist, or `timeout` passes."""
@@ -621,6 +650,103 @@ class Partition:
                 segment.close()
             self.logs = []
             self._sealed.clear()
+
+
+class _PartRead:
+    """One bounded read over a fixed view (manifest and log segments) of a partition.
+
+    Offsets in the raw log are dense from the log start, so every part must begin where
+    the one before ended. A read stops at the first gap or damage after it has records
+    (the caller gets what precedes the damage, as a consumer needs to get past it), and
+    fails with CorruptionError only when the damage is where the read starts.
+    """
+
+    def __init__(
+        self,
+        partition: Partition,
+        manifest: PartitionManifest,
+        logs: list[LogSegment],
+        max_records: int,
+        max_bytes: int,
+    ) -> None:
+        self.partition = partition
+        self.manifest = manifest
+        self.logs = logs
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.parts: list[pa.Table | list[Record]] = []
+        self.count = 0
+        self.taken = 0
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.max_records or (self.count > 0 and self.taken >= self.max_bytes)
+
+    def run(self, offset: int) -> list[pa.Table | list[Record]]:
+        offset = max(offset, self.manifest.log_start_offset)
+        try:
+            self._read(offset)
+        except CorruptionError:
+            if self.count:
+                return self.parts
+            raise
+        return self.parts
+
+    def _read(self, offset: int) -> None:
+        expected = offset
+        for _info, table in self.partition._sealed_tables(self.manifest, offset):
+            if not table.num_rows:
+                continue
+            wanted = table.slice(0, self.max_records - self.count)
+            kept = _trim_to_bytes(wanted, self.max_bytes - self.taken)
+            dense = _dense_prefix(kept, expected)
+            if dense.num_rows:
+                self.parts.append(dense)
+                self.count += dense.num_rows
+                self.taken += record_bytes(dense)
+                expected += dense.num_rows
+            if dense.num_rows < kept.num_rows:
+                self._gap(expected)
+                return
+            # Stop before the generator reads another row group that would go unused.
+            if kept.num_rows < wanted.num_rows or self.full:
+                return
+        for segment in self.logs:
+            if self.full:
+                return
+            if segment.next_offset <= expected:
+                continue
+            more = segment.read(expected, self.max_records - self.count,
+                                max(self.max_bytes - self.taken, 1))
+            if not more:
+                continue
+            if more[0].offset != expected:
+                self._gap(expected)
+                return
+            self.parts.append(more)
+            self.count += len(more)
+            self.taken += sum(16 + len(r.key or b"") + len(r.value or b"") for r in more)
+            expected = more[-1].offset + 1
+            if expected < segment.next_offset and not self.full:
+                return  # the segment stopped before a corrupt range
+
+    def _gap(self, expected: int) -> None:
+        if not self.count:
+            raise CorruptionError(
+                self.partition.directory, f"offset {expected} is missing from the log"
+            )
+
+
+def _dense_prefix(table: pa.Table, expected: int) -> pa.Table:
+    """The leading rows of `table` whose offsets run expected, expected + 1, ..."""
+    offsets = table.column("offset")
+    rows = table.num_rows
+    if not rows or offsets[0].as_py() != expected:
+        return table.slice(0, 0)
+    if offsets[rows - 1].as_py() == expected + rows - 1:
+        return table  # sorted and unique, so first and last prove it dense
+    gaps = np.flatnonzero(offsets.to_numpy() != np.arange(expected, expected + rows))
+    return table.slice(0, int(gaps[0]))
 
 
 def _trim_to_bytes(table: pa.Table, budget: int) -> pa.Table:

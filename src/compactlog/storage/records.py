@@ -124,6 +124,12 @@ def check_batch(buf: bytes | bytearray | memoryview, pos: int, end: int) -> Batc
             f"bad record count {header.record_count} or last offset delta "
             f"{header.last_offset_delta}"
         )
+    # As Kafka's LogValidator: otherwise offsets would be assigned that no record has.
+    if header.record_count != header.last_offset_delta + 1:
+        raise BatchError(
+            f"last offset delta {header.last_offset_delta} is inconsistent with record "
+            f"count {header.record_count}"
+        )
     actual = crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + header.size])
     if actual != header.crc:
         raise BatchError(f"CRC32C mismatch (stored {header.crc:#010x}, computed {actual:#010x})")
@@ -167,6 +173,31 @@ def decode_batch(buf: bytes | bytearray | memoryview) -> list[Record]:
         make((r.offset, r.timestamp, r.key, r.value, tuple(r.headers) if r.headers else ()))
         for r in batch
     ]
+
+
+def decode_checked(buf: bytes | bytearray | memoryview, header: BatchHeader) -> list[Record]:
+    """Decode a batch that passed check_batch, proving every record is whole and dense.
+
+    A producer's CRC32C proves only that the bytes were not changed on the way; records
+    that do not decode must be refused at append, not stored to fail every later read.
+    """
+    try:
+        records = decode_batch(buf)
+    except BatchError:
+        raise
+    except Exception as error:  # the codec raises its own types for each kind of damage
+        raise BatchError(f"records do not decode: {error}") from None
+    if len(records) != header.record_count:
+        raise BatchError(
+            f"batch holds {len(records)} records, its header says {header.record_count}"
+        )
+    for position, record in enumerate(records):
+        if record.offset != header.base_offset + position:
+            raise BatchError(
+                f"record {position} has offset delta {record.offset - header.base_offset}, "
+                f"expected {position}"
+            )
+    return records
 
 
 def iter_batches(

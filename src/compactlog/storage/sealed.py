@@ -25,6 +25,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -54,6 +55,7 @@ SCHEMA = pa.schema(
     ]
 )
 RECORD_COLUMNS = ["offset", "timestamp", "key", "value", "headers"]
+CHECKSUM_CHUNK = 4 * 1024 * 1024
 _new_record = partial(tuple.__new__, Record)
 _NO_HEADERS: Headers = ()
 
@@ -73,12 +75,18 @@ class _ColumnBuffer:
         records = list(DefaultRecordBatch(raw))
         count = len(records)
         self.records += records
+        if header.codec:
+            # Row groups are sized in uncompressed record bytes, as documented.
+            self.nbytes += sum(
+                16 + len(r.key or b"") + len(r.value or b"") for r in records
+            )
+        else:
+            self.nbytes += len(raw)
         for name, item in zip(self.BATCH_COLUMNS, (
             header.base_offset, header.last_offset, header.attributes,
             header.producer_id, header.producer_epoch, header.base_sequence,
         ), strict=True):
             self.batch_columns[name] += repeat(item, count)
-        self.nbytes += len(raw)
         return count
 
     def to_table(self) -> pa.Table:
@@ -131,6 +139,8 @@ def write_segment(
             "batch_last_offset": "DELTA_BINARY_PACKED",
         },
         write_statistics=["offset", "timestamp", "key"],
+        # Page CRCs let a reader find a flipped bit inside a page, not return wrong data.
+        write_page_checksum=True,
     )
     base_offset = last_offset = -1
     record_count = 0
@@ -160,6 +170,7 @@ def write_segment(
         writer.close()
     with open(path, "rb+") as handle:
         os.fsync(handle.fileno())
+    checksum = file_crc32c(path)
     if record_count == 0:
         min_ts = max_ts = 0
     return SegmentInfo(
@@ -171,7 +182,21 @@ def write_segment(
         min_timestamp=min_ts,
         max_timestamp=max_ts,
         sealed_at_ms=int(time.time() * 1000),
+        crc32c=checksum,
     )
+
+
+def file_crc32c(path: Path) -> int:
+    checksum = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHECKSUM_CHUNK):
+            checksum = crc32c.crc32c(chunk, checksum)
+    return checksum
+
+
+class SegmentMissingError(CorruptionError):
+    """A sealed segment listed by the manifest is gone: corrupt, or deleted since the
+    reader loaded its manifest (retention, compaction); the reader reloads to tell."""
 
 
 class SealedSegment:
@@ -194,14 +219,37 @@ class SealedSegment:
             f"{detail}",
         )
 
+    def _verify(self) -> None:
+        """Check size and CRC32C before the Parquet reader parses anything.
+
+        A damaged footer can make the reader abort the process rather than raise, so
+        the file is proved whole first. Paid once per open segment, at disk speed.
+        """
+        size = os.stat(self.path).st_size
+        if size != self.info.size_bytes:
+            raise self._corrupt(f"the file is {size} bytes, the manifest says "
+                                f"{self.info.size_bytes}")
+        if self.info.crc32c is not None:
+            actual = file_crc32c(self.path)
+            if actual != self.info.crc32c:
+                raise self._corrupt(
+                    f"CRC32C mismatch (manifest {self.info.crc32c:#010x}, "
+                    f"file {actual:#010x})"
+                )
+
     def _open(self) -> pq.ParquetFile:
         if self._file is not None:
             return self._file
         try:
-            handle = pq.ParquetFile(self.path)
+            self._verify()
+            handle = pq.ParquetFile(self.path, page_checksum_verification=True)
             meta = handle.metadata
-            offset_col = meta.schema.to_arrow_schema().get_field_index("offset")
-            ts_col = meta.schema.to_arrow_schema().get_field_index("timestamp")
+            schema = meta.schema.to_arrow_schema()
+            absent = [name for name in RECORD_COLUMNS if schema.get_field_index(name) < 0]
+            if absent:
+                raise self._corrupt(f"not a sealed segment: no column {', '.join(absent)}")
+            offset_col = schema.get_field_index("offset")
+            ts_col = schema.get_field_index("timestamp")
             for i in range(meta.num_row_groups):
                 group = meta.row_group(i)
                 stats = group.column(offset_col).statistics
@@ -213,8 +261,14 @@ class SealedSegment:
                 self._group_min_ts.append(ts_stats.min if ts_stats is not None else 0)
                 self._group_max_ts.append(ts_stats.max if ts_stats is not None else 2**63 - 1)
         except FileNotFoundError:
-            raise self._corrupt("the file is missing") from None
-        except (OSError, pa.ArrowException) as error:
+            raise SegmentMissingError(
+                self.path,
+                f"sealed segment with offsets {self.info.base_offset}..{self.info.last_offset}:"
+                " the file is missing",
+            ) from None
+        except CorruptionError:
+            raise
+        except Exception as error:  # pyarrow raises many types for damaged files
             raise self._corrupt(f"unreadable Parquet: {error}") from None
         self._file = handle
         return handle
@@ -226,7 +280,7 @@ class SealedSegment:
         handle = self._open()
         try:
             table = handle.read_row_group(index, columns=columns)
-        except (OSError, pa.ArrowException) as error:
+        except Exception as error:  # pyarrow raises many types for damaged pages
             raise self._corrupt(f"row group {index} unreadable: {error}") from None
         # Sequential readers ask for the same row group many times in small steps.
         self._cached = (cache_key, table)

@@ -4,10 +4,12 @@ Layout:
   <data dir>/.writer.lock            held (flock) by the one process that may write
   <data dir>/topics/<topic>/meta/    versioned topic document: id, partitions, config
   <data dir>/topics/<topic>/<n>/     partition n (see partition.py)
+  <data dir>/staging/                topics being created or deleted
 
-Topic creation builds the whole topic under a temporary directory and renames it into
-place, so a crash never leaves half a topic. Deletion renames the topic away first, so
-it disappears at once, then removes the files; leftovers of either are cleaned on open.
+Topic creation builds the whole topic under staging/ and renames it into place, so a
+crash never leaves half a topic. Deletion renames the topic into staging/ first, so it
+disappears at once, then removes the files; leftovers of either are removed on open.
+Staging lives outside topics/ so that no topic name can be taken for a leftover.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 from compactlog.config import TopicConfig
 from compactlog.errors import (
+    CorruptionError,
     DataDirLockedError,
     InvalidTopicNameError,
     ReadOnlyStoreError,
@@ -46,8 +49,8 @@ log = logging.getLogger(__name__)
 
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
-CREATING = ".creating-"
-DELETING = ".deleting-"
+CREATING = "creating-"
+DELETING = "deleting-"
 
 
 def validate_topic_name(name: str) -> None:
@@ -108,20 +111,25 @@ class Topic:
         return self.partitions[index]
 
     def open_partitions(self) -> None:
-        for index in range(self.meta.partitions):
-            partition = Partition(
-                self.directory / str(index),
-                self.name,
-                index,
-                lambda: self.meta.config,
-                writable=not self.store.read_only,
-                clock=self.store.clock,
-            )
-            self.partitions.append(partition.open())
+        try:
+            for index in range(self.meta.partitions):
+                partition = Partition(
+                    self.directory / str(index),
+                    self.name,
+                    index,
+                    lambda: self.meta.config,
+                    writable=not self.store.read_only,
+                    clock=self.store.clock,
+                )
+                self.partitions.append(partition.open())
+        except BaseException:
+            self.close()  # a damaged partition must not leave the others' files open
+            raise
 
     def close(self) -> None:
         for partition in self.partitions:
             partition.close()
+        self.partitions = []
 
 
 class LogStore:
@@ -130,6 +138,7 @@ class LogStore:
     def __init__(self, data_dir: Path, read_only: bool, clock: Clock) -> None:
         self.data_dir = data_dir
         self.topics_dir = data_dir / "topics"
+        self.staging_dir = data_dir / "staging"
         self.read_only = read_only
         self.clock = clock
         self._topics: dict[str, Topic] = {}
@@ -148,6 +157,7 @@ class LogStore:
                 raise UserError(f"no compactlog data directory at {path}")
         else:
             store.topics_dir.mkdir(parents=True, exist_ok=True)
+            store.staging_dir.mkdir(exist_ok=True)
             store._take_writer_lock()
             store._remove_leftovers()
         return store
@@ -172,10 +182,13 @@ class LogStore:
         self._lock_fd = fd
 
     def _remove_leftovers(self) -> None:
+        for entry in self.staging_dir.iterdir():
+            shutil.rmtree(entry, ignore_errors=True)
+            log.info("removed %s, left by an interrupted create or delete", entry.name)
         for entry in self.topics_dir.iterdir():
-            if entry.name.startswith((CREATING, DELETING)):
-                shutil.rmtree(entry, ignore_errors=True)
-                log.info("removed %s, left by an interrupted create or delete", entry.name)
+            if entry.is_dir():
+                for temp in VersionedDocument(entry / "meta").recover():
+                    log.info("removed %s, left by an interrupted topic change", temp)
 
     def close(self) -> None:
         with self._lock:
@@ -207,7 +220,7 @@ class LogStore:
             meta = TopicMeta(
                 name, uuid.uuid4().hex, partitions, topic_config, int(self.clock() * 1000)
             )
-            staging = self.topics_dir / f"{CREATING}{name}-{uuid.uuid4().hex[:8]}"
+            staging = self.staging_dir / f"{CREATING}{uuid.uuid4().hex}"
             staging.mkdir()
             for index in range(partitions):
                 Partition.create(staging / str(index), name, index, lambda: topic_config)
@@ -220,17 +233,14 @@ class LogStore:
                     raise TopicExistsError(name) from None
                 raise
             fsutil.fsync_dir(self.topics_dir)
+            fsutil.fsync_dir(self.staging_dir)
             log.info("created topic %s with %d partitions", name, partitions)
             return self.topic(name)
 
     def list_topics(self) -> list[str]:
         if not self.topics_dir.is_dir():
             return []
-        return sorted(
-            entry.name
-            for entry in self.topics_dir.iterdir()
-            if entry.is_dir() and not entry.name.startswith(".")
-        )
+        return sorted(entry.name for entry in self.topics_dir.iterdir() if entry.is_dir())
 
     def topic(self, name: str) -> Topic:
         with self._lock:
@@ -244,7 +254,10 @@ class LogStore:
                 raise UnknownTopicError(name)
             loaded = VersionedDocument(directory / "meta").load()
             if loaded is None:
-                raise UnknownTopicError(name)
+                # create renames a complete topic into place, so no crash leaves this.
+                raise CorruptionError(
+                    directory / "meta", f"topic {name!r} exists but its metadata is missing"
+                )
             version, body = loaded
             topic = Topic(self, directory, TopicMeta.from_json(body), version)
             topic.open_partitions()
@@ -287,9 +300,10 @@ class LogStore:
             topic = self._topics.pop(name, None)
             if topic is not None:
                 topic.close()
-            doomed = self.topics_dir / f"{DELETING}{name}-{uuid.uuid4().hex[:8]}"
+            doomed = self.staging_dir / f"{DELETING}{uuid.uuid4().hex}"
             os.rename(directory, doomed)
             fsutil.fsync_dir(self.topics_dir)
+            fsutil.fsync_dir(self.staging_dir)
             shutil.rmtree(doomed, ignore_errors=True)
             log.info("deleted topic %s", name)
 
@@ -324,7 +338,11 @@ class LogStore:
             records, partitions_for_keys([r.key for r in records], count, keyless), strict=True
         ):
             groups[target].append(record)
-        return [topic.partitions[index].append(batch) for index, batch in sorted(groups.items())]
+        prepared = [
+            (topic.partitions[index], topic.partitions[index].prepare(group))
+            for index, group in sorted(groups.items())
+        ]
+        return [target.append_prepared(batch) for target, batch in prepared]
 
     def flush(self) -> None:
         with self._lock:
