@@ -577,7 +577,8 @@ def test_retention_by_bytes(store: LogStore, clock: FakeClock, tmp_path: Path) -
     log_files = sorted(p.name for p in partition.log_dir.iterdir())
     assert partition.apply_retention() == []  # retention.bytes=-1: unlimited
 
-    keep_bytes = sum(s.size_bytes for s in segments[-2:])
+    # Like Kafka, the limit counts the whole partition, the active log segment included.
+    keep_bytes = sum(s.size_bytes for s in segments[-2:]) + partition.active.size
     store.alter_topic("t", {"retention.bytes": keep_bytes})
     deleted = partition.apply_retention()
     assert deleted == list(segments[:-2])

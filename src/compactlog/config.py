@@ -151,7 +151,9 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "long",
         -1,
         "With cleanup.policy=delete, the oldest sealed segments are deleted while the partition "
-        "holds more than this many bytes. -1 means no size limit.",
+        "holds more than this many bytes, counting its log segments too (as Kafka counts the "
+        "whole log). Log segments are never deleted, so a partition may stay above the limit "
+        "until they are sealed. -1 means no size limit.",
         minimum=0,
         maximum=LONG_MAX,
         allow_minus_one=True,

@@ -602,7 +602,8 @@ class Partition:
         horizon = (self.manifest.compaction or {}).get("horizon")
         now_ms = int(self.clock() * 1000)
         with self._lock:
-            doomed = _expired_segments(self.manifest, config, now_ms, horizon)
+            log_bytes = sum(segment.size for segment in self.logs)
+            doomed = _expired_segments(self.manifest, config, now_ms, horizon, log_bytes)
             if not doomed:
                 return []
             doomed_files = {info.file for info in doomed}
@@ -764,9 +765,16 @@ def _trim_to_bytes(table: pa.Table, budget: int) -> pa.Table:
 
 
 def _expired_segments(
-    manifest: PartitionManifest, config: TopicConfig, now_ms: int, horizon: int | None
+    manifest: PartitionManifest,
+    config: TopicConfig,
+    now_ms: int,
+    horizon: int | None,
+    log_bytes: int,
 ) -> list[SegmentInfo]:
     """The prefix of sealed segments that retention deletes now.
+
+    retention.bytes counts the whole partition, log segments included, as Kafka does;
+    only sealed segments can be deleted to bring it under the limit.
 
     Under `compact` and `compact,delete` only segments wholly at or below the compaction
     horizon are candidates: the compacted view must not lose what it has not covered.
@@ -785,7 +793,11 @@ def _expired_segments(
             doomed.append(info)
     retention_bytes = config["retention.bytes"]
     if retention_bytes >= 0:
-        total = sum(s.size_bytes for s in manifest.segments) - sum(s.size_bytes for s in doomed)
+        total = (
+            log_bytes
+            + sum(s.size_bytes for s in manifest.segments)
+            - sum(s.size_bytes for s in doomed)
+        )
         for info in candidates[len(doomed):]:
             if total <= retention_bytes:
                 break
