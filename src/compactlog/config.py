@@ -9,10 +9,12 @@ generated from this table (`compactlog config-docs`), and a test keeps the two e
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from compactlog.compaction.strategies import ALLOWED as STRATEGIES
+from compactlog.compaction.strategies import validate_strategy
 from compactlog.errors import InvalidConfigError, UnknownConfigError, UserError
 
 LONG_MAX = 2**63 - 1
@@ -31,8 +33,13 @@ class ConfigKey:
     # -1 is Kafka's "unlimited" for retention settings; allowed besides the range.
     allow_minus_one: bool = False
     kafka_default: Any = None
+    # For strings with a grammar: returns what is wrong with a value, or None.
+    validator: Callable[[str], str | None] | None = None
+    allowed_text: str | None = None
 
     def allowed(self) -> str:
+        if self.allowed_text is not None:
+            return self.allowed_text
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         if self.type == "boolean":
@@ -52,6 +59,10 @@ class ConfigKey:
         value = _convert(self, raw)
         if self.choices is not None and value not in self.choices:
             raise InvalidConfigError(self.name, raw, "must be " + self.allowed())
+        if self.validator is not None:
+            problem = self.validator(value)
+            if problem is not None:
+                raise InvalidConfigError(self.name, raw, problem)
         if self.type in ("long", "int", "double"):
             if self.allow_minus_one and value == -1:
                 return value
@@ -242,6 +253,20 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         False,
         "compactlog: treat a record with an empty (zero-length) value as a tombstone, as "
         "Pulsar does. By default only a null value is a tombstone, as in Kafka.",
+    ),
+    ConfigKey(
+        "compaction.strategy",
+        "string",
+        "latest",
+        "compactlog: which record of a key survives compaction. `latest`: the greatest offset "
+        "(Kafka, Pulsar). `first`: the first record (Pulsar's PIP-215). `order:timestamp`, "
+        "`order:header:NAME` or `order:header:NAME:long`: the greatest ordering value, ties "
+        "broken by offset. `function:MODULE:NAME`: a Python function "
+        "`NAME(previous, current) -> bool` that returns True to keep `previous`; the slow "
+        "path, as values then cross the cluster. With every strategy a tombstone deletes its "
+        "key, and only records after it compete.",
+        validator=validate_strategy,
+        allowed_text=STRATEGIES,
     ),
     ConfigKey(
         "parquet.row.group.bytes",

@@ -45,6 +45,7 @@ from compactlog.errors import (
     ReadOnlyStoreError,
 )
 from compactlog.storage import fsutil
+from compactlog.storage.compacted import CompactedView, trim_to_bytes
 from compactlog.storage.logfile import LogSegment, TornTail, base_offset_of, log_file_name
 from compactlog.storage.manifest import PartitionManifest, SegmentInfo, VersionedDocument
 from compactlog.storage.records import (
@@ -124,6 +125,7 @@ class Partition:
         self._appended = threading.Condition(self._lock)
         self.recovery = RecoveryReport()
         self.auto_seal = True
+        self.compacted = CompactedView(self)
 
     @property
     def name(self) -> str:
@@ -504,6 +506,16 @@ class Partition:
             records.extend(table_to_records(part) if isinstance(part, pa.Table) else part)
         return records
 
+    def read_compacted(
+        self,
+        offset: int,
+        max_records: int = DEFAULT_MAX_RECORDS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> list[Record]:
+        """As `read`, from the compacted view: the ledger up to the horizon, then the
+        raw log. Offsets have gaps where compaction removed records."""
+        return self.compacted.read(offset, max_records, max_bytes)
+
     def read_table(
         self,
         offset: int,
@@ -699,7 +711,7 @@ class _PartRead:
             if not table.num_rows:
                 continue
             wanted = table.slice(0, self.max_records - self.count)
-            kept = _trim_to_bytes(wanted, self.max_bytes - self.taken)
+            kept = trim_to_bytes(wanted, self.max_bytes - self.taken)
             dense = _dense_prefix(kept, expected)
             if dense.num_rows:
                 self.parts.append(dense)
@@ -748,20 +760,6 @@ def _dense_prefix(table: pa.Table, expected: int) -> pa.Table:
         return table  # sorted and unique, so first and last prove it dense
     gaps = np.flatnonzero(offsets.to_numpy() != np.arange(expected, expected + rows))
     return table.slice(0, int(gaps[0]))
-
-
-def _trim_to_bytes(table: pa.Table, budget: int) -> pa.Table:
-    """Keep rows while the running size stays within `budget`, but always the first row."""
-    if table.num_rows <= 1 or record_bytes(table) <= budget:
-        return table
-    low, high = 1, table.num_rows
-    while low < high:
-        middle = (low + high + 1) // 2
-        if record_bytes(table.slice(0, middle)) <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return table.slice(0, low)
 
 
 def _expired_segments(

@@ -1,0 +1,108 @@
+"""The pluggable compaction service (Pulsar's PIP-278).
+
+A `TopicCompactionService` compacts one topic and reads its compacted ledger. A
+`CompactionServiceFactory` makes services; which factory is used is named by an import
+path, `module:attribute` (setting `compaction.service.factory`, or the CLI's
+`--service`), as PIP-278 names a Java class. The default is the Spark factory.
+
+Implementations live in sibling modules (spark_service.py is the default); this module
+holds only the interface and the loader, so that importing it stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from compactlog.errors import UserError
+
+if TYPE_CHECKING:
+    from compactlog.storage.records import Record
+    from compactlog.storage.store import LogStore
+
+DEFAULT_FACTORY = "compactlog.compaction.spark_service:SparkCompactionServiceFactory"
+
+
+@dataclass
+class PartitionSummary:
+    """What one run did to one partition."""
+
+    partition: int
+    records_in: int = 0
+    bytes_in: int = 0
+    records_out: int = 0
+    bytes_out: int = 0
+    keys: int = 0
+    tombstones_kept: int = 0
+    tombstones_removed: int = 0
+    null_keys_removed: int = 0
+    expired_removed: int = 0
+    old_horizon: int | None = None
+    horizon: int | None = None
+    dirty_segments: int = 0
+    skipped: str | None = None  # why nothing was done, when nothing was
+
+    @property
+    def records_removed(self) -> int:
+        return self.records_in - self.records_out
+
+
+@dataclass
+class CompactionReport:
+    topic: str
+    run_id: str
+    duration_s: float
+    partitions: list[PartitionSummary] = field(default_factory=list)
+
+    def total(self, name: str) -> int:
+        return sum(getattr(p, name) for p in self.partitions)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.total("bytes_in") / 1e6 / self.duration_s if self.duration_s > 0 else 0.0
+
+
+class TopicCompactionService(ABC):
+    """Compacts one topic, and reads the compacted ledger of its partitions."""
+
+    @abstractmethod
+    def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
+        """Compact the given partitions (all when None) in one run; commit each one's
+        new (horizon, ledger) pair atomically, or leave its old pair in force."""
+
+    @abstractmethod
+    def read_compacted_entries(self, partition: int, start: int, count: int) -> list[Record]:
+        """Up to `count` ledger records at offsets >= `start` (the ledger only)."""
+
+    @abstractmethod
+    def read_last_compacted_entry(self, partition: int) -> Record | None:
+        """The ledger's last record (which may be a tombstone), or None."""
+
+    @abstractmethod
+    def get_last_compacted_position(self, partition: int) -> int | None:
+        """The horizon: the last offset the ledger covers, or None before any run."""
+
+
+class CompactionServiceFactory(Protocol):
+    def new_service(
+        self, store: LogStore, topic: str, settings: Mapping[str, Any]
+    ) -> TopicCompactionService: ...
+
+
+def load_factory(import_path: str | None = None) -> CompactionServiceFactory:
+    """The factory named by `module:attribute` (a class is instantiated with no args)."""
+    path = import_path or DEFAULT_FACTORY
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UserError(f"compaction service factory must be MODULE:NAME, got {path!r}")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise UserError(f"cannot load compaction service factory {path!r}: {error}") from None
+    factory = found() if isinstance(found, type) else found
+    if not callable(getattr(factory, "new_service", None)):
+        raise UserError(f"compaction service factory {path!r} has no new_service method")
+    return factory  # type: ignore[no-any-return]

@@ -1,0 +1,246 @@
+"""Ledger files: the compacted view's Parquet files, and phase 2 that writes them.
+
+A ledger file has the sealed-segment schema (storage/sealed.py) plus one column,
+`tombstone_since_ms`: for a tombstone, when the compaction that first kept it ran
+(delete.retention.ms counts from there, as Kafka's cleaner counts from its first pass);
+null for other records. Files hold surviving records with their original offsets, in
+offset order, and carry the same offset statistics as sealed segments, so a reader
+seeks in them the same way.
+
+Phase 2 (`write_ledger_piece`) is plain pyarrow so that any engine can run it: the
+Spark pipeline runs one call per output file inside a Spark task, next to the data,
+and values never cross the cluster. It reads its input files a row group at a time,
+keeps the rows whose offsets phase 1 chose, applies tombstone retention, the null-key
+policy and (for compact,delete) time retention, and writes one ledger file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from compactlog.storage import fsutil
+from compactlog.storage.manifest import SegmentInfo
+from compactlog.storage.sealed import SCHEMA, file_crc32c
+
+LEDGER_SCHEMA = SCHEMA.append(pa.field("tombstone_since_ms", pa.int64()))
+LEDGER_DIR = "ledger"
+
+
+@dataclass(frozen=True)
+class TombstoneRules:
+    """How one partition's phase 2 treats tombstones, null keys and old records."""
+
+    now_ms: int
+    delete_retention_ms: int
+    empty_value_is_tombstone: bool
+    null_key_policy: str  # reject | drop | keep (reject: records from before the switch drop)
+    retention_ms: int  # >= 0 only for compact,delete: older records leave the view
+
+
+@dataclass(frozen=True)
+class PieceInput:
+    """One file that phase 2 reads: a previous ledger file or a dirty sealed segment."""
+
+    path: str
+    is_ledger: bool
+
+
+@dataclass(frozen=True)
+class PieceResult:
+    """What one phase-2 call wrote (info is None when nothing survived)."""
+
+    info: SegmentInfo | None
+    records_in: int
+    bytes_in: int
+    records_out: int
+    tombstones_kept: int
+    tombstones_removed: int
+    null_keys_removed: int
+    expired_removed: int
+    oldest_tombstone_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["info"] = None if self.info is None else asdict(self.info)
+        return body
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> PieceResult:
+        fields = dict(body)
+        info = fields.pop("info")
+        return cls(info=None if info is None else SegmentInfo.from_json(info), **fields)
+
+
+def ledger_file_name(run_id: str, sequence: int, base_offset: int) -> str:
+    return f"{base_offset:020d}-{run_id}-{sequence:05d}.parquet"
+
+
+def is_tombstone_mask(table: pa.Table, empty_value_is_tombstone: bool) -> pa.Array:
+    value = table.column("value")
+    tombstone = pc.is_null(value)
+    if empty_value_is_tombstone:
+        tombstone = pc.or_(tombstone, pc.equal(pc.binary_length(value), 0))
+    return tombstone
+
+
+def _row_groups(path: str) -> Iterator[pa.Table]:
+    handle = pq.ParquetFile(path, page_checksum_verification=True)
+    for index in range(handle.metadata.num_row_groups):
+        yield handle.read_row_group(index)
+
+
+def _as_ledger_table(table: pa.Table) -> pa.Table:
+    if "tombstone_since_ms" not in table.column_names:
+        table = table.append_column(
+            "tombstone_since_ms", pa.nulls(table.num_rows, type=pa.int64())
+        )
+    return table.select(LEDGER_SCHEMA.names).cast(LEDGER_SCHEMA)
+
+
+def write_ledger_piece(
+    inputs: list[PieceInput],
+    survivors: np.ndarray,
+    rules: TombstoneRules,
+    out_dir: Path,
+    file_name: str,
+    compression: str = "zstd",
+    row_group_bytes: int = 4 * 1024 * 1024,
+) -> PieceResult:
+    """Copy the surviving rows of `inputs` into one ledger file, in offset order.
+
+    `survivors` is the sorted int64 array of surviving offsets that phase 1 chose for
+    this piece's offset range (tombstones included). Rows with null keys are not in it:
+    they follow the null-key policy.
+    """
+    counts: dict[str, int] = dict.fromkeys(
+        ("records_in", "bytes_in", "records_out", "tombstones_kept", "tombstones_removed",
+         "null_keys_removed", "expired_removed"), 0,
+    )
+    temp = fsutil.temp_path(out_dir, file_name)
+    writer: pq.ParquetWriter | None = None
+    pending: list[pa.Table] = []
+    pending_bytes = 0
+    base_offset = last_offset = -1
+    min_ts, max_ts = 2**63 - 1, -(2**63)
+    try:
+        for source in inputs:
+            counts["bytes_in"] += os.stat(source.path).st_size
+            for group in _row_groups(source.path):
+                counts["records_in"] += group.num_rows
+                kept = _filter_group(_as_ledger_table(group), survivors, rules, counts)
+                if not kept.num_rows:
+                    continue
+                offsets = kept.column("offset")
+                if base_offset < 0:
+                    base_offset = offsets[0].as_py()
+                last_offset = offsets[-1].as_py()
+                timestamps = kept.column("timestamp")
+                min_ts = min(min_ts, pc.min(timestamps).as_py())
+                max_ts = max(max_ts, pc.max(timestamps).as_py())
+                counts["records_out"] += kept.num_rows
+                pending.append(kept)
+                pending_bytes += kept.nbytes
+                if pending_bytes >= row_group_bytes:
+                    writer = writer or _open_writer(temp, compression)
+                    writer.write_table(pa.concat_tables(pending))
+                    pending, pending_bytes = [], 0
+        if pending:
+            writer = writer or _open_writer(temp, compression)
+            writer.write_table(pa.concat_tables(pending))
+        if writer is None:
+            return PieceResult(None, **counts)
+        oldest = counts.pop("oldest_tombstone_ms", None)
+        writer.close()
+        writer = None
+        with open(temp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        final = out_dir / file_name
+        fsutil.publish_replace(temp, final)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        temp.unlink(missing_ok=True)
+        raise
+    info = SegmentInfo(
+        file=file_name,
+        base_offset=base_offset,
+        last_offset=last_offset,
+        record_count=counts["records_out"],
+        size_bytes=final.stat().st_size,
+        min_timestamp=min_ts,
+        max_timestamp=max_ts,
+        sealed_at_ms=int(time.time() * 1000),
+        crc32c=file_crc32c(final),
+    )
+    return PieceResult(info, **counts, oldest_tombstone_ms=oldest)
+
+
+def _open_writer(path: Path, compression: str) -> pq.ParquetWriter:
+    return pq.ParquetWriter(
+        path,
+        LEDGER_SCHEMA,
+        compression=compression,
+        use_dictionary=["key", "batch_attributes", "producer_id", "producer_epoch"],
+        column_encoding={
+            "offset": "DELTA_BINARY_PACKED",
+            "timestamp": "DELTA_BINARY_PACKED",
+            "batch_base_offset": "DELTA_BINARY_PACKED",
+            "batch_last_offset": "DELTA_BINARY_PACKED",
+        },
+        write_statistics=["offset", "timestamp", "key"],
+        write_page_checksum=True,
+    )
+
+
+def _filter_group(
+    table: pa.Table, survivors: np.ndarray, rules: TombstoneRules, counts: dict[str, int]
+) -> pa.Table:
+    offsets = table.column("offset").to_numpy()
+    position = np.searchsorted(survivors, offsets)
+    position[position >= len(survivors)] = 0
+    chosen = (survivors[position] == offsets) if len(survivors) else np.zeros(len(offsets), bool)
+    null_key = pc.is_null(table.column("key")).to_numpy(zero_copy_only=False)
+    if rules.null_key_policy == "keep":
+        keep = chosen | null_key
+    else:
+        keep = chosen & ~null_key
+        counts["null_keys_removed"] += int(null_key.sum())
+    tombstone = is_tombstone_mask(table, rules.empty_value_is_tombstone).to_numpy(
+        zero_copy_only=False
+    )
+    since = table.column("tombstone_since_ms").fill_null(rules.now_ms).to_numpy()
+    expired_tombstone = tombstone & (rules.now_ms - since >= rules.delete_retention_ms)
+    counts["tombstones_removed"] += int((keep & expired_tombstone).sum())
+    keep &= ~expired_tombstone
+    if rules.retention_ms >= 0:
+        too_old = table.column("timestamp").to_numpy() < rules.now_ms - rules.retention_ms
+        counts["expired_removed"] += int((keep & too_old).sum())
+        keep &= ~too_old
+    counts["tombstones_kept"] += int((keep & tombstone).sum())
+    kept = table.filter(pa.array(keep))
+    if not kept.num_rows:
+        return kept
+    # A tombstone kept for the first time starts its retention now.
+    kept_tombstone = is_tombstone_mask(kept, rules.empty_value_is_tombstone)
+    since_col = pc.if_else(
+        kept_tombstone,
+        kept.column("tombstone_since_ms").fill_null(rules.now_ms),
+        pa.nulls(kept.num_rows, pa.int64()),
+    )
+    oldest = pc.min(since_col).as_py()
+    if oldest is not None:
+        previous = counts.get("oldest_tombstone_ms")
+        counts["oldest_tombstone_ms"] = oldest if previous is None else min(previous, oldest)
+    return kept.set_column(
+        kept.schema.get_field_index("tombstone_since_ms"), "tombstone_since_ms", since_col
+    )

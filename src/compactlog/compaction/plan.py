@@ -1,0 +1,170 @@
+"""Planning a compaction run: what each partition reads, and how phase 2 splits its work.
+
+The input of one partition is its clean part, the previous ledger files, plus its dirty
+part, the sealed segments above the horizon, up to the cleanable bound: the longest
+prefix of dirty segments whose newest record is older than min.compaction.lag.ms. The
+active and rolled log segments are never input (they are not sealed), so the horizon
+stays below them. The new horizon is the last offset of the last dirty segment read,
+or the old horizon when no segment is cleanable.
+
+After phase 1 the surviving offsets are known, so phase 2 is split into pieces: runs
+of consecutive input files whose surviving bytes (estimated from the survivor counts
+and each file's bytes per record) fill about one target ledger file. Files with no
+survivors are not read at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from compactlog.compaction.ledger import LEDGER_DIR, PieceInput, TombstoneRules
+from compactlog.compaction.strategies import Strategy, parse_strategy
+from compactlog.config import TopicConfig
+from compactlog.storage.manifest import PartitionManifest, SegmentInfo
+
+MAX_LEDGER_FILE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class InputFile:
+    info: SegmentInfo
+    path: Path
+    is_ledger: bool
+
+
+@dataclass
+class PartitionPlan:
+    topic: str
+    partition: int
+    directory: Path
+    manifest_version: int
+    old_horizon: int | None
+    new_horizon: int | None
+    clean: list[InputFile]
+    dirty: list[InputFile]
+    rules: TombstoneRules
+    strategy: Strategy
+    target_file_bytes: int
+    compression: str
+    oldest_tombstone_ms: int | None = None
+    # Filled by phase 1: the sorted surviving offsets (tombstones included).
+    survivors: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+
+    @property
+    def inputs(self) -> list[InputFile]:
+        return [*self.clean, *self.dirty]
+
+    @property
+    def has_work(self) -> bool:
+        """Dirty segments to read, or kept tombstones whose retention has passed."""
+        return bool(self.dirty) or (
+            self.oldest_tombstone_ms is not None
+            and self.rules.now_ms - self.oldest_tombstone_ms >= self.rules.delete_retention_ms
+        )
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.directory / LEDGER_DIR
+
+    def describe(self) -> str:
+        return f"{self.topic}/{self.partition}"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One phase-2 task: consecutive input files of one partition into one ledger file."""
+
+    plan: PartitionPlan
+    sequence: int
+    inputs: list[InputFile]
+    survivors: np.ndarray
+
+    def piece_inputs(self) -> list[PieceInput]:
+        return [PieceInput(str(item.path), item.is_ledger) for item in self.inputs]
+
+
+def plan_partition(
+    topic: str,
+    partition: int,
+    directory: Path,
+    manifest: PartitionManifest,
+    manifest_version: int,
+    config: TopicConfig,
+    now_ms: int,
+) -> PartitionPlan:
+    compaction = manifest.compaction or {}
+    old_horizon: int | None = compaction.get("horizon")
+    clean = [
+        InputFile(SegmentInfo.from_json(info), directory / LEDGER_DIR / info["file"], True)
+        for info in compaction.get("ledger", [])
+    ]
+    lag = config["min.compaction.lag.ms"]
+    dirty: list[InputFile] = []
+    for info in manifest.segments:
+        if old_horizon is not None and info.last_offset <= old_horizon:
+            continue
+        if info.missing:
+            break  # damaged segment: stop before it, so the horizon never passes a hole
+        if now_ms - info.max_timestamp < lag:
+            break  # a prefix only, so the horizon covers everything below it
+        dirty.append(InputFile(info, directory / "segments" / info.file, False))
+    new_horizon = dirty[-1].info.last_offset if dirty else old_horizon
+    retention_ms = config["retention.ms"] if "delete" in config.cleanup_policy.split(",") else -1
+    rules = TombstoneRules(
+        now_ms=now_ms,
+        delete_retention_ms=config["delete.retention.ms"],
+        empty_value_is_tombstone=config["empty.value.is.tombstone"],
+        null_key_policy=config["null.key.policy"],
+        retention_ms=retention_ms,
+    )
+    return PartitionPlan(
+        topic=topic,
+        partition=partition,
+        directory=directory,
+        manifest_version=manifest_version,
+        old_horizon=old_horizon,
+        new_horizon=new_horizon,
+        clean=clean,
+        dirty=dirty,
+        rules=rules,
+        strategy=parse_strategy(config["compaction.strategy"]),
+        target_file_bytes=min(config["segment.bytes"], MAX_LEDGER_FILE_BYTES),
+        compression=config["parquet.compression"],
+        oldest_tombstone_ms=compaction.get("oldest_tombstone_ms"),
+    )
+
+
+def split_pieces(plan: PartitionPlan) -> list[Piece]:
+    """Group the plan's input files into phase-2 pieces, by estimated surviving bytes."""
+    survivors = plan.survivors
+    pieces: list[Piece] = []
+    current: list[InputFile] = []
+    current_bytes = 0.0
+    keep_nulls = plan.rules.null_key_policy == "keep"
+
+    def close() -> None:
+        nonlocal current, current_bytes
+        if current:
+            low = np.searchsorted(survivors, current[0].info.base_offset, "left")
+            high = np.searchsorted(survivors, current[-1].info.last_offset, "right")
+            pieces.append(Piece(plan, len(pieces), current, survivors[low:high]))
+        current, current_bytes = [], 0.0
+
+    for item in plan.inputs:
+        info = item.info
+        low = np.searchsorted(survivors, info.base_offset, "left")
+        high = np.searchsorted(survivors, info.last_offset, "right")
+        surviving = int(high - low)
+        if surviving == 0 and not keep_nulls:
+            continue  # nothing of this file survives: it is not even read
+        per_record = info.size_bytes / max(info.record_count, 1)
+        current.append(item)
+        current_bytes += surviving * per_record
+        if current_bytes >= plan.target_file_bytes:
+            close()
+    close()
+    return pieces
+

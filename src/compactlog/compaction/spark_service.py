@@ -1,0 +1,82 @@
+"""The default compaction service: the two-phase pipeline on Spark.
+
+One Spark application per run compacts every partition asked for, so the JVM start-up
+(5 to 10 s on a small machine) is paid once per run, not once per partition. The
+session is started on first use and kept by the service, so a caller that compacts
+again (tests, a long-lived compactor) reuses it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from compactlog.compaction import CompactionReport, TopicCompactionService
+from compactlog.compaction.ledger import PieceResult
+from compactlog.compaction.plan import PartitionPlan
+from compactlog.compaction.reads import LedgerReads
+from compactlog.compaction.runner import Progress, run_compaction
+from compactlog.compaction.spark_pipeline import find_survivors, write_ledgers
+from compactlog.compaction.spark_session import DEFAULT_MASTER, start_session
+from compactlog.storage.store import LogStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+class SparkEngine:
+    def __init__(self, session: Callable[[], SparkSession]) -> None:
+        self._session = session
+
+    def find_survivors(self, plans: list[PartitionPlan]) -> None:
+        if plans:
+            find_survivors(self._session(), plans)
+
+    def write_ledgers(
+        self, plans: list[PartitionPlan], run_id: str
+    ) -> dict[int, list[PieceResult]]:
+        if not plans:
+            return {}
+        return write_ledgers(self._session(), plans, run_id)
+
+
+class SparkCompactionService(LedgerReads, TopicCompactionService):
+    """Settings: `spark.master` (default local[*]), `spark.conf` (a mapping of Spark
+    settings), `spark.session` (an existing SparkSession to use), `clock`, `progress`."""
+
+    def __init__(self, store: LogStore, topic: str, settings: Mapping[str, Any]) -> None:
+        super().__init__(store, topic)
+        self.settings = dict(settings)
+        self._spark: SparkSession | None = settings.get("spark.session")
+        self.clock: Callable[[], float] = settings.get("clock", time.time)
+        self.progress: Progress | None = settings.get("progress")
+
+    def session(self) -> SparkSession:
+        if self._spark is None:
+            self._spark = start_session(
+                self.settings.get("spark.master") or DEFAULT_MASTER,
+                self.settings.get("spark.conf") or {},
+            )
+        return self._spark
+
+    def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
+        engine = SparkEngine(self.session)
+        if self.progress is None:
+            return run_compaction(self.store, self.topic, engine, partitions, self.clock)
+        return run_compaction(
+            self.store, self.topic, engine, partitions, self.clock, self.progress
+        )
+
+    def stop(self) -> None:
+        """Stop the Spark session this service started (not one it was given)."""
+        if self._spark is not None and "spark.session" not in self.settings:
+            self._spark.stop()
+        self._spark = None
+
+
+class SparkCompactionServiceFactory:
+    def new_service(
+        self, store: LogStore, topic: str, settings: Mapping[str, Any]
+    ) -> SparkCompactionService:
+        return SparkCompactionService(store, topic, settings)
