@@ -67,9 +67,11 @@ def cli(ctx: click.Context, data_dir: Path, debug: bool, log_level: str) -> None
 
 
 def _register() -> None:
-    from compactlog.cli import consume, docs, produce, topics
+    from compactlog.cli import compact, consume, docs, produce, topics
 
     cli.add_command(topics.topics)
+    cli.add_command(compact.compact)
+    cli.add_command(compact.compaction_status)
     cli.add_command(produce.produce)
     cli.add_command(consume.consume)
     cli.add_command(docs.config_docs)

@@ -31,6 +31,9 @@ def _start(value: str) -> StartPosition:
                    "timestamp, key, value and headers.")
 @click.option("--encoding", type=click.Choice(["utf8", "base64"]), default="utf8",
               show_default=True, help="How keys and values are printed.")
+@click.option("--compacted", is_flag=True,
+              help="Read the compacted view: the latest record per key up to the horizon, "
+                   "then every record after it.")
 @click.option("--max-records", "-n", type=click.IntRange(min=1), default=None,
               help="Stop after this many records.")
 @click.pass_obj
@@ -42,6 +45,7 @@ def consume(
     follow: bool,
     output_format: str,
     encoding: Encoding,
+    compacted: bool,
     max_records: int | None,
 ) -> None:
     """Print the records of TOPIC, partition by partition, in offset order.
@@ -51,6 +55,7 @@ def consume(
     \b
     Examples:
       compactlog consume prices --from earliest
+      compactlog consume prices --compacted --format json
       compactlog consume prices --partition 2 --from 1000 --format json
       compactlog consume prices --from latest --follow --format json --encoding base64
     """
@@ -58,7 +63,9 @@ def consume(
     with LogStore.open(ctx.data_dir, read_only=True) as store:
         handle = store.topic(topic)
         indexes = [partition] if partition is not None else range(len(handle.partitions))
-        readers = [Reader(store, topic, index, position) for index in indexes]
+        readers = [
+            Reader(store, topic, index, position, read_compacted=compacted) for index in indexes
+        ]
         printed = 0
 
         def emit(reader: Reader, timeout: float) -> bool:

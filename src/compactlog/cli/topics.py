@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TypeVar
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from compactlog.cli import Context
+from compactlog.compaction.status import read_status
 from compactlog.config import TOPIC_KEYS, parse_assignments
 from compactlog.storage.store import LogStore
 
@@ -88,7 +91,10 @@ def describe(ctx: Context, topic: str, as_json: bool) -> None:
     with LogStore.open(ctx.data_dir, read_only=True) as store:
         handle = store.topic(topic)
         meta = handle.meta
-        partitions = [{"partition": p.index, **p.stats()} for p in handle.partitions]
+        partitions = [
+            {"partition": p.index, **p.stats(), "compaction": _last_run(p.directory)}
+            for p in handle.partitions
+        ]
         config = meta.config.effective()
         if as_json:
             click.echo(json.dumps({
@@ -116,6 +122,45 @@ def describe(ctx: Context, topic: str, as_json: bool) -> None:
                 "sealed_segments", "sealed_bytes", "log_segments", "log_bytes",
             )))
         console.print(table)
+        if meta.config.compacted:
+            console.print(_compaction_table(partitions))
+
+
+def _last_run(directory: Path) -> dict[str, Any]:
+    status = read_status(directory)
+    last = status.last_success
+    return {
+        "state": status.state,
+        "error": status.error,
+        "last_run_ms": last.get("finished_ms"),
+        "last_run_duration_ms": (last["finished_ms"] - last["started_ms"]) if last else None,
+        "last_run_records_removed": last.get("records_removed"),
+    }
+
+
+def _compaction_table(partitions: list[dict[str, Any]]) -> Table:
+    table = Table(
+        "partition", "horizon", "ledger records", "ledger bytes", "dirty bytes", "dirty ratio",
+        "status", "last run", "duration", "removed", title="Compaction",
+    )
+    for row in partitions:
+        run = row["compaction"]
+        when = (
+            datetime.fromtimestamp(run["last_run_ms"] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            if run["last_run_ms"] else "never"
+        )
+        duration = (
+            f"{run['last_run_duration_ms'] / 1000:.1f}s"
+            if run["last_run_duration_ms"] is not None else "-"
+        )
+        table.add_row(
+            str(row["partition"]), str(row["horizon"] if row["horizon"] is not None else "-"),
+            str(row["ledger_records"]), str(row["ledger_bytes"]), str(row["dirty_bytes"]),
+            f"{row['dirty_ratio']:.2f}", run["state"], when, duration,
+            str(run["last_run_records_removed"] if run["last_run_records_removed"] is not None
+                else "-"),
+        )
+    return table
 
 
 @topics.command()

@@ -13,23 +13,35 @@ StartPosition = int | Literal["earliest", "latest"]
 
 
 class Reader:
-    """Reads one partition of the raw log from a position, optionally waiting for more.
+    """Reads one partition from a position, optionally waiting for more.
+
+    With `read_compacted=True` it reads the compacted view: while its position is at or
+    below the horizon it reads the ledger (the surviving record of each key, at its
+    original offset), then the raw log from horizon + 1, as Pulsar's readCompacted
+    readers and Kafka consumers of a compacted topic do. Otherwise it reads the raw log.
 
     `position` is the next offset to read. Offsets below the log start (deleted by
     retention) are served from the log start.
     """
 
     def __init__(
-        self, store: LogStore, topic: str, partition: int, start: StartPosition = "earliest"
+        self,
+        store: LogStore,
+        topic: str,
+        partition: int,
+        start: StartPosition = "earliest",
+        read_compacted: bool = False,
     ) -> None:
         self.partition: Partition = store.topic(topic).partition(partition)
         self.topic = topic
+        self.read_compacted = read_compacted
         self.position = 0
         self.seek(start)
 
     def seek(self, start: StartPosition) -> None:
         if start == "earliest":
-            self.position = self.partition.log_start_offset
+            self.partition.refresh()
+            self.position = 0 if self.read_compacted else self.partition.log_start_offset
         elif start == "latest":
             self.partition.refresh()
             self.position = self.partition.log_end_offset
@@ -41,7 +53,10 @@ class Reader:
     def seek_to_timestamp(self, timestamp_ms: int) -> None:
         """Move to the first record whose timestamp is >= timestamp_ms, or to the end."""
         self.partition.refresh()
-        found = self.partition.offset_for_timestamp(timestamp_ms)
+        if self.read_compacted:
+            found = self.partition.compacted.offset_for_timestamp(timestamp_ms)
+        else:
+            found = self.partition.offset_for_timestamp(timestamp_ms)
         self.position = found if found is not None else self.partition.log_end_offset
 
     def poll(
@@ -54,12 +69,30 @@ class Reader:
         return records
 
     def _read(self, max_records: int, max_bytes: int) -> list[Record]:
-        if not self.partition.writable:
-            self.partition.refresh()
-        records = self.partition.read(self.position, max_records, max_bytes)
+        self.partition.refresh()
+        if self.read_compacted:
+            records = self.partition.read_compacted(self.position, max_records, max_bytes)
+        else:
+            records = self.partition.read(self.position, max_records, max_bytes)
         if records:
             self.position = records[-1].offset + 1
         return records
+
+    def last_message(self) -> Record | None:
+        """The last record this reader's view holds (a tombstone, maybe), or None.
+
+        For the compacted view this is the ledger's last record when nothing was
+        appended after the horizon, not the raw log's last offset: Pulsar readers once
+        waited forever for a raw last message that compaction had removed.
+        """
+        if self.read_compacted:
+            return self.partition.compacted.last_record()
+        self.partition.refresh()
+        end = self.partition.log_end_offset
+        if end <= self.partition.log_start_offset:
+            return None
+        found = self.partition.read(end - 1, 1)
+        return found[-1] if found else None
 
     @property
     def at_end(self) -> bool:

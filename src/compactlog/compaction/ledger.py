@@ -215,9 +215,10 @@ def _filter_group(
     else:
         keep = chosen & ~null_key
         counts["null_keys_removed"] += int(null_key.sum())
+    # A null-key record deletes no key, so it is never a tombstone: `keep` passes it on.
     tombstone = is_tombstone_mask(table, rules.empty_value_is_tombstone).to_numpy(
         zero_copy_only=False
-    )
+    ) & ~null_key
     since = table.column("tombstone_since_ms").fill_null(rules.now_ms).to_numpy()
     expired_tombstone = tombstone & (rules.now_ms - since >= rules.delete_retention_ms)
     counts["tombstones_removed"] += int((keep & expired_tombstone).sum())
@@ -231,7 +232,10 @@ def _filter_group(
     if not kept.num_rows:
         return kept
     # A tombstone kept for the first time starts its retention now.
-    kept_tombstone = is_tombstone_mask(kept, rules.empty_value_is_tombstone)
+    kept_tombstone = pc.and_(
+        is_tombstone_mask(kept, rules.empty_value_is_tombstone),
+        pc.is_valid(kept.column("key")),
+    )
     since_col = pc.if_else(
         kept_tombstone,
         kept.column("tombstone_since_ms").fill_null(rules.now_ms),

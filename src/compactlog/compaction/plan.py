@@ -108,8 +108,10 @@ def plan_partition(
             continue
         if info.missing:
             break  # damaged segment: stop before it, so the horizon never passes a hole
-        if now_ms - info.max_timestamp < lag:
-            break  # a prefix only, so the horizon covers everything below it
+        if lag > 0 and now_ms - info.max_timestamp < lag:
+            # A prefix only, so the horizon covers everything below it. (As in Kafka, a
+            # producer timestamp in the future holds its segment back until it is past.)
+            break
         dirty.append(InputFile(info, directory / "segments" / info.file, False))
     new_horizon = dirty[-1].info.last_offset if dirty else old_horizon
     retention_ms = config["retention.ms"] if "delete" in config.cleanup_policy.split(",") else -1

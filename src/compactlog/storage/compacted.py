@@ -134,6 +134,29 @@ class CompactedView:
             return found[-1] if found else None
         return self.last_ledger_record()
 
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """The first offset of the view whose record timestamp is >= `timestamp`."""
+        self.partition.refresh()
+        manifest = self.partition.manifest
+        horizon = horizon_of(manifest)
+        for info in ledger_infos(manifest):
+            if info.max_timestamp >= timestamp:
+                found = self._ledger_file(info).offset_for_timestamp(timestamp)
+                if found is not None:
+                    return found
+        raw = self.partition.offset_for_timestamp(timestamp)
+        if raw is not None and horizon is not None and raw <= horizon:
+            # The first raw match is in the compacted range, where the ledger had none:
+            # look again past the horizon.
+            position = horizon + 1
+            while chunk := self.partition.read(position, 10_000, 16 * 1024 * 1024):
+                for record in chunk:
+                    if record.timestamp >= timestamp:
+                        return record.offset
+                position = chunk[-1].offset + 1
+            return None
+        return raw
+
     # -- internals --------------------------------------------------------------------
 
     def _snapshot(self) -> tuple[PartitionManifest, int]:

@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,7 +46,7 @@ from compactlog.errors import (
     ReadOnlyStoreError,
 )
 from compactlog.storage import fsutil
-from compactlog.storage.compacted import CompactedView, trim_to_bytes
+from compactlog.storage.compacted import CompactedView, horizon_of, ledger_infos, trim_to_bytes
 from compactlog.storage.logfile import LogSegment, TornTail, base_offset_of, log_file_name
 from compactlog.storage.manifest import PartitionManifest, SegmentInfo, VersionedDocument
 from compactlog.storage.records import (
@@ -642,17 +643,34 @@ class Partition:
 
     # -- lifecycle ------------------------------------------------------------------
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         with self._lock:
-            sealed_bytes = sum(s.size_bytes for s in self.manifest.segments)
+            manifest = self.manifest
+            sealed_bytes = sum(s.size_bytes for s in manifest.segments)
             log_bytes = sum(s.size for s in self.logs)
+            horizon = horizon_of(manifest)
+            ledger = ledger_infos(manifest)
+            ledger_bytes = sum(info.size_bytes for info in ledger)
+            # Kafka's dirty ratio: dirty bytes over clean plus dirty bytes, where the clean
+            # part is the compacted ledger and the dirty part the sealed data after it.
+            dirty_bytes = sum(
+                s.size_bytes for s in manifest.segments
+                if horizon is None or s.last_offset > horizon
+            )
+            total = ledger_bytes + dirty_bytes
             return {
                 "log_start_offset": self.log_start_offset,
                 "log_end_offset": self.log_end_offset,
-                "sealed_segments": len(self.manifest.segments),
+                "sealed_segments": len(manifest.segments),
                 "sealed_bytes": sealed_bytes,
                 "log_segments": len(self.logs),
                 "log_bytes": log_bytes,
+                "horizon": horizon,
+                "ledger_files": len(ledger),
+                "ledger_records": sum(info.record_count for info in ledger),
+                "ledger_bytes": ledger_bytes,
+                "dirty_bytes": dirty_bytes,
+                "dirty_ratio": dirty_bytes / total if total else 0.0,
             }
 
     def close(self) -> None:

@@ -1,0 +1,170 @@
+"""`compactlog compact` and `compactlog compaction-status`."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from compactlog.cli import Context
+from compactlog.compaction import CompactionReport, load_factory
+from compactlog.compaction.status import read_status
+from compactlog.config import parse_assignments
+from compactlog.storage.store import LogStore
+
+console = Console(stderr=True)
+STAGES = ["plan", "phase 1: find survivors", "phase 2: write ledgers", "commit", "done"]
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--partition", "-p", "partitions", type=int, multiple=True,
+              help="Compact only this partition (repeatable). Default: every partition.")
+@click.option("--spark-master", envvar="COMPACTLOG_SPARK_MASTER", default="local[*]",
+              show_default=True,
+              help="Where Spark runs: local[*], local[N], spark://HOST:7077, or any master "
+                   "Spark accepts (or set COMPACTLOG_SPARK_MASTER).")
+@click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              help="A Spark setting, passed through (repeatable), e.g. "
+                   "spark.driver.memory=2g.")
+@click.option("--service", envvar="COMPACTLOG_COMPACTION_SERVICE", default=None,
+              metavar="MODULE:NAME",
+              help="The compaction service factory to use, by import path (PIP-278). "
+                   "Default: the Spark service.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_obj
+def compact(
+    ctx: Context,
+    topic: str,
+    partitions: tuple[int, ...],
+    spark_master: str,
+    spark_conf: tuple[str, ...],
+    service: str | None,
+    as_json: bool,
+) -> None:
+    """Compact TOPIC: keep the surviving record per key in a new compacted ledger.
+
+    Reads the previous ledger plus the sealed segments above the horizon that are older
+    than min.compaction.lag.ms, finds the survivors with Spark, writes new ledger files
+    and commits the new (horizon, ledger) pair atomically. The raw log is not changed.
+    Works while a producer or server writes the same data directory.
+
+    \b
+    Examples:
+      compactlog compact prices
+      compactlog compact prices --partition 0 --partition 3
+      compactlog compact prices --spark-master spark://127.0.0.1:7077 \\
+          --spark-conf spark.executor.memory=4g
+    """
+    factory = load_factory(service)
+    with LogStore.open(ctx.data_dir, read_only=True) as store:
+        store.topic(topic)  # fail fast on an unknown topic, before Spark starts
+        with Progress(
+            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+            TimeElapsedColumn(), console=console, transient=as_json,
+        ) as progress:
+            task = progress.add_task("starting Spark", total=len(STAGES) - 1)
+
+            def report_progress(stage: str, done: int, total: int) -> None:
+                position = STAGES.index(stage) if stage in STAGES else 0
+                progress.update(task, description=stage, completed=position)
+
+            settings: dict[str, Any] = {
+                "spark.master": spark_master,
+                "spark.conf": parse_assignments(spark_conf),
+                "progress": report_progress,
+            }
+            compaction = factory.new_service(store, topic, settings)
+            try:
+                report = compaction.compact(list(partitions) if partitions else None)
+            finally:
+                stop = getattr(compaction, "stop", None)
+                if callable(stop):
+                    stop()
+    if as_json:
+        click.echo(json.dumps(report_json(report), indent=2))
+    else:
+        Console().print(summary_table(report))
+
+
+def report_json(report: CompactionReport) -> dict[str, Any]:
+    return {
+        "topic": report.topic,
+        "run_id": report.run_id,
+        "duration_s": round(report.duration_s, 3),
+        "mb_per_s": round(report.mb_per_s, 2),
+        "partitions": [
+            {**vars(p), "records_removed": p.records_removed} for p in report.partitions
+        ],
+    }
+
+
+def summary_table(report: CompactionReport) -> Table:
+    table = Table(
+        "partition", "records in", "records out", "removed", "bytes in", "bytes out", "keys",
+        "tombstones kept", "tombstones removed", "horizon",
+        title=f"Compacted {report.topic} in {report.duration_s:.1f}s "
+              f"({report.mb_per_s:.1f} MB/s), run {report.run_id}",
+    )
+    for p in report.partitions:
+        horizon = "-" if p.horizon is None else str(p.horizon)
+        if p.old_horizon != p.horizon:
+            horizon = f"{'-' if p.old_horizon is None else p.old_horizon} → {horizon}"
+        table.add_row(
+            str(p.partition), f"{p.records_in:,}", f"{p.records_out:,}",
+            f"{p.records_removed:,}", f"{p.bytes_in:,}", f"{p.bytes_out:,}", f"{p.keys:,}",
+            f"{p.tombstones_kept:,}", f"{p.tombstones_removed:,}",
+            horizon if p.skipped is None else f"{horizon} ({p.skipped})",
+        )
+    if len(report.partitions) > 1:
+        table.add_row(
+            "all", *(f"{report.total(n):,}" for n in (
+                "records_in", "records_out")),
+            f"{report.total('records_in') - report.total('records_out'):,}",
+            *(f"{report.total(n):,}" for n in (
+                "bytes_in", "bytes_out", "keys", "tombstones_kept", "tombstones_removed")),
+            "", style="bold",
+        )
+    return table
+
+
+@click.command("compaction-status")
+@click.argument("topic")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def compaction_status(ctx: Context, topic: str, as_json: bool) -> None:
+    """Show the compaction status of each partition of TOPIC.
+
+    NOT_RUN, RUNNING, SUCCESS or ERROR (with the last error). The status is kept on
+    disk, so it survives restarts; a run whose process died shows as ERROR.
+
+    \b
+    Example:
+      compactlog compaction-status prices --json
+    """
+    with LogStore.open(ctx.data_dir, read_only=True) as store:
+        handle = store.topic(topic)
+        rows = []
+        for partition in handle.partitions:
+            status = read_status(partition.directory)
+            rows.append({"partition": partition.index, **status.to_json(),
+                         "horizon": partition.stats()["horizon"]})
+    if as_json:
+        click.echo(json.dumps({"topic": topic, "partitions": rows}, indent=2))
+        return
+    table = Table("partition", "status", "horizon", "last finished", "error",
+                  title=f"Compaction status of {topic}")
+    for row in rows:
+        finished = (
+            datetime.fromtimestamp(row["finished_ms"] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            if row["finished_ms"] else "-"
+        )
+        table.add_row(str(row["partition"]), row["state"],
+                      "-" if row["horizon"] is None else str(row["horizon"]),
+                      finished, row["error"] or "")
+    Console().print(table)
