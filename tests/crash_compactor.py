@@ -55,6 +55,8 @@ def is_ledger_file(temp: Path, final: Path) -> bool:
 
 
 KILL_POINTS: dict[str, Callable[[], None]] = {
+    # Phase 1 is under way: the status says RUNNING, nothing new is written yet.
+    "phase-1": lambda: before(local_engine.LocalEngine, "_survivors"),
     # A ledger file is written but not yet renamed into place.
     "ledger-temp": lambda: before(ledger.fsutil, "publish_replace", is_ledger_file),
     # The first ledger file is in place; the manifest does not list it.

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,105 @@ def test_compactor_killed_at_each_step(tmp_path: Path, point: str) -> None:
             on_disk = {p.name for p in (partition.directory / "ledger").iterdir()}
             assert on_disk == listed, "stray ledger files after recovery"
             assert read_status(partition.directory).state == "SUCCESS"
+
+
+# A compactor that, in mode "hold", waits inside phase 1 (holding the partition lock)
+# until the release file exists. Arguments: MODE TESTS_DIR PAUSED RELEASE DATA_DIR.
+HELD_COMPACTOR = """
+import pathlib, sys, time
+mode, tests, paused, release, data = sys.argv[1:]
+sys.path.insert(0, tests)
+import local_engine
+from compactlog.compaction import load_factory
+from compactlog.compaction.status import CompactionRunningError
+from compactlog.storage.store import LogStore
+if mode == "hold":
+    real = local_engine.LocalEngine._survivors
+    def held(*args, **kwargs):
+        pathlib.Path(paused).touch()
+        while not pathlib.Path(release).exists():
+            time.sleep(0.01)
+        return real(*args, **kwargs)
+    local_engine.LocalEngine._survivors = held
+with LogStore.open(data, read_only=True) as store:
+    try:
+        load_factory("local_engine:LocalCompactionServiceFactory").new_service(
+            store, "t", {}).compact()
+    except CompactionRunningError as error:
+        print(error)
+        sys.exit(3)
+"""
+
+
+def test_two_compactions_of_one_partition_one_wins(tmp_path: Path) -> None:
+    """Two compactor processes at once: the first is held inside phase 1, holding the
+    partition lock; the second fails with a conflict before it writes anything; the
+    first then finishes and its result is the one a lone run gives."""
+    data = tmp_path / "data"
+    prepare(data)
+    reference = tmp_path / "reference"
+    shutil.copytree(data, reference)
+    paused, release = tmp_path / "paused", tmp_path / "release"
+    arguments = [str(TESTS), str(paused), str(release), str(data)]
+    first = subprocess.Popen([sys.executable, "-c", HELD_COMPACTOR, "hold", *arguments])
+    try:
+        deadline = time.monotonic() + 120
+        while not paused.exists():
+            assert first.poll() is None, "the first compactor exited before phase 1"
+            assert time.monotonic() < deadline, "the first compactor never reached phase 1"
+            time.sleep(0.01)
+        before_second = ledger_files(data)
+        second = subprocess.run([sys.executable, "-c", HELD_COMPACTOR, "go", *arguments],
+                                capture_output=True,
+                                text=True, timeout=300, check=False)
+        assert second.returncode == 3, (second.stdout, second.stderr)
+        assert "already running" in second.stdout
+        assert ledger_files(data) == before_second, "the loser wrote ledger files"
+    finally:
+        release.touch()
+    assert first.wait(timeout=300) == 0
+    compact_in_process(reference)
+    assert views(data) == views(reference)
+    for listed, on_disk in zip(_listed(data), ledger_files(data), strict=True):
+        assert sorted(listed) == on_disk
+
+
+def _listed(data: Path) -> list[list[str]]:
+    with LogStore.open(data, read_only=True) as store:
+        return [[i["file"] for i in (p.manifest.compaction or {})["ledger"]]
+                for p in store.topic("t").partitions]
+
+
+def test_a_compactor_that_loses_the_commit_race_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the lock cannot help (two machines on a shared filesystem without working
+    flock), the manifest commit decides: a run planned from a pair that another run has
+    replaced fails with ConflictError, and its files are removed."""
+    import contextlib
+
+    from compactlog.compaction import runner
+    from compactlog.errors import ConflictError
+    from local_engine import LocalEngine
+
+    data = tmp_path / "data"
+    prepare(data)
+    reference = tmp_path / "reference"
+    shutil.copytree(data, reference)
+    monkeypatch.setattr(runner, "compaction_lock", lambda *args: contextlib.nullcontext())
+
+    class RacingEngine(LocalEngine):
+        def write_ledgers(self, plans, run_id):  # type: ignore[no-untyped-def]
+            written = super().write_ledgers(plans, run_id)
+            compact_in_process(data)  # another compactor commits first
+            return written
+
+    with LogStore.open(data, read_only=True) as store, pytest.raises(
+        ConflictError, match="another compaction"
+    ):
+        runner.run_compaction(store, "t", RacingEngine(), [0])
+    winner = views(data)
+    listed = _listed(data)
+    assert ledger_files(data)[0] == sorted(listed[0]), "the loser left files behind"
+    compact_in_process(reference)
+    assert winner == views(reference)
