@@ -1,8 +1,13 @@
-"""The main job on the embedded default: a stock-ticker topic in ./compactlog-data.
+"""The main job on the embedded default: compact a stock-ticker topic with Spark.
 
-It produces a realistic topic (price updates over a few thousand symbols, some
-delisted through tombstones) through the Python API, seals it into Parquet segments,
-reads it all back and checks it, and prints what the store holds.
+1. Produces a realistic compacted topic into ./compactlog-data: price updates over a
+   few thousand symbols, popular symbols trading far more often, and some symbols
+   delisted through tombstones. Full segments are sealed into Parquet as it goes.
+2. Compacts it with Apache Spark on local[*] (the two-phase pipeline), with a progress
+   bar and the summary table that `compactlog compact` prints.
+3. Builds a TableView (symbol -> latest price) from the raw log and from the compacted
+   view, checks that both equal the latest value per symbol computed while producing,
+   and shows how much less the compacted view has to read.
 
     scripts/demo.sh [--symbols 3000] [--updates 300000] [--data-dir ./compactlog-data]
 """
@@ -10,41 +15,70 @@ reads it all back and checks it, and prints what the store holds.
 from __future__ import annotations
 
 import argparse
-import json
-import random
-import string
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
-from rich.console import Console
+from rich import box
+from rich.filesize import decimal
 from rich.progress import Progress
 from rich.table import Table
+from stock_ticker import ticks
 
 from compactlog import LogStore, ProducerRecord
+from compactlog.cli.compact import compact_with_progress, summary_table
+from compactlog.cli.output import stdout_console
+from compactlog.client import TableView
+from compactlog.compaction import load_factory
 
 TOPIC = "demo-ticks"
-console = Console()
+BATCH = 1000
+console = stdout_console()
 
 
-def ticker_updates(symbol_count: int, updates: int, seed: int) -> list[ProducerRecord]:
-    rng = random.Random(seed)
-    names: set[str] = set()
-    while len(names) < symbol_count:
-        names.add("".join(rng.choices(string.ascii_uppercase, k=rng.randint(2, 5))))
-    symbols = sorted(names)
-    prices = {s: rng.uniform(5, 500) for s in symbols}
-    delisted = set(rng.sample(symbols, symbol_count // 50))
-    records = []
-    start_ms = int(time.time() * 1000) - updates
-    for step, symbol in enumerate(rng.choices(symbols, k=updates)):
-        prices[symbol] *= 1 + rng.gauss(0, 0.002)
-        value = json.dumps({"symbol": symbol, "price": round(prices[symbol], 2), "seq": step})
-        records.append(ProducerRecord(symbol.encode(), value.encode(), (("source", b"demo"),),
-                                      start_ms + step))
-    for symbol in sorted(delisted):
-        records.append(ProducerRecord(symbol.encode(), None, (), start_ms + updates))
-    return records
+def produce(store: LogStore, symbols: int, updates: int) -> dict[bytes, bytes]:
+    """Produce the ticker topic; returns the expected table: symbol -> latest update."""
+    expected: dict[bytes, bytes] = {}
+    batch: list[ProducerRecord] = []
+    headers = (("source", b"demo"),)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("producing", total=updates)
+        for tick in ticks(symbols, updates):
+            key, value = tick.symbol.encode(), tick.value
+            batch.append(ProducerRecord(key, value, headers if value else (), tick.timestamp_ms))
+            if value is None:
+                expected.pop(key, None)
+            else:
+                expected[key] = value
+                progress.advance(task)
+            if len(batch) == BATCH:
+                store.append(TOPIC, batch)
+                batch = []
+        if batch:
+            store.append(TOPIC, batch)
+    store.flush()
+    return expected
+
+
+def layout_table(store: LogStore, title: str) -> Table:
+    table = Table("partition", "offsets", "sealed segments", "live tail", "horizon",
+                  "ledger", "dirty ratio", title=title, box=box.SIMPLE_HEAD)
+    for partition in store.topic(TOPIC).partitions:
+        stats = partition.stats()
+        horizon = stats["horizon"]
+        table.add_row(
+            str(partition.index), f"0..{stats['log_end_offset'] - 1}",
+            f"{stats['sealed_segments']} ({decimal(stats['sealed_bytes'])})",
+            decimal(stats["log_bytes"]), "-" if horizon is None else str(horizon),
+            f"{stats['ledger_records']:,} records ({decimal(stats['ledger_bytes'])})",
+            f"{stats['dirty_ratio']:.2f}",
+        )
+    return table
+
+
+def build_table_view(store: LogStore, read_compacted: bool) -> tuple[TableView, float]:
+    started = time.perf_counter()
+    view = TableView(store, TOPIC, read_compacted=read_compacted)
+    return view, time.perf_counter() - started
 
 
 def main() -> None:
@@ -53,73 +87,64 @@ def main() -> None:
     parser.add_argument("--symbols", type=int, default=3000)
     parser.add_argument("--updates", type=int, default=300_000)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--spark-master", default="local[*]")
     args = parser.parse_args()
 
-    records = ticker_updates(args.symbols, args.updates, seed=7)
     with LogStore.open(args.data_dir) as store:
         if TOPIC in store.list_topics():
             store.delete_topic(TOPIC)
         store.create_topic(TOPIC, args.partitions, {
             "cleanup.policy": "compact",
-            "segment.bytes": str(4 * 1024 * 1024),
+            # Small segments, so that most of the topic is sealed and compactable and
+            # the live tail after the horizon stays short.
+            "segment.bytes": str(256 * 1024),
+            # The demo writes fast and can redo everything; the default fsyncs per batch.
             "flush.messages": str(2**63 - 1),
         })
-        console.print(f"[bold]Producing[/] {len(records):,} ticker updates for {args.symbols:,} "
-                      f"symbols to [cyan]{TOPIC}[/] in {args.data_dir}/")
+        console.print(f"[bold]1. Producing[/] {args.updates:,} price updates for "
+                      f"{args.symbols:,} symbols to [cyan]{TOPIC}[/] in {args.data_dir}/")
         started = time.perf_counter()
-        batch = 1000
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("producing", total=len(records))
-            for i in range(0, len(records), batch):
-                store.append(TOPIC, records[i:i + batch])
-                progress.advance(task, min(batch, len(records) - i))
-        store.flush()
+        expected = produce(store, args.symbols, args.updates)
         produce_s = time.perf_counter() - started
+        total = store.topic(TOPIC).partitions
+        record_count = sum(p.log_end_offset for p in total)
+        console.print(f"   {record_count:,} records in {produce_s:.1f} s "
+                      f"({record_count / produce_s:,.0f} records/s); "
+                      f"{len(expected):,} symbols listed at the end")
+        console.print(layout_table(store, f"{TOPIC} before compaction"))
 
-        topic = store.topic(TOPIC)
-        for partition in topic.partitions:
-            partition.roll_if_due()
-        started = time.perf_counter()
-        read_back = 0
-        latest: dict[bytes, bytes | None] = {}
-        for partition in topic.partitions:
-            offset = partition.log_start_offset
-            while True:
-                chunk = partition.read(offset, max_records=10_000, max_bytes=16 << 20)
-                if not chunk:
-                    break
-                for record in chunk:
-                    latest[record.key or b""] = record.value
-                read_back += len(chunk)
-                offset = chunk[-1].offset + 1
-        read_s = time.perf_counter() - started
-        assert read_back == len(records), f"read {read_back} of {len(records)} records"
+    # Compaction runs beside the writer in real use; here the writer is done, so the
+    # data directory is opened again, read-only, as `compactlog compact` opens it.
+    console.print(f"[bold]2. Compacting[/] with Spark on {args.spark_master}")
+    with LogStore.open(args.data_dir, read_only=True) as store:
+        report = compact_with_progress(store, TOPIC, load_factory(),
+                                       {"spark.master": args.spark_master})
+        console.print(summary_table(report))
+        console.print(layout_table(store, f"{TOPIC} after compaction"))
 
-        table = Table("partition", "offsets", "sealed segments", "sealed bytes",
-                      "active log bytes", title=f"{TOPIC}: what the store holds")
-        parquet_files: list[Path] = []
-        for partition in topic.partitions:
-            stats = partition.stats()
-            table.add_row(str(partition.index),
-                          f"{stats['log_start_offset']}..{stats['log_end_offset'] - 1}",
-                          str(stats["sealed_segments"]), f"{stats['sealed_bytes']:,}",
-                          f"{stats['log_bytes']:,}")
-            parquet_files += sorted(partition.segment_dir.glob("*.parquet"))
-        console.print(table)
-        live_keys = sum(1 for value in latest.values() if value is not None)
-        console.print(
-            f"produced {len(records):,} records in {produce_s:.2f} s "
-            f"({len(records) / produce_s:,.0f} records/s); read them all back in {read_s:.2f} s "
-            f"({read_back / read_s:,.0f} records/s)"
-        )
-        console.print(f"{len(latest):,} keys seen, {live_keys:,} live, "
-                      f"{len(latest) - live_keys:,} deleted by tombstones")
-        if parquet_files:
-            sample = parquet_files[0]
-            rows = pq.ParquetFile(sample).metadata.num_rows
-            console.print(f"sealed segments are Parquet: e.g. {sample} ({rows:,} rows); "
-                          f"try: duckdb -c \"select key, count(*) from '{sample.parent}/*.parquet' "
-                          "group by key order by 2 desc limit 5\"")
+        console.print("[bold]3. Building a TableView[/] (symbol -> latest update)")
+        raw, raw_s = build_table_view(store, read_compacted=False)
+        compacted, compacted_s = build_table_view(store, read_compacted=True)
+        for name, view in (("raw log", raw), ("compacted view", compacted)):
+            if view.snapshot() != expected:
+                raise SystemExit(f"the TableView built from the {name} is wrong")
+        timing = Table("built from", "records read", "seconds", "records/s", box=box.SIMPLE_HEAD,
+                       title="TableView start-up (both equal the expected table)")
+        for name, view, seconds in (("raw log", raw, raw_s),
+                                    ("compacted view", compacted, compacted_s)):
+            timing.add_row(name, f"{view.records_read:,}", f"{seconds:.2f}",
+                           f"{view.records_read / seconds:,.0f}")
+        console.print(timing)
+        console.print(f"   the compacted view reads {raw.records_read / compacted.records_read:.0f}"
+                      f"x fewer records and starts {raw_s / compacted_s:.1f}x faster")
+
+    data = args.data_dir
+    console.print("[bold]Try next:[/]")
+    console.print(f"   compactlog --data-dir {data} consume {TOPIC} --compacted --format json")
+    console.print(f"   compactlog --data-dir {data} topics describe {TOPIC}")
+    console.print(f"   compactlog --data-dir {data} compaction-status {TOPIC}")
+    console.print(f"   duckdb -c \"select key, value from "
+                  f"'{data}/topics/{TOPIC}/*/ledger/*.parquet' limit 5\"")
 
 
 if __name__ == "__main__":

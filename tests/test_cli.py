@@ -16,7 +16,8 @@ COMPACTLOG = shutil.which("compactlog", path=str(Path(sys.executable).parent)) o
 
 
 def run(
-    data_dir: Path, *args: str, stdin: str = "", env: dict[str, str] | None = None
+    data_dir: Path, *args: str, stdin: str = "", env: dict[str, str] | None = None,
+    timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     full_env.pop("COMPACTLOG_DATA_DIR", None)
@@ -26,7 +27,7 @@ def run(
     else:
         prefix = ["--data-dir", str(data_dir)]
     return subprocess.run(
-        [COMPACTLOG, *prefix, *args], input=stdin, capture_output=True, text=True, timeout=60,
+        [COMPACTLOG, *prefix, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
         env=full_env,
     )
 

@@ -7,17 +7,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 import click
-from rich.console import Console
+from rich import box
+from rich.filesize import decimal
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from compactlog.cli import Context
-from compactlog.compaction import CompactionReport, load_factory
+from compactlog.cli.output import stderr_console, stdout_console
+from compactlog.compaction import CompactionReport, CompactionServiceFactory, load_factory
+from compactlog.compaction.runner import chosen_partitions
 from compactlog.compaction.status import read_status
 from compactlog.config import parse_assignments
 from compactlog.storage.store import LogStore
 
-console = Console(stderr=True)
+console = stderr_console()
 STAGES = ["plan", "phase 1: find survivors", "phase 2: write ledgers", "commit", "done"]
 
 
@@ -61,35 +64,49 @@ def compact(
       compactlog compact prices --spark-master spark://127.0.0.1:7077 \\
           --spark-conf spark.executor.memory=4g
     """
-    factory = load_factory(service)
+    settings: dict[str, Any] = {
+        "spark.master": spark_master,
+        "spark.conf": parse_assignments(spark_conf),
+    }
     with LogStore.open(ctx.data_dir, read_only=True) as store:
-        store.topic(topic)  # fail fast on an unknown topic, before Spark starts
-        with Progress(
-            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
-            TimeElapsedColumn(), console=console, transient=as_json,
-        ) as progress:
-            task = progress.add_task("starting Spark", total=len(STAGES) - 1)
-
-            def report_progress(stage: str, done: int, total: int) -> None:
-                position = STAGES.index(stage) if stage in STAGES else 0
-                progress.update(task, description=stage, completed=position)
-
-            settings: dict[str, Any] = {
-                "spark.master": spark_master,
-                "spark.conf": parse_assignments(spark_conf),
-                "progress": report_progress,
-            }
-            compaction = factory.new_service(store, topic, settings)
-            try:
-                report = compaction.compact(list(partitions) if partitions else None)
-            finally:
-                stop = getattr(compaction, "stop", None)
-                if callable(stop):
-                    stop()
+        # Fail fast on a bad topic or partition, before Spark starts.
+        chosen_partitions(store, topic, list(partitions) if partitions else None)
+        report = compact_with_progress(
+            store, topic, load_factory(service), settings,
+            list(partitions) if partitions else None, transient=as_json,
+        )
     if as_json:
         click.echo(json.dumps(report_json(report), indent=2))
     else:
-        Console().print(summary_table(report))
+        stdout_console().print(summary_table(report))
+
+
+def compact_with_progress(
+    store: LogStore,
+    topic: str,
+    factory: CompactionServiceFactory,
+    settings: dict[str, Any],
+    partitions: list[int] | None = None,
+    transient: bool = False,
+) -> CompactionReport:
+    """Run one compaction of `topic` with a progress bar on stderr; stops the service."""
+    with Progress(
+        SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+        TimeElapsedColumn(), console=console, transient=transient,
+    ) as progress:
+        task = progress.add_task("starting Spark", total=len(STAGES) - 1)
+
+        def report_progress(stage: str, done: int, total: int) -> None:
+            position = STAGES.index(stage) if stage in STAGES else 0
+            progress.update(task, description=stage, completed=position)
+
+        compaction = factory.new_service(store, topic, {**settings, "progress": report_progress})
+        try:
+            return compaction.compact(partitions)
+        finally:
+            stop = getattr(compaction, "stop", None)
+            if callable(stop):
+                stop()
 
 
 def report_json(report: CompactionReport) -> dict[str, Any]:
@@ -97,6 +114,8 @@ def report_json(report: CompactionReport) -> dict[str, Any]:
         "topic": report.topic,
         "run_id": report.run_id,
         "duration_s": round(report.duration_s, 3),
+        "startup_s": round(report.startup_s, 3),
+        "stages": {name: round(seconds, 3) for name, seconds in report.stages.items()},
         "mb_per_s": round(report.mb_per_s, 2),
         "partitions": [
             {**vars(p), "records_removed": p.records_removed} for p in report.partitions
@@ -106,28 +125,29 @@ def report_json(report: CompactionReport) -> dict[str, Any]:
 
 def summary_table(report: CompactionReport) -> Table:
     table = Table(
-        "partition", "records in", "records out", "removed", "bytes in", "bytes out", "keys",
+        "partition", "records in", "records out", "removed", "size in", "size out", "keys",
         "tombstones kept", "tombstones removed", "horizon",
-        title=f"Compacted {report.topic} in {report.duration_s:.1f}s "
-              f"({report.mb_per_s:.1f} MB/s), run {report.run_id}",
+        title=f"Compacted {report.topic} in {report.duration_s:.1f}s, run {report.run_id}",
+        caption=" · ".join(f"{name} {seconds:.1f}s" for name, seconds in report.stages.items())
+        + f" · {report.mb_per_s:.1f} MB/s after start-up",
+        box=box.SIMPLE_HEAD,
     )
     for p in report.partitions:
         horizon = "-" if p.horizon is None else str(p.horizon)
         if p.old_horizon != p.horizon:
-            horizon = f"{'-' if p.old_horizon is None else p.old_horizon} → {horizon}"
+            horizon = f"{'-' if p.old_horizon is None else p.old_horizon}→{horizon}"
         table.add_row(
             str(p.partition), f"{p.records_in:,}", f"{p.records_out:,}",
-            f"{p.records_removed:,}", f"{p.bytes_in:,}", f"{p.bytes_out:,}", f"{p.keys:,}",
+            f"{p.records_removed:,}", decimal(p.bytes_in), decimal(p.bytes_out), f"{p.keys:,}",
             f"{p.tombstones_kept:,}", f"{p.tombstones_removed:,}",
             horizon if p.skipped is None else f"{horizon} ({p.skipped})",
         )
     if len(report.partitions) > 1:
         table.add_row(
-            "all", *(f"{report.total(n):,}" for n in (
-                "records_in", "records_out")),
+            "all", f"{report.total('records_in'):,}", f"{report.total('records_out'):,}",
             f"{report.total('records_in') - report.total('records_out'):,}",
-            *(f"{report.total(n):,}" for n in (
-                "bytes_in", "bytes_out", "keys", "tombstones_kept", "tombstones_removed")),
+            decimal(report.total("bytes_in")), decimal(report.total("bytes_out")),
+            *(f"{report.total(n):,}" for n in ("keys", "tombstones_kept", "tombstones_removed")),
             "", style="bold",
         )
     return table
@@ -167,4 +187,4 @@ def compaction_status(ctx: Context, topic: str, as_json: bool) -> None:
         table.add_row(str(row["partition"]), row["state"],
                       "-" if row["horizon"] is None else str(row["horizon"]),
                       finished, row["error"] or "")
-    Console().print(table)
+    stdout_console().print(table)

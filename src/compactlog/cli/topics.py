@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from compactlog.cli import Context
+from compactlog.cli.output import stdout_console
 from compactlog.compaction.status import read_status
 from compactlog.config import TOPIC_KEYS, parse_assignments
 from compactlog.storage.store import LogStore
 
-console = Console()
+console = stdout_console()
 FC = TypeVar("FC", bound=Callable[..., object])
 
 

@@ -54,15 +54,22 @@ class PartitionSummary:
 class CompactionReport:
     topic: str
     run_id: str
-    duration_s: float
+    duration_s: float  # the whole run, engine start-up included
     partitions: list[PartitionSummary] = field(default_factory=list)
+    # Seconds per step of the run, in order ("plan", "phase 1", "phase 2", "commit"),
+    # plus the engine's start-up (for Spark: the JVM and the session) when it had one.
+    stages: dict[str, float] = field(default_factory=dict)
+    startup_s: float = 0.0
 
     def total(self, name: str) -> int:
         return sum(getattr(p, name) for p in self.partitions)
 
     @property
     def mb_per_s(self) -> float:
-        return self.total("bytes_in") / 1e6 / self.duration_s if self.duration_s > 0 else 0.0
+        """Input MB/s of the work itself: engine start-up is a fixed cost, paid once per
+        run, which says nothing of how fast the data went through."""
+        work_s = self.duration_s - self.startup_s
+        return self.total("bytes_in") / 1e6 / work_s if work_s > 0 else 0.0
 
 
 class TopicCompactionService(ABC):

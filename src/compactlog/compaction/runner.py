@@ -71,13 +71,7 @@ def run_compaction(
 ) -> CompactionReport:
     started = time.monotonic()
     topic = store.topic(topic_name)
-    if not topic.config.compacted:
-        raise UserError(
-            f"topic {topic_name!r} has cleanup.policy={topic.config.cleanup_policy}; "
-            "compaction needs compact or compact,delete"
-        )
-    chosen = [topic.partition(i) for i in (partitions if partitions is not None else
-                                            range(len(topic.partitions)))]
+    chosen = chosen_partitions(store, topic_name, partitions)
     run_id = f"{int(clock() * 1000):x}{uuid.uuid4().hex[:6]}"
     report = CompactionReport(topic_name, run_id, 0.0)
     with contextlib.ExitStack() as locks:
@@ -95,18 +89,22 @@ def run_compaction(
             ))
         work = [plan for plan in plans if plan.has_work]
         summaries = {plan.partition: _summary(plan) for plan in plans}
+        stage_started = _lap(report, "plan", started)
         try:
             progress("phase 1: find survivors", 0, 1)
             engine.find_survivors(work)
+            stage_started = _lap(report, "phase 1", stage_started)
             progress("phase 1: find survivors", 1, 1)
             progress("phase 2: write ledgers", 0, 1)
             results = engine.write_ledgers(work, run_id)
+            stage_started = _lap(report, "phase 2", stage_started)
             progress("phase 2: write ledgers", 1, 1)
             for done, plan in enumerate(work):
                 progress("commit", done, len(work))
                 partition = topic.partition(plan.partition)
                 _commit(partition, plan, results.get(plan.partition, []), run_id, now_ms,
                         summaries[plan.partition])
+            _lap(report, "commit", stage_started)
         except BaseException as error:
             for plan in work:
                 _remove_run_files(plan.directory / LEDGER_DIR, run_id)
@@ -124,6 +122,26 @@ def run_compaction(
         report.total("records_out"), report.duration_s, run_id,
     )
     return report
+
+
+def chosen_partitions(
+    store: LogStore, topic_name: str, partitions: Sequence[int] | None
+) -> list[Partition]:
+    """The partitions a run of `topic_name` compacts; a clear error if it cannot run."""
+    topic = store.topic(topic_name)
+    if not topic.config.compacted:
+        raise UserError(
+            f"topic {topic_name!r} has cleanup.policy={topic.config.cleanup_policy}; "
+            "compaction needs compact or compact,delete"
+        )
+    indexes = partitions if partitions is not None else range(len(topic.partitions))
+    return [topic.partition(i) for i in indexes]
+
+
+def _lap(report: CompactionReport, stage: str, since: float) -> float:
+    now = time.monotonic()
+    report.stages[stage] = now - since
+    return now
 
 
 def _prepare(partition: Partition, run_id: str, now_ms: int) -> None:

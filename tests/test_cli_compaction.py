@@ -1,0 +1,122 @@
+"""The compaction commands, run as a user runs them: `compactlog compact`,
+`compactlog compaction-status`, `compactlog consume --compacted`, `topics describe`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from compactlog import LogStore
+from conftest import SPARK_TEST_CONF, TESTS_DIR
+from test_cli import consume_json, ok, run
+
+LOCAL = ["--service", "local_engine:LocalCompactionServiceFactory"]
+ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR),
+                                                   os.environ.get("PYTHONPATH")]))}
+TOPIC_CONFIG = ["-c", "cleanup.policy=compact", "-c", "segment.bytes=2048",
+                "-c", "min.compaction.lag.ms=0", "-c", "delete.retention.ms=0"]
+
+
+def make_topic(data: Path, partitions: int = 2) -> dict[str, str]:
+    """Produce overwritten keys and a tombstone, seal them; return the expected view."""
+    ok(run(data, "topics", "create", "t", "--partitions", str(partitions), *TOPIC_CONFIG))
+    lines = [json.dumps({"key": f"k{i % 20}", "value": f"v{i}"}) for i in range(200)]
+    lines.append(json.dumps({"key": "k3", "value": None}))
+    ok(run(data, "produce", "t", stdin="\n".join(lines) + "\n"))
+    with LogStore.open(data) as store:
+        for partition in store.topic("t").partitions:
+            partition.roll()
+    expected = {f"k{i % 20}": f"v{i}" for i in range(200)}
+    del expected["k3"]
+    return expected
+
+
+def compacted_view(data: Path) -> dict[str, str | None]:
+    return {str(r["key"]): r["value"]  # type: ignore[misc]
+            for r in consume_json(data, "t", "--compacted")}
+
+
+def test_compact_with_spark_then_status_view_and_describe(tmp_path: Path) -> None:
+    expected = make_topic(tmp_path)
+    spark_conf = [arg for key, value in SPARK_TEST_CONF.items()
+                  for arg in ("--spark-conf", f"{key}={value}")]
+    result = run(tmp_path, "compact", "t", "--spark-master", "local[1]", *spark_conf,
+                 "--json", env=ENV, timeout=300)
+    report = json.loads(ok(result))
+    assert report["topic"] == "t"
+    assert sum(p["records_in"] for p in report["partitions"]) == 201
+    assert sum(p["records_out"] for p in report["partitions"]) == 19
+    assert sum(p["tombstones_removed"] for p in report["partitions"]) == 1
+    assert report["startup_s"] > 0 and set(report["stages"]) >= {"phase 1", "phase 2"}
+    assert compacted_view(tmp_path) == expected
+    assert len(consume_json(tmp_path, "t")) == 201  # the raw log is untouched
+
+    status = json.loads(ok(run(tmp_path, "compaction-status", "t", "--json")))
+    assert [p["state"] for p in status["partitions"]] == ["SUCCESS", "SUCCESS"]
+    assert all(p["horizon"] is not None for p in status["partitions"])
+    described = ok(run(tmp_path, "topics", "describe", "t"))
+    assert "dirty" in described and "removed" in described
+
+
+def test_compact_prints_a_summary_table(tmp_path: Path) -> None:
+    make_topic(tmp_path)
+    before = ok(run(tmp_path, "compaction-status", "t"))
+    assert before.count("NOT_RUN") == 2
+    out = ok(run(tmp_path, "compact", "t", *LOCAL, env=ENV))
+    for column in ("records in", "records out", "removed", "size in", "keys",
+                   "tombstones kept", "tombstones removed", "horizon"):
+        assert column in out
+    assert "Compacted t in" in out and "MB/s" in out
+    assert ok(run(tmp_path, "compaction-status", "t")).count("SUCCESS") == 2
+    again = json.loads(ok(run(tmp_path, "compact", "t", *LOCAL, "--json", env=ENV)))
+    assert all(p["skipped"] for p in again["partitions"]), "nothing new: nothing to do"
+
+
+def test_compact_one_partition(tmp_path: Path) -> None:
+    make_topic(tmp_path)
+    report = json.loads(ok(run(tmp_path, "compact", "t", "-p", "1", *LOCAL, "--json",
+                               env=ENV)))
+    assert [p["partition"] for p in report["partitions"]] == [1]
+    states = json.loads(ok(run(tmp_path, "compaction-status", "t", "--json")))
+    assert [p["state"] for p in states["partitions"]] == ["NOT_RUN", "SUCCESS"]
+
+
+def test_failed_run_shows_as_error_with_the_cause(tmp_path: Path) -> None:
+    make_topic(tmp_path, partitions=1)
+    sealed = sorted((tmp_path / "topics" / "t" / "0" / "segments").glob("*.parquet"))
+    damaged = sealed[len(sealed) // 2]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    result = run(tmp_path, "compact", "t", *LOCAL, env=ENV)
+    assert result.returncode == 1
+    assert damaged.name in result.stderr and "Traceback" not in result.stderr
+    status = json.loads(ok(run(tmp_path, "compaction-status", "t", "--json")))
+    assert status["partitions"][0]["state"] == "ERROR"
+    assert damaged.name in status["partitions"][0]["error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["compact", "nope"], "unknown topic 'nope'"),
+        (["compact", "plain"], "cleanup.policy=delete"),
+        (["compact", "t", "-p", "7"], "topic 't' has no partition 7"),
+        (["compact", "t", "--service", "no_such_module:Factory"], "no_such_module"),
+        (["compact", "t", "--spark-conf", "spark.driver.memory"], "KEY=VALUE"),
+        (["compaction-status", "nope"], "unknown topic 'nope'"),
+    ],
+)
+def test_bad_compaction_input_gets_one_clear_line(
+    tmp_path: Path, args: list[str], expected: str
+) -> None:
+    ok(run(tmp_path, "topics", "create", "t", *TOPIC_CONFIG))
+    ok(run(tmp_path, "topics", "create", "plain"))
+    result = run(tmp_path, *args, env=ENV)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("error: ")
+    assert expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
