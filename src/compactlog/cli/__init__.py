@@ -67,7 +67,7 @@ def cli(ctx: click.Context, data_dir: Path, debug: bool, log_level: str) -> None
 
 
 def _register() -> None:
-    from compactlog.cli import compact, consume, docs, produce, topics
+    from compactlog.cli import compact, consume, docs, produce, serve, topics
 
     cli.add_command(topics.topics)
     cli.add_command(compact.compact)
@@ -75,6 +75,7 @@ def _register() -> None:
     cli.add_command(produce.produce)
     cli.add_command(consume.consume)
     cli.add_command(docs.config_docs)
+    cli.add_command(serve.serve)
 
 
 _register()

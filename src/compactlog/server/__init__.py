@@ -1,0 +1,1 @@
+"""A Kafka-protocol server over the log store (`compactlog serve`)."""

@@ -1,0 +1,184 @@
+"""The asyncio server: connections, framing, dispatch, upkeep and graceful shutdown.
+
+Each connection handles its requests one at a time, in order, so responses go out in
+request order as Kafka clients require; a long-polling Fetch holds up the requests
+behind it on the same connection, as in Kafka. A frame that cannot be parsed, an
+oversized frame or an unsupported API version closes that connection after a log line;
+other connections carry on and nothing stored is touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from compactlog.server.broker import Broker
+from compactlog.server.handlers import register_all
+from compactlog.server.protocol import (
+    API_VERSIONS_KEY,
+    ProtocolError,
+    UnsupportedVersion,
+    encode_response,
+    parse_request,
+    unsupported_api_versions_response,
+)
+from compactlog.storage.store import LogStore
+
+log = logging.getLogger("compactlog.server")
+_LENGTH = struct.Struct(">i")
+
+
+@dataclass
+class ServerConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 9092
+    # Kafka's socket.request.max.bytes default (100 MiB).
+    max_request_bytes: int = 104_857_600
+    # How often the broker flushes by flush.ms, rolls and seals by segment.ms and
+    # applies retention, and picks up manifests committed by other processes.
+    upkeep_interval_s: float = 1.0
+    # Kafka's group.initial.rebalance.delay.ms: a new group waits this long for more
+    # members before its first generation.
+    group_initial_rebalance_delay_s: float = 3.0
+
+
+class Server:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.store = LogStore.open(config.data_dir)
+        self.broker: Broker | None = None
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._upkeep: asyncio.Task[None] | None = None
+        self.port = config.port
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve_connection, self.config.host, self.config.port,
+            limit=1 << 20,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.broker = Broker(self.store, self.config.host, self.port,
+                             initial_rebalance_delay_s=self.config.group_initial_rebalance_delay_s)
+        register_all(self.broker)
+        self._upkeep = asyncio.create_task(self._upkeep_loop())
+        log.info("serving the Kafka protocol on %s:%d, data in %s", self.config.host,
+                 self.port, self.config.data_dir)
+
+    async def stop(self) -> None:
+        """Stop accepting, finish or cancel connections, make everything durable."""
+        if self._server is not None:
+            self._server.close()
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._upkeep
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+        if self.broker is not None:
+            self.broker.close()  # waits for appends in flight
+        self.store.flush()
+        self.store.close()
+        log.info("server stopped; everything acknowledged is flushed")
+
+    async def _upkeep_loop(self) -> None:
+        assert self.broker is not None
+        while True:
+            await asyncio.sleep(self.config.upkeep_interval_s)
+            self.broker.groups.expire_sessions()
+            try:
+                await self.broker.run_io(self._upkeep_once)
+            except Exception:
+                log.exception("upkeep failed; retrying in %.1fs", self.config.upkeep_interval_s)
+
+    def _upkeep_once(self) -> None:
+        self.store.tick()
+        for name in self.store.list_topics():
+            for partition in self.store.topic(name).partitions:
+                # A compaction committed by `compactlog compact` in another process:
+                # reads from now on use the new (horizon, ledger) pair.
+                partition.refresh()
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        host = peer[0] if isinstance(peer, tuple) else str(peer)
+        try:
+            await self._connection_loop(reader, writer, host)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client went away
+        except ProtocolError as error:
+            log.warning("closing connection from %s: %s", peer, error)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("closing connection from %s after an internal error", peer)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _connection_loop(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client_host: str
+    ) -> None:
+        broker = self.broker
+        assert broker is not None
+        while True:
+            (size,) = _LENGTH.unpack(await reader.readexactly(4))
+            if size < 0 or size > self.config.max_request_bytes:
+                raise ProtocolError(
+                    f"request of {size} bytes is over the limit of "
+                    f"{self.config.max_request_bytes} (max_request_bytes)"
+                )
+            frame = await reader.readexactly(size)
+            request = parse_request(frame, broker.versions)
+            if isinstance(request, UnsupportedVersion):
+                if request.api_key == API_VERSIONS_KEY:
+                    writer.write(unsupported_api_versions_response(
+                        request.correlation_id, broker.versions))
+                    await writer.drain()
+                    continue
+                raise ProtocolError(
+                    f"unsupported API key {request.api_key} version {request.api_version} "
+                    f"(correlation id {request.correlation_id})"
+                )
+            api = broker.apis[request.api_key]
+            response = await api.handler(broker, dataclasses.replace(
+                request, client_host=client_host))
+            if response is None:
+                continue
+            writer.write(encode_response(request.api_key, request.api_version,
+                                         request.correlation_id, response))
+            await writer.drain()
+
+
+async def serve_forever(config: ServerConfig) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = Server(config)
+    await server.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    print(f"compactlog serving on {config.host}:{server.port}", flush=True)
+    try:
+        await stopping.wait()
+    finally:
+        log.info("shutting down")
+        await server.stop()

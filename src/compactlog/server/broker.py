@@ -1,0 +1,89 @@
+"""The broker: what the protocol handlers share, and the handler table.
+
+One broker owns the data directory as its single writer. Store calls block (file I/O,
+fsync, Parquet), so they run on a small thread pool and never on the event loop;
+appends to one partition are serialized by the partition's own lock. Fetches that
+find nothing wait on `data_arrived`, which every append sets, so long-polls answer as
+soon as data comes instead of spinning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from compactlog.server.groups import GroupCoordinator
+from compactlog.server.protocol import Request
+from compactlog.storage.store import LogStore
+
+log = logging.getLogger("compactlog.server")
+T = TypeVar("T")
+
+# A handler answers a request with a version-neutral response dict, or None for "send
+# nothing" (Produce with acks=0).
+Handler = Callable[["Broker", Request], Awaitable[dict[str, Any] | None]]
+
+
+@dataclass(frozen=True)
+class Api:
+    key: int
+    min_version: int
+    max_version: int
+    handler: Handler
+
+
+class Broker:
+    node_id = 0
+
+    def __init__(self, store: LogStore, host: str, port: int, io_threads: int = 4,
+                 initial_rebalance_delay_s: float = 3.0) -> None:
+        self.store = store
+        self.groups = GroupCoordinator(store.data_dir, initial_rebalance_delay_s)
+        self.host = host
+        self.port = port
+        self.cluster_id = _cluster_id(store.data_dir)
+        self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="compactlog-io")
+        self.data_arrived = asyncio.Event()
+        self.apis: dict[int, Api] = {}
+
+    def register(self, key: int, versions: tuple[int, int], handler: Handler) -> None:
+        self.apis[key] = Api(key, versions[0], versions[1], handler)
+
+    @property
+    def versions(self) -> dict[int, tuple[int, int]]:
+        return {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
+
+    async def run_io(self, call: Callable[..., T], *args: Any) -> T:
+        """Run a blocking store call off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._io, call, *args)
+
+    def notify_data(self) -> None:
+        """Wake every waiting fetch; each re-checks its own partitions."""
+        self.data_arrived.set()
+        self.data_arrived = asyncio.Event()
+
+    def close(self) -> None:
+        self._io.shutdown(wait=True)
+        self.groups.close()
+
+
+def _cluster_id(data_dir: Path) -> str:
+    """A stable cluster id per data directory (clients log it and some compare it)."""
+    path = data_dir / "cluster.id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        # Kafka's cluster ids are URL-safe base64 of a UUID, 22 characters.
+        import base64
+
+        value = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        temp = path.with_suffix(".tmp")
+        temp.write_text(value + "\n")
+        temp.replace(path)
+        return value

@@ -1,0 +1,53 @@
+"""compactlog's exceptions as Kafka protocol error codes."""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from compactlog.errors import (
+    CompactlogError,
+    ConflictError,
+    CorruptionError,
+    InvalidConfigError,
+    InvalidRecordError,
+    InvalidTopicNameError,
+    OffsetOutOfRangeError,
+    RetryableError,
+    TopicExistsError,
+    UnknownConfigError,
+    UnknownPartitionError,
+    UnknownTopicError,
+    UserError,
+)
+
+_CODES: list[tuple[type[Exception], ErrorCode]] = [
+    (UnknownTopicError, ErrorCode.unknown_topic_or_partition),
+    (UnknownPartitionError, ErrorCode.unknown_topic_or_partition),
+    (TopicExistsError, ErrorCode.topic_already_exists),
+    (InvalidTopicNameError, ErrorCode.invalid_topic_exception),
+    (InvalidConfigError, ErrorCode.invalid_config),
+    (UnknownConfigError, ErrorCode.invalid_config),
+    # Kafka answers a refused record (e.g. a null key on a compacted topic) with
+    # INVALID_RECORD and a message, and the producer fails that batch only.
+    (InvalidRecordError, ErrorCode.invalid_record),
+    (OffsetOutOfRangeError, ErrorCode.offset_out_of_range),
+    # A damaged segment is Kafka's KAFKA_STORAGE_ERROR: the client may retry elsewhere;
+    # here it gets the message naming the file.
+    (CorruptionError, ErrorCode.kafka_storage_error),
+    (ConflictError, ErrorCode.request_timed_out),  # a lost race: retriable
+    (RetryableError, ErrorCode.request_timed_out),
+    (UserError, ErrorCode.invalid_request),
+]
+
+
+def error_code(error: BaseException) -> ErrorCode:
+    for cls, code in _CODES:
+        if isinstance(error, cls):
+            return code
+    return ErrorCode.unknown_server_error
+
+
+def error_message(error: BaseException) -> str:
+    if isinstance(error, CompactlogError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,420 @@
+"""The group coordinator: Kafka's classic consumer-group protocol, and committed offsets.
+
+One broker is the coordinator of every group. A group moves through Kafka's states:
+
+    Empty -> PreparingRebalance -> CompletingRebalance -> Stable -> PreparingRebalance ...
+
+A rebalance starts when a member joins, leaves or misses its session timeout. The
+coordinator then waits for every known member to send JoinGroup again (up to the
+largest rebalance timeout; members that do not come are removed), and for a new group
+also `initial_rebalance_delay_s` so that members starting together land in one
+generation (Kafka's group.initial.rebalance.delay.ms). It answers all joins at once:
+the leader gets every member's subscription, computes the assignment client-side and
+hands it back in SyncGroup, which the coordinator passes to each member.
+
+Committed offsets are kept per group in one JSON file under <data>/groups/, replaced
+atomically on every commit (temp file, fsync, rename, fsync the directory), so they
+survive restarts and crashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from compactlog.storage import fsutil
+
+log = logging.getLogger("compactlog.server.groups")
+
+EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (
+    "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead")
+
+
+class GroupError(Exception):
+    def __init__(self, code: ErrorCode, message: str = "") -> None:
+        super().__init__(message or code.name)
+        self.code = code
+
+
+@dataclass
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_s: float
+    rebalance_timeout_s: float
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    join_waiter: asyncio.Future[dict[str, Any]] | None = None
+    sync_waiter: asyncio.Future[bytes] | None = None
+
+    def metadata_for(self, protocol: str) -> bytes:
+        return next(data for name, data in self.protocols if name == protocol)
+
+
+@dataclass
+class CommittedOffset:
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+    commit_ms: int
+
+
+@dataclass
+class Group:
+    group_id: str
+    state: str = EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader_id: str | None = None
+    members: dict[str, Member] = field(default_factory=dict)
+    pending_ids: set[str] = field(default_factory=set)
+    offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
+    rebalance_task: asyncio.Task[None] | None = None
+    # A rebalance of an empty group waits a moment for more members before completing.
+    initial_wait: bool = False
+
+
+class GroupCoordinator:
+    def __init__(self, data_dir: Path, initial_rebalance_delay_s: float = 3.0) -> None:
+        self.directory = data_dir / "groups"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.initial_rebalance_delay_s = initial_rebalance_delay_s
+        self.groups: dict[str, Group] = {}
+        # One thread writes offset files, so that snapshots land in commit order.
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="compactlog-offsets")
+        self._load()
+
+    # -- persistence ------------------------------------------------------------------
+
+    def _path(self, group_id: str) -> Path:
+        return self.directory / (urllib.parse.quote(group_id, safe="") + ".json")
+
+    def _load(self) -> None:
+        fsutil.remove_temp_files(self.directory)
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                body = json.loads(path.read_text())
+                group = Group(str(body["group_id"]))
+                for entry in body["offsets"]:
+                    group.offsets[(entry["topic"], int(entry["partition"]))] = CommittedOffset(
+                        int(entry["offset"]), int(entry.get("leader_epoch", -1)),
+                        entry.get("metadata"), int(entry.get("commit_ms", 0)))
+            except (ValueError, KeyError, TypeError) as error:
+                # One damaged file loses that group's offsets, not the server.
+                log.error("ignoring damaged committed offsets in %s: %s", path, error)
+                continue
+            self.groups[group.group_id] = group
+        if self.groups:
+            log.info("loaded committed offsets of %d group(s)", len(self.groups))
+
+    def _snapshot(self, group: Group) -> tuple[Path, bytes]:
+        body = {"group_id": group.group_id, "offsets": [
+            {"topic": topic, "partition": partition, "offset": c.offset,
+             "leader_epoch": c.leader_epoch, "metadata": c.metadata, "commit_ms": c.commit_ms}
+            for (topic, partition), c in sorted(group.offsets.items())
+        ]}
+        return self._path(group.group_id), json.dumps(body).encode()
+
+    def _write(self, final: Path, data: bytes) -> None:
+        temp = fsutil.temp_path(self.directory, final.name)
+        fsutil.write_file_durably(temp, data)
+        fsutil.publish_replace(temp, final)
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+
+    # -- membership -------------------------------------------------------------------
+
+    def group(self, group_id: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        return group
+
+    async def join(
+        self, group_id: str, member_id: str, group_instance_id: str | None, client_id: str,
+        client_host: str, session_timeout_s: float, rebalance_timeout_s: float,
+        protocol_type: str, protocols: list[tuple[str, bytes]], require_known_member_id: bool,
+    ) -> dict[str, Any]:
+        if not group_id:
+            raise GroupError(ErrorCode.invalid_group_id, "the group id is empty")
+        if not protocols:
+            raise GroupError(ErrorCode.inconsistent_group_protocol, "no protocols offered")
+        group = self.group(group_id)
+        if group.members and group.protocol_type not in (None, protocol_type):
+            raise GroupError(ErrorCode.inconsistent_group_protocol,
+                             f"group {group_id} uses protocol type {group.protocol_type}")
+        if group.members and not self._common_protocols(group.members.values(), protocols):
+            raise GroupError(ErrorCode.inconsistent_group_protocol,
+                             f"no protocol in common with the members of {group_id}")
+        if not member_id:
+            member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            if require_known_member_id and group_instance_id is None:
+                # KIP-394: the client must come back with this id, so that a member that
+                # retries a timed-out join is not counted twice.
+                group.pending_ids.add(member_id)
+                return {"error_code": ErrorCode.member_id_required, "member_id": member_id,
+                        "generation_id": -1, "leader": "", "members": []}
+        elif member_id not in group.members and member_id not in group.pending_ids:
+            raise GroupError(ErrorCode.unknown_member_id, f"unknown member {member_id}")
+        group.pending_ids.discard(member_id)
+        member = group.members.get(member_id)
+        if member is None:
+            member = Member(member_id, group_instance_id, client_id, client_host,
+                            session_timeout_s, rebalance_timeout_s, protocol_type, protocols)
+            group.members[member_id] = member
+            log.info("group %s: member %s joined", group_id, member_id)
+        else:
+            member.protocols, member.protocol_type = protocols, protocol_type
+            member.session_timeout_s = session_timeout_s
+            member.rebalance_timeout_s = rebalance_timeout_s
+        member.last_heartbeat = time.monotonic()
+        if member.join_waiter is not None and not member.join_waiter.done():
+            member.join_waiter.cancel()  # a retried join replaces the one in flight
+        member.join_waiter = asyncio.get_running_loop().create_future()
+        waiter = member.join_waiter
+        group.protocol_type = protocol_type
+        if group.state != PREPARING:
+            self._prepare_rebalance(group, f"member {member_id} joined")
+        self._maybe_complete_join(group)
+        return await waiter
+
+    def _prepare_rebalance(self, group: Group, reason: str) -> None:
+        if group.state == COMPLETING:
+            # Members waiting for their assignment must rejoin first.
+            for member in group.members.values():
+                self._fail_sync(member, ErrorCode.rebalance_in_progress)
+        group.initial_wait = group.state == EMPTY and self.initial_rebalance_delay_s > 0
+        group.state = PREPARING
+        log.info("group %s: rebalancing (%s)", group.group_id, reason)
+        timeout = max((m.rebalance_timeout_s for m in group.members.values()), default=0.0)
+        if group.rebalance_task is not None:
+            group.rebalance_task.cancel()
+        group.rebalance_task = asyncio.get_running_loop().create_task(
+            self._rebalance_deadline(group, timeout))
+
+    async def _rebalance_deadline(self, group: Group, timeout: float) -> None:
+        started = time.monotonic()
+        if group.initial_wait:
+            await asyncio.sleep(self.initial_rebalance_delay_s)
+            group.initial_wait = False
+            if self._all_joined(group):
+                self._complete_join(group)
+                return
+        await asyncio.sleep(max(timeout - (time.monotonic() - started), 0.0))
+        if group.state != PREPARING:
+            return
+        for member in [m for m in group.members.values() if not _joining(m)]:
+            log.info("group %s: member %s did not rejoin in time; removed",
+                     group.group_id, member.member_id)
+            del group.members[member.member_id]
+        self._complete_join(group)
+
+    def _all_joined(self, group: Group) -> bool:
+        return all(_joining(m) for m in group.members.values())
+
+    def _maybe_complete_join(self, group: Group) -> None:
+        if group.state == PREPARING and self._all_joined(group) and not group.initial_wait:
+            self._complete_join(group)
+
+    def _complete_join(self, group: Group) -> None:
+        if group.rebalance_task is not None and group.rebalance_task is not asyncio.current_task():
+            group.rebalance_task.cancel()
+        group.rebalance_task = None
+        group.generation += 1
+        if not group.members:
+            group.state, group.leader_id, group.protocol_name = EMPTY, None, None
+            group.protocol_type = None
+            log.info("group %s: generation %d, empty", group.group_id, group.generation)
+            return
+        group.state = COMPLETING
+        protocol = self._choose_protocol(group)
+        group.protocol_name = protocol
+        if group.leader_id not in group.members:
+            group.leader_id = next(iter(group.members))
+        members_of_leader = [
+            {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+             "metadata": m.metadata_for(protocol)}
+            for m in group.members.values()
+        ]
+        log.info("group %s: generation %d with %d member(s), protocol %s, leader %s",
+                 group.group_id, group.generation, len(group.members), protocol,
+                 group.leader_id)
+        for member in group.members.values():
+            member.assignment = b""
+            waiter = member.join_waiter
+            member.join_waiter = None
+            if waiter is not None and not waiter.done():
+                waiter.set_result({
+                    "error_code": ErrorCode.none, "generation_id": group.generation,
+                    "protocol_type": group.protocol_type, "protocol_name": protocol,
+                    "leader": group.leader_id, "skip_assignment": False,
+                    "member_id": member.member_id,
+                    "members": members_of_leader if member.member_id == group.leader_id else [],
+                })
+
+    @staticmethod
+    def _common_protocols(members: Iterable[Member], offered: list[tuple[str, bytes]]) -> bool:
+        names = {name for name, _ in offered}
+        return all(names & {name for name, _ in m.protocols} for m in members)
+
+    @staticmethod
+    def _choose_protocol(group: Group) -> str:
+        members = list(group.members.values())
+        common = set.intersection(*({name for name, _ in m.protocols} for m in members))
+        votes: dict[str, int] = {}
+        for member in members:
+            choice = next(name for name, _ in member.protocols if name in common)
+            votes[choice] = votes.get(choice, 0) + 1
+        # Most votes wins; ties go to the leader's (first member's) preference order.
+        order = [name for name, _ in members[0].protocols if name in common]
+        return max(order, key=lambda name: (votes.get(name, 0), -order.index(name)))
+
+    def _member(
+        self, group_id: str, member_id: str, generation: int | None
+    ) -> tuple[Group, Member]:
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            raise GroupError(ErrorCode.unknown_member_id,
+                             f"member {member_id!r} is not in group {group_id!r}")
+        if generation is not None and generation != group.generation:
+            raise GroupError(ErrorCode.illegal_generation,
+                             f"generation {generation} is not the group's "
+                             f"({group.generation})")
+        return group, group.members[member_id]
+
+    async def sync(self, group_id: str, member_id: str, generation: int,
+                   assignments: dict[str, bytes]) -> dict[str, Any]:
+        group, member = self._member(group_id, member_id, generation)
+        member.last_heartbeat = time.monotonic()
+        if group.state == PREPARING:
+            raise GroupError(ErrorCode.rebalance_in_progress)
+        answer = {"error_code": ErrorCode.none, "protocol_type": group.protocol_type,
+                  "protocol_name": group.protocol_name}
+        if group.state == STABLE:
+            return {**answer, "assignment": member.assignment}
+        if member_id == group.leader_id:
+            for other in group.members.values():
+                other.assignment = assignments.get(other.member_id, b"")
+            group.state = STABLE
+            log.info("group %s: generation %d is stable", group_id, group.generation)
+            for other in group.members.values():
+                if other.sync_waiter is not None and not other.sync_waiter.done():
+                    other.sync_waiter.set_result(other.assignment)
+                other.sync_waiter = None
+            return {**answer, "assignment": member.assignment}
+        member.sync_waiter = asyncio.get_running_loop().create_future()
+        assignment = await member.sync_waiter
+        return {**answer, "protocol_name": group.protocol_name, "assignment": assignment}
+
+    def _fail_sync(self, member: Member, code: ErrorCode) -> None:
+        if member.sync_waiter is not None and not member.sync_waiter.done():
+            member.sync_waiter.set_exception(GroupError(code))
+        member.sync_waiter = None
+
+    def heartbeat(self, group_id: str, member_id: str, generation: int) -> None:
+        group, member = self._member(group_id, member_id, None)
+        member.last_heartbeat = time.monotonic()
+        if group.state == PREPARING:
+            raise GroupError(ErrorCode.rebalance_in_progress)
+        if generation != group.generation:
+            raise GroupError(ErrorCode.illegal_generation)
+
+    def leave(self, group_id: str, member_ids: list[str]) -> list[ErrorCode]:
+        group = self.groups.get(group_id)
+        codes = []
+        for member_id in member_ids:
+            if group is None or member_id not in group.members:
+                codes.append(ErrorCode.unknown_member_id)
+                continue
+            self._remove(group, group.members[member_id], "left the group")
+            codes.append(ErrorCode.none)
+        return codes
+
+    def _remove(self, group: Group, member: Member, why: str) -> None:
+        del group.members[member.member_id]
+        log.info("group %s: member %s %s", group.group_id, member.member_id, why)
+        if member.join_waiter is not None and not member.join_waiter.done():
+            member.join_waiter.set_exception(GroupError(ErrorCode.unknown_member_id))
+        self._fail_sync(member, ErrorCode.unknown_member_id)
+        if group.state in (STABLE, COMPLETING, EMPTY):
+            self._prepare_rebalance(group, f"member {member.member_id} {why}")
+        self._maybe_complete_join(group)
+
+    def expire_sessions(self, now: float | None = None) -> None:
+        """Remove members whose session timed out; called periodically."""
+        now = time.monotonic() if now is None else now
+        for group in list(self.groups.values()):
+            for member in list(group.members.values()):
+                if _joining(member):
+                    continue  # a member waiting in JoinGroup is bounded by the rebalance
+                if now - member.last_heartbeat > member.session_timeout_s:
+                    self._remove(group, member, "missed its session timeout")
+
+    # -- offsets ----------------------------------------------------------------------
+
+    async def commit(self, group_id: str, member_id: str, generation: int,
+                     offsets: dict[tuple[str, int], tuple[int, int, str | None]]) -> None:
+        """Record offsets; returns once they are durable."""
+        group = self.group(group_id)
+        if generation >= 0 or member_id:
+            # A member's commit must come from the current generation, so that a zombie
+            # cannot overwrite what the new owner of a partition committed.
+            # As Kafka: during PreparingRebalance the current generation may still commit
+            # (consumers commit before they give up partitions); once the new generation
+            # is formed and waits for its assignment, it may not.
+            _, _ = self._member(group_id, member_id, generation)
+            if group.state == COMPLETING:
+                raise GroupError(ErrorCode.rebalance_in_progress)
+        elif group.members:
+            raise GroupError(ErrorCode.unknown_member_id,
+                             f"group {group_id} has members; commit as one of them")
+        now_ms = int(time.time() * 1000)
+        for key, (offset, epoch, metadata) in offsets.items():
+            group.offsets[key] = CommittedOffset(offset, epoch, metadata, now_ms)
+        path, data = self._snapshot(group)
+        await asyncio.get_running_loop().run_in_executor(self._writer, self._write, path, data)
+
+    def fetch_offsets(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
+        group = self.groups.get(group_id)
+        return dict(group.offsets) if group else {}
+
+    def describe(self, group_id: str) -> dict[str, Any]:
+        group = self.groups.get(group_id)
+        if group is None:
+            return {"error_code": ErrorCode.none, "group_id": group_id, "group_state": DEAD,
+                    "protocol_type": "", "protocol_data": "", "members": []}
+        return {
+            "error_code": ErrorCode.none, "group_id": group_id, "group_state": group.state,
+            "protocol_type": group.protocol_type or "",
+            "protocol_data": group.protocol_name or "",
+            "members": [
+                {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                 "client_id": m.client_id, "client_host": m.client_host,
+                 "member_metadata": (m.metadata_for(group.protocol_name)
+                                     if group.protocol_name else b""),
+                 "member_assignment": m.assignment}
+                for m in group.members.values()
+            ],
+            "authorized_operations": -2147483648,
+        }
+
+
+def _joining(member: Member) -> bool:
+    return member.join_waiter is not None and not member.join_waiter.done()

@@ -1,0 +1,19 @@
+"""Protocol handlers, one module per group of APIs; `register_all` builds the table.
+
+Each handler turns one decoded request into a version-neutral response dict (see
+server/protocol.py). The version ranges here are what the server advertises in
+ApiVersions: only what is implemented (shared/notes/kafka-protocol.md §2).
+"""
+
+from __future__ import annotations
+
+from compactlog.server.broker import Broker
+from compactlog.server.handlers import admin, fetch, groups, metadata, produce
+
+
+def register_all(broker: Broker) -> None:
+    metadata.register(broker)
+    produce.register(broker)
+    fetch.register(broker)
+    admin.register(broker)
+    groups.register(broker)

@@ -1,0 +1,140 @@
+"""Fetch and ListOffsets.
+
+Fetch long-polls: with too little data it waits for an append (or max_wait) instead of
+answering empty at once, or clients spin. Fetch sessions (KIP-227) are declined with
+session id 0, and clients fall back to full requests. On a compacted topic every read
+is of the compacted view: the ledger up to the horizon, then the live log, with the
+original offsets, gaps included, as a Kafka consumer of a cleaned log sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from compactlog.server.broker import Broker
+from compactlog.server.errors import error_code, error_message
+from compactlog.server.protocol import Request
+from compactlog.server.wire import read_batches
+
+FETCH, LIST_OFFSETS = 1, 2
+EARLIEST, LATEST = -2, -1
+log = logging.getLogger("compactlog.server")
+
+
+def register(broker: Broker) -> None:
+    # Fetch 13+ addresses topics by id; names are enough for every client we serve.
+    broker.register(FETCH, (4, 12), fetch)
+    broker.register(LIST_OFFSETS, (1, 8), list_offsets)
+
+
+async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    wanted = [(topic.topic, part.partition, part.fetch_offset, part.partition_max_bytes)
+              for topic in body.topics for part in topic.partitions]
+    max_wait = body.max_wait.total_seconds()
+    deadline = time.monotonic() + max_wait
+    while True:
+        waiter = broker.data_arrived  # taken before reading, so no append is missed
+        results = await broker.run_io(_read_all, broker, wanted, max(body.max_bytes, 1))
+        size = sum(len(r.get("records") or b"") for r in results)
+        failed = any(r["error_code"] is not ErrorCode.none for r in results)
+        remaining = deadline - time.monotonic()
+        if size >= max(body.min_bytes, 1) or failed or remaining <= 0:
+            break
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(waiter.wait(), remaining)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (name, index, _, _), result in zip(wanted, results, strict=True):
+        by_topic.setdefault(name, []).append({"partition_index": index, **result})
+    return {
+        "error_code": ErrorCode.none,
+        "session_id": 0,
+        "responses": [{"topic": name, "partitions": parts} for name, parts in by_topic.items()],
+    }
+
+
+def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
+              max_bytes: int) -> list[dict[str, Any]]:
+    budget = max_bytes
+    results = []
+    for name, index, offset, partition_max in wanted:
+        try:
+            partition = broker.store.topic(name).partition(index)
+            compacted = partition.config.compacted
+            # Kafka's rule: the first batch of the response goes out whole even when it
+            # is over the limits, so that a consumer can always make progress.
+            limit = max(min(partition_max, budget), 0)
+            start, end = partition.log_start_offset, partition.log_end_offset
+            if not start <= offset <= end:
+                results.append(_out_of_range(start, end))
+                continue
+            records = b""
+            if limit > 0 or budget == max_bytes:
+                records = read_batches(partition, offset, limit, compacted).records
+            budget -= len(records)
+            results.append({
+                "error_code": ErrorCode.none, "high_watermark": end,
+                "last_stable_offset": end, "log_start_offset": start,
+                "aborted_transactions": [], "preferred_read_replica": -1,
+                "records": records,
+            })
+        except Exception as error:
+            code = error_code(error)
+            if code is ErrorCode.unknown_server_error:
+                log.exception("fetch from %s/%d failed", name, index)
+            results.append({"error_code": code, "high_watermark": -1,
+                            "last_stable_offset": -1, "log_start_offset": -1,
+                            "preferred_read_replica": -1, "records": None,
+                            "error_message": error_message(error)})
+    return results
+
+
+def _out_of_range(start: int, end: int) -> dict[str, Any]:
+    return {"error_code": ErrorCode.offset_out_of_range, "high_watermark": end,
+            "last_stable_offset": end, "log_start_offset": start,
+            "preferred_read_replica": -1, "records": None}
+
+
+async def list_offsets(broker: Broker, request: Request) -> dict[str, Any]:
+    wanted = [(topic.name, part.partition_index, part.timestamp)
+              for topic in request.body.topics for part in topic.partitions]
+    results = await broker.run_io(_lookup_all, broker, wanted)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (name, index, _), result in zip(wanted, results, strict=True):
+        by_topic.setdefault(name, []).append({"partition_index": index, **result})
+    return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}
+
+
+def _lookup_all(broker: Broker, wanted: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for name, index, timestamp in wanted:
+        try:
+            partition = broker.store.topic(name).partition(index)
+            if timestamp == EARLIEST:
+                found, at = partition.log_start_offset, -1
+            elif timestamp == LATEST:
+                found, at = partition.log_end_offset, -1
+            elif timestamp < 0:
+                raise ValueError(f"unsupported ListOffsets timestamp {timestamp}")
+            else:
+                offset = partition.offset_for_timestamp(timestamp)
+                if offset is None:
+                    found, at = -1, -1
+                else:
+                    record = partition.read(offset, 1)
+                    found, at = offset, record[0].timestamp if record else timestamp
+            results.append({"error_code": ErrorCode.none, "timestamp": at, "offset": found,
+                            "leader_epoch": 0})
+        except ValueError as error:
+            results.append({"error_code": ErrorCode.invalid_request, "timestamp": -1,
+                            "offset": -1, "leader_epoch": -1, "error_message": str(error)})
+        except Exception as error:
+            results.append({"error_code": error_code(error), "timestamp": -1, "offset": -1,
+                            "leader_epoch": -1})
+    return results

@@ -1,0 +1,188 @@
+"""FindCoordinator and the classic consumer-group APIs, over server/groups.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from compactlog.errors import UnknownPartitionError, UnknownTopicError
+from compactlog.server.broker import Broker
+from compactlog.server.groups import GroupError
+from compactlog.server.protocol import Request
+
+(OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP,
+ SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS) = 8, 9, 10, 11, 12, 13, 14, 15, 16
+GROUP_KEY = 0
+
+
+def register(broker: Broker) -> None:
+    broker.register(FIND_COORDINATOR, (0, 6), find_coordinator)
+    broker.register(JOIN_GROUP, (0, 9), join_group)
+    broker.register(SYNC_GROUP, (0, 5), sync_group)
+    broker.register(HEARTBEAT, (0, 4), heartbeat)
+    broker.register(LEAVE_GROUP, (0, 5), leave_group)
+    # v10 of both addresses topics by id only.
+    broker.register(OFFSET_COMMIT, (2, 9), offset_commit)
+    broker.register(OFFSET_FETCH, (1, 9), offset_fetch)
+    broker.register(LIST_GROUPS, (0, 5), list_groups)
+    broker.register(DESCRIBE_GROUPS, (0, 5), describe_groups)
+
+
+def _coordinator(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
+    if key_type != GROUP_KEY:
+        return {"key": key, "error_code": ErrorCode.invalid_request, "node_id": -1,
+                "host": "", "port": -1, "error_message": "only group coordinators exist here"}
+    return {"key": key, "error_code": ErrorCode.none, "node_id": broker.node_id,
+            "host": broker.host, "port": broker.port}
+
+
+async def find_coordinator(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    if request.api_version >= 4:  # batched keys
+        return {"coordinators": [_coordinator(broker, key, body.key_type)
+                                 for key in body.coordinator_keys]}
+    return _coordinator(broker, body.key, getattr(body, "key_type", GROUP_KEY))
+
+
+def _failed(error: GroupError, **fields: Any) -> dict[str, Any]:
+    return {"error_code": error.code, **fields}
+
+
+async def join_group(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    session_timeout = body.session_timeout.total_seconds()
+    rebalance = getattr(body, "rebalance_timeout", None)
+    try:
+        return await broker.groups.join(
+            body.group_id, body.member_id, getattr(body, "group_instance_id", None),
+            request.client_id or "", request.client_host, session_timeout,
+            rebalance.total_seconds() if rebalance is not None else session_timeout,
+            body.protocol_type, [(p.name, bytes(p.metadata)) for p in body.protocols],
+            require_known_member_id=request.api_version >= 4,
+        )
+    except GroupError as error:
+        return _failed(error, generation_id=-1, leader="", member_id=body.member_id,
+                       members=[])
+
+
+async def sync_group(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    try:
+        return await broker.groups.sync(
+            body.group_id, body.member_id, body.generation_id,
+            {a.member_id: bytes(a.assignment) for a in body.assignments},
+        )
+    except GroupError as error:
+        return _failed(error, assignment=b"")
+
+
+async def heartbeat(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    try:
+        broker.groups.heartbeat(body.group_id, body.member_id, body.generation_id)
+        return {"error_code": ErrorCode.none}
+    except GroupError as error:
+        return _failed(error)
+
+
+async def leave_group(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    if request.api_version >= 3:
+        ids = [m.member_id for m in body.members]
+        codes = broker.groups.leave(body.group_id, ids)
+        return {"error_code": ErrorCode.none, "members": [
+            {"member_id": i, "group_instance_id": m.group_instance_id, "error_code": code}
+            for i, m, code in zip(ids, body.members, codes, strict=True)]}
+    (code,) = broker.groups.leave(body.group_id, [body.member_id])
+    return {"error_code": code}
+
+
+async def offset_commit(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    generation = getattr(body, "generation_id_or_member_epoch", None)
+    if generation is None:
+        generation = body.generation_id
+    codes: dict[tuple[str, int], ErrorCode] = {}
+    offsets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
+    for topic in body.topics:
+        for part in topic.partitions:
+            key = (topic.name, part.partition_index)
+            if not _partition_exists(broker, *key):
+                codes[key] = ErrorCode.unknown_topic_or_partition
+                continue
+            offsets[key] = (part.committed_offset,
+                            getattr(part, "committed_leader_epoch", -1),
+                            part.committed_metadata)
+    try:
+        await broker.groups.commit(body.group_id, body.member_id, generation, offsets)
+        for key in offsets:
+            codes[key] = ErrorCode.none
+    except GroupError as error:
+        for key in offsets:
+            codes[key] = error.code
+    return {"topics": [
+        {"name": topic.name, "partitions": [
+            {"partition_index": p.partition_index,
+             "error_code": codes[(topic.name, p.partition_index)]}
+            for p in topic.partitions]}
+        for topic in body.topics
+    ]}
+
+
+def _partition_exists(broker: Broker, topic: str, partition: int) -> bool:
+    try:
+        broker.store.topic(topic).partition(partition)
+        return True
+    except (UnknownTopicError, UnknownPartitionError):
+        return False
+
+
+def _fetched_topics(broker: Broker, group_id: str, topics: Any) -> list[dict[str, Any]]:
+    committed = broker.groups.fetch_offsets(group_id)
+    if topics is None:  # null: every partition the group committed
+        wanted: dict[str, list[int]] = {}
+        for name, index in sorted(committed):
+            wanted.setdefault(name, []).append(index)
+    else:
+        wanted = {t.name: list(t.partition_indexes) for t in topics}
+    answer = []
+    for name, indexes in wanted.items():
+        partitions = []
+        for index in indexes:
+            found = committed.get((name, index))
+            partitions.append({
+                "partition_index": index,
+                "committed_offset": found.offset if found else -1,
+                "committed_leader_epoch": found.leader_epoch if found else -1,
+                "metadata": found.metadata if found else "",
+                "error_code": ErrorCode.none,
+            })
+        answer.append({"name": name, "partitions": partitions})
+    return answer
+
+
+async def offset_fetch(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    if request.api_version >= 8:  # batched groups
+        return {"groups": [
+            {"group_id": g.group_id, "topics": _fetched_topics(broker, g.group_id, g.topics),
+             "error_code": ErrorCode.none}
+            for g in body.groups]}
+    return {"topics": _fetched_topics(broker, body.group_id, body.topics),
+            "error_code": ErrorCode.none}
+
+
+async def list_groups(broker: Broker, request: Request) -> dict[str, Any]:
+    states = set(getattr(request.body, "states_filter", ()) or ())
+    groups = [
+        {"group_id": g.group_id, "protocol_type": g.protocol_type or "consumer",
+         "group_state": g.state, "group_type": "classic"}
+        for g in broker.groups.groups.values()
+        if not states or g.state in states
+    ]
+    return {"error_code": ErrorCode.none, "groups": groups}
+
+
+async def describe_groups(broker: Broker, request: Request) -> dict[str, Any]:
+    return {"groups": [broker.groups.describe(group_id) for group_id in request.body.groups]}

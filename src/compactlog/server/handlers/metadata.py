@@ -1,0 +1,67 @@
+"""ApiVersions and Metadata."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from compactlog.errors import UnknownTopicError
+from compactlog.server.broker import Broker
+from compactlog.server.protocol import Request, api_version_entries
+from compactlog.storage.store import Topic
+
+API_VERSIONS, METADATA = 18, 3
+
+
+def register(broker: Broker) -> None:
+    broker.register(API_VERSIONS, (0, 4), api_versions)
+    # v13 adds a top-level error code; kio's schema has it, so all of 0..13 are served.
+    broker.register(METADATA, (0, 13), metadata)
+
+
+async def api_versions(broker: Broker, request: Request) -> dict[str, Any]:
+    return {"error_code": ErrorCode.none, "api_keys": api_version_entries(broker.versions)}
+
+
+def topic_uuid(topic: Topic) -> uuid.UUID:
+    return uuid.UUID(hex=topic.meta.topic_id)
+
+
+async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    names = (await broker.run_io(broker.store.list_topics) if body.topics is None
+             else [t.name for t in body.topics])
+    topics: list[dict[str, Any]] = []
+    for name in names:
+        try:
+            topic = broker.store.topic(name)
+        except UnknownTopicError:
+            # No auto-creation: a compacted topic needs its config chosen up front.
+            topics.append({"error_code": ErrorCode.unknown_topic_or_partition, "name": name,
+                           "topic_id": uuid.UUID(int=0), "partitions": []})
+            continue
+        topics.append({
+            "error_code": ErrorCode.none,
+            "name": name,
+            "topic_id": topic_uuid(topic),
+            "is_internal": False,
+            "partitions": [
+                {"error_code": ErrorCode.none, "partition_index": index,
+                 "leader_id": broker.node_id, "leader_epoch": 0,
+                 "replica_nodes": [broker.node_id], "isr_nodes": [broker.node_id],
+                 "offline_replicas": []}
+                for index in range(topic.meta.partitions)
+            ],
+            "topic_authorized_operations": -2147483648,  # "not requested"
+        })
+    return {
+        "brokers": [{"node_id": broker.node_id, "host": broker.host, "port": broker.port,
+                     "rack": None}],
+        "cluster_id": broker.cluster_id,
+        "controller_id": broker.node_id,
+        "topics": topics,
+        "cluster_authorized_operations": -2147483648,
+        "error_code": ErrorCode.none,
+    }
