@@ -20,7 +20,7 @@ from kio.schema.errors import ErrorCode
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code, error_message
 from compactlog.server.protocol import Request
-from compactlog.server.wire import read_batches
+from compactlog.server.wire import read_batches, view_start_offset
 
 FETCH, LIST_OFFSETS = 1, 2
 EARLIEST, LATEST = -2, -1
@@ -70,7 +70,9 @@ def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
             # Kafka's rule: the first batch of the response goes out whole even when it
             # is over the limits, so that a consumer can always make progress.
             limit = max(min(partition_max, budget), 0)
-            start, end = partition.log_start_offset, partition.log_end_offset
+            # A compacted view starts below the log start when retention removed raw
+            # segments that the ledger still covers.
+            start, end = view_start_offset(partition, compacted), partition.log_end_offset
             if not start <= offset <= end:
                 results.append(_out_of_range(start, end))
                 continue
@@ -117,7 +119,7 @@ def _lookup_all(broker: Broker, wanted: list[tuple[str, int, int]]) -> list[dict
         try:
             partition = broker.store.topic(name).partition(index)
             if timestamp == EARLIEST:
-                found, at = partition.log_start_offset, -1
+                found, at = view_start_offset(partition, partition.config.compacted), -1
             elif timestamp == LATEST:
                 found, at = partition.log_end_offset, -1
             elif timestamp < 0:
