@@ -94,7 +94,8 @@ async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     names = list(getattr(body, "topic_names", ()) or ())
     for entry in getattr(body, "topics", ()) or ():
-        names.append(entry.name if entry.name is not None else _name_of(broker, entry.topic_id))
+        names.append(entry.name if entry.name is not None
+                     else await broker.run_io(_name_of, broker, entry.topic_id))
     results = []
     for name in names:
         try:
@@ -115,6 +116,10 @@ def _name_of(broker: Broker, topic_id: uuid.UUID) -> str:
 
 
 async def describe_configs(broker: Broker, request: Request) -> dict[str, Any]:
+    return await broker.run_io(_describe_configs, broker, request)
+
+
+def _describe_configs(broker: Broker, request: Request) -> dict[str, Any]:
     results = []
     for resource in request.body.resources:
         answer = {"resource_type": resource.resource_type,

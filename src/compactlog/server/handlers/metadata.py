@@ -30,8 +30,13 @@ def topic_uuid(topic: Topic) -> uuid.UUID:
 
 
 async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
+    # Opening a topic the first time recovers its partitions (file I/O): off the loop.
+    return await broker.run_io(_metadata, broker, request)
+
+
+def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
-    names = (await broker.run_io(broker.store.list_topics) if body.topics is None
+    names = (broker.store.list_topics() if body.topics is None
              else [t.name for t in body.topics])
     topics: list[dict[str, Any]] = []
     for name in names:
