@@ -55,10 +55,10 @@ from compactlog.storage.records import (
     ProducerRecord,
     Record,
     check_batch,
-    decode_checked,
     encode_batch,
     parse_header,
     set_base_offset,
+    validate_records,
 )
 from compactlog.storage.sealed import (
     RECORD_COLUMNS,
@@ -273,14 +273,16 @@ class Partition:
 
     def check_keys(self, records: Sequence[ProducerRecord | Record]) -> None:
         """Refuse null keys on a compacted topic whose null.key.policy is reject."""
+        self._check_null_key(next(
+            (position for position, record in enumerate(records) if record.key is None), None))
+
+    def _check_null_key(self, position: int | None) -> None:
         config = self.config
-        if config.compacted and config["null.key.policy"] == "reject":
-            for position, record in enumerate(records):
-                if record.key is None:
-                    raise InvalidRecordError(
-                        f"{self.name}: record {position} has no key; compacted topic "
-                        f"{self.topic!r} refuses null keys (null.key.policy=reject)"
-                    )
+        if position is not None and config.compacted and config["null.key.policy"] == "reject":
+            raise InvalidRecordError(
+                f"{self.name}: record {position} has no key; compacted topic "
+                f"{self.topic!r} refuses null keys (null.key.policy=reject)"
+            )
 
     def append_batch(self, batch: bytearray) -> AppendResult:
         """Append a v2 batch built elsewhere (a Kafka producer): validated, offsets assigned."""
@@ -289,10 +291,10 @@ class Partition:
             header = check_batch(batch, 0, len(batch))
             if header.size != len(batch):
                 raise BatchError(f"{len(batch) - header.size} trailing bytes")
-            records = decode_checked(batch, header)
+            first_null_key = validate_records(batch, header)
         except BatchError as error:
             raise InvalidRecordError(f"{self.name}: rejected record batch: {error}") from None
-        self.check_keys(records)
+        self._check_null_key(first_null_key)
         self.check_size(len(batch))
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
