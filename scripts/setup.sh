@@ -20,6 +20,30 @@ if [ -z "${java_major}" ] || [ "${java_major}" -lt 17 ]; then
   exit 1
 fi
 
+# kcat, a command-line Kafka client on the system's librdkafka: the server scenarios in
+# tests/test_server_scenarios.py drive it. Installed with apt-get (as root, or through
+# sudo) when missing.
+if ! command -v kcat >/dev/null 2>&1; then
+  apt_prefix=unavailable
+  if command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ]; then
+      apt_prefix=
+    elif command -v sudo >/dev/null 2>&1; then
+      apt_prefix=sudo
+    fi
+  fi
+  if [ "$apt_prefix" != unavailable ]; then
+    echo "kcat is missing; installing it: ${apt_prefix:+$apt_prefix }apt-get install -y kcat" >&2
+    $apt_prefix env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || true
+    $apt_prefix env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >&2 || true
+  fi
+  if ! command -v kcat >/dev/null 2>&1; then
+    echo "compactlog's server tests need kcat (the Kafka command-line client), and it could not be installed here." >&2
+    echo "Install it, e.g. 'sudo apt-get install kcat' (Debian, Ubuntu) or 'brew install kcat' (macOS), and run this again." >&2
+    exit 1
+  fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv
 fi

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from compactlog.server.groups import GroupCoordinator
+from compactlog.server.producers import ProducerStates
 from compactlog.server.protocol import Request
 from compactlog.storage.store import LogStore
 
@@ -45,6 +46,8 @@ class Broker:
                  initial_rebalance_delay_s: float = 3.0) -> None:
         self.store = store
         self.groups = GroupCoordinator(store.data_dir, initial_rebalance_delay_s)
+        # Idempotent producers: ids, and each partition's sequence state (producers.py).
+        self.producers = ProducerStates(store.data_dir)
         self.host = host
         self.port = port
         self.cluster_id = _cluster_id(store.data_dir)

@@ -292,6 +292,24 @@ class LogSegment:
             raw = os.pread(self._fd, self._batch_end(i) - start, start)
             yield parse_header(raw), raw
 
+    def iter_headers(self, count: int | None = None) -> Iterator[BatchHeader]:
+        """The headers of the first `count` indexed batches (all by default), in order.
+
+        Reads only headers: one pread covers as many consecutive headers as fit in
+        SCAN_CHUNK bytes, so small batches are read in chunks and large ones skipped.
+        (The server rebuilds idempotent producers' state from these.)
+        """
+        positions = self.positions
+        total = len(positions) if count is None else min(count, len(positions))
+        i = 0
+        while i < total:
+            start = positions[i]
+            end = bisect.bisect_right(positions, start + SCAN_CHUNK - HEADER_SIZE, i + 1, total)
+            data = os.pread(self._fd, positions[end - 1] + HEADER_SIZE - start, start)
+            for k in range(i, end):
+                yield parse_header(data, positions[k] - start)
+            i = end
+
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         for i, max_ts in enumerate(self.max_timestamps):
             if max_ts < timestamp:

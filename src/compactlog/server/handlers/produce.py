@@ -1,10 +1,23 @@
-"""Produce: append the producer's record batches as they are, without re-encoding.
+"""Produce and InitProducerId: append the producer's record batches as they are.
 
 Each partition's records are validated (structure, CRC32C, record decoding, keys on
 compacted topics) and appended by the store, which assigns offsets by rewriting only
 the batch's base offset (outside the CRC). acks=0 gets no response at all; acks=1 and
 acks=-1 are the same on a single broker: the response goes once the store has taken
 the batch under the topic's flush policy.
+
+Batches with a producer id come from idempotent producers (KIP-98): InitProducerId
+hands out the ids, and server/producers.py checks each such batch's epoch and sequence
+numbers against the partition's producer state, answers a resent batch with its
+original offsets instead of appending it again, and appends the rest, atomically per
+partition. As in Kafka, such a partition's records must be exactly one batch.
+
+Transactions are not supported: InitProducerId with a transactional id is answered
+with UNSUPPORTED_VERSION, the code Kafka's own broker gives for a feature it does not
+have enabled (KafkaApis: Heartbeat with a group instance id below IBP 2.3,
+ConsumerGroupHeartbeat without the new group protocol); clients treat it as fatal for
+the feature, and it says what is true. Transactional batches are refused with
+INVALID_TXN_STATE, as Kafka refuses them outside a transaction it knows of.
 """
 
 from __future__ import annotations
@@ -17,16 +30,25 @@ from kio.schema.errors import ErrorCode
 from compactlog.errors import InvalidRecordError
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code, error_message
+from compactlog.server.producers import (
+    NO_EPOCH,
+    NO_PRODUCER_ID,
+    ProducerStateError,
+    check_producer_fields,
+)
 from compactlog.server.protocol import Request
 from compactlog.storage.records import iter_batches
 
-PRODUCE = 0
+PRODUCE, INIT_PRODUCER_ID = 0, 22
 log = logging.getLogger("compactlog.server")
 
 
 def register(broker: Broker) -> None:
     # v3 is the floor of kio's schemas (KIP-896); v13 addresses topics by id only.
     broker.register(PRODUCE, (3, 12), produce)
+    # v3 adds the KIP-360 epoch bump; v6 adds KIP-939's two-phase commit, which is
+    # for transactions only.
+    broker.register(INIT_PRODUCER_ID, (0, 5), init_producer_id)
 
 
 async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
@@ -58,10 +80,23 @@ def _append_one(broker: Broker, name: str, index: int, records: bytes) -> dict[s
                 f"{name}/{index}: the records field holds {len(records)} bytes of which "
                 f"{consumed} form whole record batches"
             )
-        first = None
-        for position, header in batches:
-            result = partition.append_batch(bytearray(records[position:position + header.size]))
-            first = result.base_offset if first is None else first
+        for _, header in batches:
+            check_producer_fields(header, partition.name)
+        if any(header.producer_id >= 0 for _, header in batches):
+            if len(batches) != 1:
+                # Kafka's LogValidator refuses any v2 produce of more than one batch.
+                raise InvalidRecordError(
+                    f"{partition.name}: a produce with a producer id carries exactly one "
+                    f"record batch per partition, not {len(batches)}"
+                )
+            appended = broker.producers.append(partition, bytearray(records), batches[0][1])
+            first = appended.base_offset
+        else:
+            first = None
+            for position, header in batches:
+                result = partition.append_batch(
+                    bytearray(records[position:position + header.size]))
+                first = result.base_offset if first is None else first
         return {"error_code": ErrorCode.none, "base_offset": first, "log_append_time": None,
                 "log_start_offset": partition.log_start_offset}
     except Exception as error:
@@ -69,10 +104,35 @@ def _append_one(broker: Broker, name: str, index: int, records: bytes) -> dict[s
 
 
 def _failed(error: Exception, name: str, index: int) -> dict[str, Any]:
-    code = error_code(error)
+    code = error.code if isinstance(error, ProducerStateError) else error_code(error)
     if code is ErrorCode.unknown_server_error:
         log.exception("produce to %s/%d failed", name, index)
     else:
         log.info("produce to %s/%d refused: %s", name, index, error)
     return {"error_code": code, "base_offset": -1, "log_append_time": None,
             "log_start_offset": -1, "error_message": error_message(error)}
+
+
+async def init_producer_id(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    producer_id = getattr(body, "producer_id", NO_PRODUCER_ID)  # v3+
+    epoch = getattr(body, "producer_epoch", NO_EPOCH)
+    if body.transactional_id is not None:
+        # Kafka answers an empty transactional id with INVALID_REQUEST.
+        code = (ErrorCode.invalid_request if body.transactional_id == ""
+                else ErrorCode.unsupported_version)
+        log.info("InitProducerId for transactional id %r refused: compactlog does not "
+                 "support transactions", body.transactional_id)
+        return _no_producer_id(code)
+    try:
+        producer_id, epoch = await broker.run_io(
+            broker.producers.init_producer_id, producer_id, epoch)
+    except ProducerStateError as error:
+        log.info("InitProducerId refused: %s", error)
+        return _no_producer_id(error.code)
+    return {"error_code": ErrorCode.none, "producer_id": producer_id,
+            "producer_epoch": epoch}
+
+
+def _no_producer_id(code: ErrorCode) -> dict[str, Any]:
+    return {"error_code": code, "producer_id": NO_PRODUCER_ID, "producer_epoch": NO_EPOCH}
