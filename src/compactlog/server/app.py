@@ -2,9 +2,10 @@
 
 Each connection handles its requests one at a time, in order, so responses go out in
 request order as Kafka clients require; a long-polling Fetch holds up the requests
-behind it on the same connection, as in Kafka. A frame that cannot be parsed, an
-oversized frame or an unsupported API version closes that connection after a log line;
-other connections carry on and nothing stored is touched.
+behind it on the same connection, as in Kafka. A frame that cannot be parsed, a negative
+or oversized length, an unsupported API version, or a client that closes the connection
+in the middle of a request closes that connection after a log line naming the peer and
+the problem; other connections carry on and nothing stored is touched.
 """
 
 from __future__ import annotations
@@ -140,13 +141,30 @@ class Server:
         broker = self.broker
         assert broker is not None
         while True:
-            (size,) = _LENGTH.unpack(await reader.readexactly(4))
-            if size < 0 or size > self.config.max_request_bytes:
+            try:
+                prefix = await reader.readexactly(4)
+            except asyncio.IncompleteReadError as error:
+                if not error.partial:
+                    return  # the client closed the connection between requests
+                raise ProtocolError(
+                    f"the client closed the connection after {len(error.partial)} of the "
+                    f"4 bytes of a request's length"
+                ) from None
+            (size,) = _LENGTH.unpack(prefix)
+            if size < 0:
+                raise ProtocolError(f"negative request length {size}")
+            if size > self.config.max_request_bytes:
                 raise ProtocolError(
                     f"request of {size} bytes is over the limit of "
                     f"{self.config.max_request_bytes} (max_request_bytes)"
                 )
-            frame = await reader.readexactly(size)
+            try:
+                frame = await reader.readexactly(size)
+            except asyncio.IncompleteReadError as error:
+                raise ProtocolError(
+                    f"the client closed the connection after {len(error.partial)} of the "
+                    f"{size} bytes of a request"
+                ) from None
             request = parse_request(frame, broker.versions)
             if isinstance(request, UnsupportedVersion):
                 if request.api_key == API_VERSIONS_KEY:

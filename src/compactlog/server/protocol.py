@@ -81,25 +81,41 @@ def peek_header(frame: bytes) -> tuple[int, int, int]:
 
 
 def parse_request(frame: bytes, versions: VersionTable) -> Request | UnsupportedVersion:
-    """Decode one request frame (without its length prefix)."""
+    """Decode one request frame (without its length prefix).
+
+    The frame's layout is checked before kio decodes it (see `_skip`): kio reserves
+    memory for an array's declared count before reading its elements, so an array
+    length of 2**31 (or 2**35, compact) in a hostile frame would abort the process. As
+    in Kafka's own parser ("Tried to allocate a collection of size N, but there are only
+    M bytes remaining"), an array longer than the bytes left is malformed. The same walk
+    finds tagged fields this schema does not know, which the protocol says to skip and
+    kio refuses: they are cut out of the frame before kio reads it.
+    """
     api_key, api_version, correlation_id = peek_header(frame)
     served = versions.get(api_key)
     if served is None or not served[0] <= api_version <= served[1]:
         return UnsupportedVersion(api_key, api_version, correlation_id)
     schema = _request_schema(api_key, api_version)
+    what = f"{API_NAMES.get(api_key, api_key)} v{api_version} request"
+    cuts: _Cuts = []
+    try:
+        used = _skip(_header_layout(schema.__header_schema__), frame, 0, len(frame), cuts)
+        end = _skip(_layout(schema), frame, used, len(frame), cuts)
+    except _Malformed as error:
+        raise ProtocolError(
+            f"malformed {what} (correlation id {correlation_id}): {error}") from None
+    if end != len(frame):
+        raise ProtocolError(f"{what} has {len(frame) - end} trailing bytes")
+    if cuts:
+        frame = _cut(frame, cuts)
     try:
         header, used = _reader(schema.__header_schema__)(frame, 0)
         body, body_size = _reader(schema)(frame, used)
     except Exception as error:  # kio raises a variety of errors for malformed input
         raise ProtocolError(
-            f"malformed {API_NAMES.get(api_key, api_key)} v{api_version} request "
-            f"(correlation id {correlation_id}): {error}"
-        ) from None
-    if used + body_size != len(frame):
-        raise ProtocolError(
-            f"{API_NAMES.get(api_key, api_key)} v{api_version} request has "
-            f"{len(frame) - used - body_size} trailing bytes"
-        )
+            f"malformed {what} (correlation id {correlation_id}): {error}") from None
+    if used + body_size != len(frame):  # kio and the layout check disagree
+        raise ProtocolError(f"{what}: {len(frame) - used - body_size} bytes were not read")
     return Request(api_key, api_version, correlation_id, header.client_id, body)
 
 
@@ -231,3 +247,220 @@ def _reader(schema: type) -> Any:
 @cache
 def _writer(schema: type) -> Any:
     return entity_writer(schema)
+
+
+# The layout check. Each request schema compiles once into a layout: its fields in wire
+# order, as fixed sizes (runs of fixed-size fields merged, and a non-flexible struct of
+# fixed-size fields is one size), string kinds, nested structs or arrays of those. The
+# frame is then walked without building any value.
+
+class _Malformed(Exception):
+    pass
+
+
+_Cuts = list[tuple[int, int, bytes]]  # (start, stop, replacement) edits of a frame
+
+
+_FIXED_SIZES = {
+    "int8": 1, "uint8": 1, "bool": 1, "int16": 2, "uint16": 2, "error_code": 2,
+    "int32": 4, "uint32": 4, "timedelta_i32": 4, "int64": 8, "uint64": 8, "float64": 8,
+    "timedelta_i64": 8, "datetime_i64": 8, "uuid": 16,
+}
+
+
+@dataclass(frozen=True)
+class _Sized:
+    """A string or bytes value: a compact length (unsigned varint of length + 1, 0 for
+    null) in flexible versions, else a big-endian int16 (strings) or int32 (bytes)
+    length, -1 for null."""
+
+    width: int  # 0: compact
+    nullable: bool
+
+
+@dataclass(frozen=True)
+class _Array:
+    item: _Layout
+    compact: bool
+
+
+@dataclass(frozen=True)
+class _Struct:
+    nullable: bool
+    flexible: bool
+    fields: tuple[_Layout, ...]
+    tagged: Mapping[int, _Layout]
+
+
+_Layout = int | _Sized | _Array | _Struct
+
+
+@cache
+def _layout(cls: type, nullable: bool = False) -> _Layout:
+    """The wire layout of kio entity `cls`, as kio's own reader sees it."""
+    flexible = bool(cls.__flexible__)  # type: ignore[attr-defined]
+    fields: list[_Layout] = []
+    tagged: dict[int, _Layout] = {}
+    for field, hint in _fields(cls):
+        tag = field.metadata.get("tag")
+        layout = _field_layout(field, hint, flexible, tagged=tag is not None)
+        if tag is not None:
+            tagged[int(tag)] = layout
+        elif isinstance(layout, int) and fields and isinstance(fields[-1], int):
+            fields[-1] += layout
+        else:
+            fields.append(layout)
+    if not flexible and not nullable and all(isinstance(f, int) for f in fields):
+        return sum(f for f in fields if isinstance(f, int))
+    return _Struct(nullable, flexible, tuple(fields), tagged)
+
+
+def _field_layout(field: dataclasses.Field[Any], hint: Any, flexible: bool,
+                  tagged: bool) -> _Layout:
+    entity = _entity_type(hint)
+    if _is_tuple(hint):
+        item = (_layout(entity) if entity is not None
+                else _primitive(field.metadata["kafka_type"], flexible, False))
+        return _Array(item, flexible)
+    if entity is not None:
+        return _layout(entity, _is_optional(hint))
+    # A tagged field is present or absent by its tag, never null (as in kio).
+    return _primitive(field.metadata["kafka_type"], flexible,
+                      _is_optional(hint) and not tagged)
+
+
+def _primitive(kafka_type: str, flexible: bool, nullable: bool) -> _Layout:
+    if kafka_type in _FIXED_SIZES:
+        return _FIXED_SIZES[kafka_type]
+    if kafka_type not in ("string", "bytes", "records"):
+        raise TypeError(f"no layout for kafka type {kafka_type!r}")
+    return _Sized(0 if flexible else 2 if kafka_type == "string" else 4, nullable)
+
+
+@cache
+def _header_layout(cls: type) -> _Layout:
+    # api_key, api_version, correlation_id; the client id is a classic nullable string
+    # even in the flexible header v2 (see the module doc); v2 ends with tagged fields.
+    return _Struct(False, bool(cls.__flexible__), (8, _Sized(2, True)), {})  # type: ignore[attr-defined]
+
+
+def _cut(frame: bytes, cuts: _Cuts) -> bytes:
+    """`frame` with each range [start, stop) replaced; the ranges do not overlap."""
+    parts, pos = [], 0
+    for start, stop, replacement in sorted(cuts):
+        parts += [frame[pos:start], replacement]
+        pos = stop
+    parts.append(frame[pos:])
+    return b"".join(parts)
+
+
+def _write_uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _uvarint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    if pos < end and data[pos] < 0x80:
+        return data[pos], pos + 1
+    value = shift = 0
+    for _ in range(5):
+        if pos >= end:
+            raise _Malformed(f"truncated varint at byte {pos}")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, pos
+    raise _Malformed(f"varint at byte {pos - 5} is longer than 5 bytes")
+
+
+def _skip(layout: _Layout, data: bytes, pos: int, end: int, cuts: _Cuts) -> int:
+    """The position after the value of `layout` at `pos`; _Malformed if it is not whole.
+    Unknown tagged fields go to `cuts` as (start, stop, replacement)."""
+    if isinstance(layout, int):
+        if layout > end - pos:
+            raise _Malformed(f"{layout} bytes needed at byte {pos}, {end - pos} remain")
+        return pos + layout
+    if isinstance(layout, _Struct):
+        return _skip_struct(layout, data, pos, end, cuts)
+    if isinstance(layout, _Array):
+        return _skip_array(layout, data, pos, end, cuts)
+    if layout.width == 0:
+        size, pos = _uvarint(data, pos, end)
+        size -= 1
+    else:
+        if layout.width > end - pos:
+            raise _Malformed(f"truncated length at byte {pos}")
+        size = int.from_bytes(data[pos:pos + layout.width], "big", signed=True)
+        pos += layout.width
+    if size == -1 and layout.nullable:
+        return pos
+    if size < 0:
+        raise _Malformed(f"bad string or bytes length {size} at byte {pos}")
+    if size > end - pos:
+        raise _Malformed(f"a value of {size} bytes at byte {pos}, {end - pos} remain")
+    return pos + size
+
+
+def _skip_array(layout: _Array, data: bytes, pos: int, end: int, cuts: _Cuts) -> int:
+    if layout.compact:
+        count, pos = _uvarint(data, pos, end)
+        count -= 1
+    else:
+        if end - pos < 4:
+            raise _Malformed(f"truncated array length at byte {pos}")
+        (count,) = _LENGTH.unpack_from(data, pos)
+        pos += 4
+    if count == -1:
+        return pos
+    if count < 0:
+        raise _Malformed(f"negative array length {count} at byte {pos}")
+    # As Kafka's parser: no element takes less than a byte.
+    if count > end - pos:
+        raise _Malformed(
+            f"an array of {count} elements at byte {pos}, {end - pos} bytes remain")
+    item = layout.item
+    if isinstance(item, int):
+        return _skip(count * item, data, pos, end, cuts)
+    for _ in range(count):
+        pos = _skip(item, data, pos, end, cuts)
+    return pos
+
+
+def _skip_struct(layout: _Struct, data: bytes, pos: int, end: int, cuts: _Cuts) -> int:
+    if layout.nullable:
+        if pos >= end:
+            raise _Malformed(f"truncated struct at byte {pos}")
+        pos += 1
+        if data[pos - 1] == 0xFF:  # -1: null
+            return pos
+    for field in layout.fields:
+        pos = _skip(field, data, pos, end, cuts)
+    if not layout.flexible:
+        return pos
+    count_at = pos
+    count, pos = _uvarint(data, pos, end)
+    unknown: _Cuts = []
+    for _ in range(count):
+        tag_at = pos
+        tag, pos = _uvarint(data, pos, end)
+        size, pos = _uvarint(data, pos, end)
+        if size > end - pos:
+            raise _Malformed(f"tagged field {tag} of {size} bytes at byte {pos}, "
+                             f"{end - pos} remain")
+        known = layout.tagged.get(tag)
+        if known is None:
+            unknown.append((tag_at, pos + size, b""))
+        elif _skip(known, data, pos, pos + size, cuts) != pos + size:
+            raise _Malformed(f"tagged field {tag} does not fill its {size} bytes")
+        pos += size
+    if unknown:  # the count drops by the fields cut
+        count_end = _uvarint(data, count_at, end)[1]
+        cuts.append((count_at, count_end, _write_uvarint(count - len(unknown))))
+        cuts.extend(unknown)
+    return pos
