@@ -579,11 +579,6 @@ def test_produce_with_trailing_garbage_after_the_batch(
         assert log_end_offset(wire, PLAIN) == end
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "handlers/produce.py appends a partition's batches one at a time, so a good batch "
-    "followed by a bad one is stored while the response says the produce failed (the "
-    "producer then retries and duplicates it). Kafka refuses more than one batch per "
-    "partition in Produce v3+ (ProduceRequest.validateRecords: INVALID_RECORD)"))
 def test_produce_of_a_good_batch_then_a_corrupt_one_appends_nothing(
         server: LoggedServer, mark: int) -> None:
     bad = batch(b"second")
@@ -620,11 +615,6 @@ def test_fetch_of_an_unknown_topic(server: LoggedServer, mark: int, version: int
         assert served_api_keys(wire)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "storage/store.py LogStore.topic() accepts '.' and '..' (TOPIC_NAME allows them), "
-    "resolves them to topics/ and the data directory, and raises CorruptionError: "
-    "Metadata then fails with an internal error and the connection is closed. Kafka "
-    "forbids both names; they should be unknown topics"))
 @pytest.mark.parametrize("name", [".", ".."])
 def test_metadata_for_dot_topic_names(server: LoggedServer, name: str) -> None:
     position = server.mark()

@@ -70,6 +70,10 @@ class InvalidRecordError(UserError):
     """A record that the topic refuses: a null key on a compacted topic, an oversized record."""
 
 
+class CorruptRecordError(InvalidRecordError):
+    """A record batch whose checksum does not match: its bytes were damaged on the way."""
+
+
 class OffsetOutOfRangeError(UserError):
     def __init__(self, topic: str, partition: int, offset: int, start: int, end: int) -> None:
         self.offset = offset

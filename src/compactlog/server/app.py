@@ -169,7 +169,7 @@ class Server:
             if isinstance(request, UnsupportedVersion):
                 if request.api_key == API_VERSIONS_KEY:
                     writer.write(unsupported_api_versions_response(
-                        request.correlation_id, broker.versions))
+                        request.correlation_id, broker.advertised))
                     await writer.drain()
                     continue
                 raise ProtocolError(

@@ -37,6 +37,7 @@ class Api:
     min_version: int
     max_version: int
     handler: Handler
+    advertised_min: int  # what ApiVersions lists; below min_version is still refused
 
 
 class Broker:
@@ -55,12 +56,20 @@ class Broker:
         self.data_arrived = asyncio.Event()
         self.apis: dict[int, Api] = {}
 
-    def register(self, key: int, versions: tuple[int, int], handler: Handler) -> None:
-        self.apis[key] = Api(key, versions[0], versions[1], handler)
+    def register(self, key: int, versions: tuple[int, int], handler: Handler,
+                 advertised_min: int | None = None) -> None:
+        low = versions[0] if advertised_min is None else advertised_min
+        self.apis[key] = Api(key, versions[0], versions[1], handler, low)
 
     @property
     def versions(self) -> dict[int, tuple[int, int]]:
+        """The versions served, by API key."""
         return {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
+
+    @property
+    def advertised(self) -> dict[int, tuple[int, int]]:
+        """The versions ApiVersions lists, by API key."""
+        return {key: (api.advertised_min, api.max_version) for key, api in self.apis.items()}
 
     async def run_io(self, call: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call off the event loop."""

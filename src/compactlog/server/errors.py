@@ -8,6 +8,7 @@ from compactlog.errors import (
     CompactlogError,
     ConflictError,
     CorruptionError,
+    CorruptRecordError,
     InvalidConfigError,
     InvalidRecordError,
     InvalidTopicNameError,
@@ -27,6 +28,10 @@ _CODES: list[tuple[type[Exception], ErrorCode]] = [
     (InvalidTopicNameError, ErrorCode.invalid_topic_exception),
     (InvalidConfigError, ErrorCode.invalid_config),
     (UnknownConfigError, ErrorCode.invalid_config),
+    # Kafka answers a batch that fails its checksum with CORRUPT_MESSAGE (its
+    # CorruptRecordException, retriable: the bytes may have been damaged on the way),
+    # and keeps INVALID_RECORD for records it refuses (InvalidRecordException).
+    (CorruptRecordError, ErrorCode.corrupt_message),
     # Kafka answers a refused record (e.g. a null key on a compacted topic) with
     # INVALID_RECORD and a message, and the producer fails that batch only.
     (InvalidRecordError, ErrorCode.invalid_record),
@@ -40,17 +45,7 @@ _CODES: list[tuple[type[Exception], ErrorCode]] = [
 ]
 
 
-# The text `storage.records.check_batch` gives a batch whose CRC32C does not match; the
-# store wraps it in InvalidRecordError.
-_CRC_MISMATCH = "CRC32C mismatch"
-
-
 def error_code(error: BaseException) -> ErrorCode:
-    # Kafka answers a batch that fails its checksum with CORRUPT_MESSAGE (its
-    # CorruptRecordException, retriable: the bytes may have been damaged on the way),
-    # and keeps INVALID_RECORD for records it refuses (InvalidRecordException).
-    if isinstance(error, InvalidRecordError) and _CRC_MISMATCH in str(error):
-        return ErrorCode.corrupt_message
     for cls, code in _CODES:
         if isinstance(error, cls):
             return code

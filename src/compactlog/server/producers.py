@@ -65,7 +65,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from kio.schema.errors import ErrorCode
 
-from compactlog.errors import CompactlogError, CorruptionError, InvalidRecordError
+from compactlog.errors import (
+    CompactlogError,
+    CorruptionError,
+    CorruptRecordError,
+    InvalidRecordError,
+)
 from compactlog.storage import fsutil
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.records import (
@@ -73,6 +78,7 @@ from compactlog.storage.records import (
     TRANSACTIONAL_MASK,
     BatchError,
     BatchHeader,
+    ChecksumError,
     check_batch,
 )
 
@@ -343,6 +349,9 @@ class ProducerStates:
             # The checksum first, as Kafka: a damaged header must not be taken for a
             # duplicate. (append_batch checks it again, and decodes the records.)
             check_batch(batch, 0, len(batch))
+        except ChecksumError as error:
+            raise CorruptRecordError(
+                f"{partition.name}: rejected record batch: {error}") from None
         except BatchError as error:
             raise InvalidRecordError(
                 f"{partition.name}: rejected record batch: {error}") from None

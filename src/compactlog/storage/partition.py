@@ -42,6 +42,7 @@ from compactlog.config import TopicConfig
 from compactlog.errors import (
     ConflictError,
     CorruptionError,
+    CorruptRecordError,
     InvalidRecordError,
     ReadOnlyStoreError,
 )
@@ -52,6 +53,7 @@ from compactlog.storage.manifest import PartitionManifest, SegmentInfo, Versione
 from compactlog.storage.records import (
     BatchError,
     BatchHeader,
+    ChecksumError,
     ProducerRecord,
     Record,
     check_batch,
@@ -292,6 +294,8 @@ class Partition:
             if header.size != len(batch):
                 raise BatchError(f"{len(batch) - header.size} trailing bytes")
             first_null_key = validate_records(batch, header)
+        except ChecksumError as error:
+            raise CorruptRecordError(f"{self.name}: rejected record batch: {error}") from None
         except BatchError as error:
             raise InvalidRecordError(f"{self.name}: rejected record batch: {error}") from None
         self._check_null_key(first_null_key)

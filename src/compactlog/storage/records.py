@@ -101,6 +101,10 @@ class BatchError(ValueError):
     """A batch failed a structural or checksum check; the message says which."""
 
 
+class ChecksumError(BatchError):
+    """A batch whose CRC32C does not match its bytes: damaged on the way or on disk."""
+
+
 def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     return BatchHeader._make(HEADER.unpack_from(buf, pos))
 
@@ -132,7 +136,8 @@ def check_batch(buf: bytes | bytearray | memoryview, pos: int, end: int) -> Batc
         )
     actual = crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + header.size])
     if actual != header.crc:
-        raise BatchError(f"CRC32C mismatch (stored {header.crc:#010x}, computed {actual:#010x})")
+        raise ChecksumError(
+            f"CRC32C mismatch (stored {header.crc:#010x}, computed {actual:#010x})")
     return header
 
 

@@ -53,8 +53,12 @@ CREATING = "creating-"
 DELETING = "deleting-"
 
 
+def is_topic_name(name: str) -> bool:
+    return name not in (".", "..") and TOPIC_NAME.match(name) is not None
+
+
 def validate_topic_name(name: str) -> None:
-    if name in (".", "..") or not TOPIC_NAME.match(name):
+    if not is_topic_name(name):
         raise InvalidTopicNameError(
             f"invalid topic name {name!r}: use 1 to 249 characters from "
             "a-z, A-Z, 0-9, '.', '_' and '-', and not '.' or '..'"
@@ -250,7 +254,7 @@ class LogStore:
                     self._refresh_meta(topic)
                 return topic
             directory = self.topics_dir / name
-            if not TOPIC_NAME.match(name) or not directory.is_dir():
+            if not is_topic_name(name) or not directory.is_dir():
                 raise UnknownTopicError(name)
             loaded = VersionedDocument(directory / "meta").load()
             if loaded is None:
@@ -295,7 +299,7 @@ class LogStore:
         self._require_writable()
         with self._lock:
             directory = self.topics_dir / name
-            if not TOPIC_NAME.match(name) or not directory.is_dir():
+            if not is_topic_name(name) or not directory.is_dir():
                 raise UnknownTopicError(name)
             topic = self._topics.pop(name, None)
             if topic is not None:

@@ -18,6 +18,7 @@ from compactlog.config import TOPIC_KEYS, TopicConfig
 from compactlog.errors import TopicExistsError, UnknownTopicError, UserError
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code, error_message
+from compactlog.server.handlers.metadata import topic_name_by_id
 from compactlog.server.protocol import Request
 from compactlog.storage.store import Topic
 
@@ -92,12 +93,16 @@ def _create_one(broker: Broker, spec: Any, validate_only: bool) -> dict[str, Any
 
 async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
-    names = list(getattr(body, "topic_names", ()) or ())
+    names: list[str | None] = list(getattr(body, "topic_names", ()) or ())
     for entry in getattr(body, "topics", ()) or ():
         names.append(entry.name if entry.name is not None
-                     else await broker.run_io(_name_of, broker, entry.topic_id))
-    results = []
+                     else await broker.run_io(topic_name_by_id, broker, entry.topic_id))
+    results: list[dict[str, Any]] = []
     for name in names:
+        if name is None:
+            results.append({"name": None, "error_code": ErrorCode.unknown_topic_id,
+                            "error_message": "no topic has this id"})
+            continue
         try:
             await broker.run_io(broker.store.delete_topic, name)
             log.info("deleted topic %s", name)
@@ -106,13 +111,6 @@ async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
             results.append({"name": name, "error_code": error_code(error),
                             "error_message": error_message(error)})
     return {"responses": results}
-
-
-def _name_of(broker: Broker, topic_id: uuid.UUID) -> str:
-    for name in broker.store.list_topics():
-        if broker.store.topic(name).meta.topic_id == topic_id.hex:
-            return name
-    return str(topic_id)  # answered as an unknown topic
 
 
 async def describe_configs(broker: Broker, request: Request) -> dict[str, Any]:

@@ -22,11 +22,21 @@ def register(broker: Broker) -> None:
 
 
 async def api_versions(broker: Broker, request: Request) -> dict[str, Any]:
-    return {"error_code": ErrorCode.none, "api_keys": api_version_entries(broker.versions)}
+    return {"error_code": ErrorCode.none, "api_keys": api_version_entries(broker.advertised)}
 
 
 def topic_uuid(topic: Topic) -> uuid.UUID:
     return uuid.UUID(hex=topic.meta.topic_id)
+
+
+def topic_name_by_id(broker: Broker, topic_id: uuid.UUID | None) -> str | None:
+    """The name of the topic with this id, or None (blocking: call off the loop)."""
+    if topic_id is None or topic_id.int == 0:
+        return None
+    for name in broker.store.list_topics():
+        if broker.store.topic(name).meta.topic_id == topic_id.hex:
+            return name
+    return None
 
 
 async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
@@ -36,10 +46,18 @@ async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
 
 def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
-    names = (broker.store.list_topics() if body.topics is None
-             else [t.name for t in body.topics])
+    # Metadata v10+ may ask by topic id, with a null name.
+    wanted: list[tuple[str | None, uuid.UUID | None]] = (
+        [(name, None) for name in broker.store.list_topics()] if body.topics is None
+        else [(t.name, getattr(t, "topic_id", None)) for t in body.topics])
     topics: list[dict[str, Any]] = []
-    for name in names:
+    for name, topic_id in wanted:
+        if name is None:
+            name = topic_name_by_id(broker, topic_id)
+            if name is None:
+                topics.append({"error_code": ErrorCode.unknown_topic_id, "name": None,
+                               "topic_id": topic_id or uuid.UUID(int=0), "partitions": []})
+                continue
         try:
             topic = broker.store.topic(name)
         except UnknownTopicError:

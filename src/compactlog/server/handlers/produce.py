@@ -45,7 +45,10 @@ log = logging.getLogger("compactlog.server")
 
 def register(broker: Broker) -> None:
     # v3 is the floor of kio's schemas (KIP-896); v13 addresses topics by id only.
-    broker.register(PRODUCE, (3, 12), produce)
+    # Advertised from v0 as Kafka 4 does (KAFKA-18659): librdkafka before 2.10 sends
+    # gzip, snappy and lz4 uncompressed unless the broker lists Produce v0
+    # (librdkafka#4956). Requests below v3 are still refused.
+    broker.register(PRODUCE, (3, 12), produce, advertised_min=0)
     # v3 adds the KIP-360 epoch bump; v6 adds KIP-939's two-phase commit, which is
     # for transactions only.
     broker.register(INIT_PRODUCER_ID, (0, 5), init_producer_id)
@@ -80,23 +83,19 @@ def _append_one(broker: Broker, name: str, index: int, records: bytes) -> dict[s
                 f"{name}/{index}: the records field holds {len(records)} bytes of which "
                 f"{consumed} form whole record batches"
             )
-        for _, header in batches:
-            check_producer_fields(header, partition.name)
-        if any(header.producer_id >= 0 for _, header in batches):
-            if len(batches) != 1:
-                # Kafka's LogValidator refuses any v2 produce of more than one batch.
-                raise InvalidRecordError(
-                    f"{partition.name}: a produce with a producer id carries exactly one "
-                    f"record batch per partition, not {len(batches)}"
-                )
-            appended = broker.producers.append(partition, bytearray(records), batches[0][1])
-            first = appended.base_offset
+        if len(batches) != 1:
+            # Kafka refuses a v3+ produce of more than one batch per partition (INVALID_
+            # RECORD), so that a partition's records are stored all or not at all.
+            raise InvalidRecordError(
+                f"{partition.name}: a produce carries exactly one record batch per "
+                f"partition, not {len(batches)}"
+            )
+        (_, header), = batches
+        check_producer_fields(header, partition.name)
+        if header.producer_id >= 0:
+            first = broker.producers.append(partition, bytearray(records), header).base_offset
         else:
-            first = None
-            for position, header in batches:
-                result = partition.append_batch(
-                    bytearray(records[position:position + header.size]))
-                first = result.base_offset if first is None else first
+            first = partition.append_batch(bytearray(records)).base_offset
         return {"error_code": ErrorCode.none, "base_offset": first, "log_append_time": None,
                 "log_start_offset": partition.log_start_offset}
     except Exception as error:
