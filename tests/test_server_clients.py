@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -195,3 +196,49 @@ def test_group_consumers_share_partitions_commit_and_resume_after_restart(
         later = [int(r.value) for r in resumed]
         resumed.close()
     assert sorted(later) == list(range(200, 250)), "resumed from the committed offsets"
+
+
+def test_list_and_describe_groups(tmp_path: Path) -> None:
+    with running_server(tmp_path / "data", *fast_groups_config(tmp_path)) as bootstrap:
+        create_topic(bootstrap, "watched", 2, {})
+        produce_numbers(bootstrap, "watched", 0, 10)
+        consumer = KafkaConsumer("watched", bootstrap_servers=bootstrap, group_id="watchers",
+                                 auto_offset_reset="earliest", client_id="watcher-1")
+        deadline = time.monotonic() + 30
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=100)
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            listed = admin.list_groups()
+            assert [(g["group_id"], g["group_state"]) for g in listed] == [
+                ("watchers", "Stable")]
+            described = admin.describe_groups(["watchers"])["watchers"]
+            assert described["group_state"] == "Stable"
+            assert described["protocol_type"] == "consumer"
+            (member,) = described["members"]
+            assert member["client_id"] == "watcher-1"
+            assert member["client_host"] == "127.0.0.1"
+        finally:
+            admin.close()
+            consumer.close()
+
+
+def test_sigterm_while_producing_keeps_every_acknowledged_record(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    acknowledged: list[int] = []
+    with running_server(data) as bootstrap:
+        create_topic(bootstrap, "busy", 2, {})
+        producer = KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False,
+                                 acks="all", linger_ms=1, retries=0,
+                                 reconnect_backoff_max_ms=100)
+        for i in range(3000):
+            producer.send("busy", key=b"k%d" % i, value=b"%d" % i).add_callback(
+                lambda _meta, i=i: acknowledged.append(i))
+        # Leaving the block sends SIGTERM while these are still in flight.
+    with contextlib.suppress(Exception):
+        producer.close(timeout=5)
+    with LogStore.open(data, read_only=True) as store:
+        stored = {int(r.value) for p in store.topic("busy").partitions
+                  for r in p.read(0, 10_000, 1 << 30) if r.value is not None}
+    assert acknowledged, "nothing was acknowledged before the shutdown"
+    assert set(acknowledged) <= stored, "an acknowledged record was lost"

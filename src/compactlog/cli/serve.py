@@ -19,9 +19,11 @@ from compactlog.server.app import ServerConfig, serve_forever
 #   max_request_bytes = 104857600    # larger requests close the connection (Kafka's default)
 #   upkeep_interval_s = 1.0          # flush.ms / segment.ms / retention checks, manifest pickup
 #   group_initial_rebalance_delay_s = 3.0  # a new group waits this long for more members
+#   shutdown_grace_s = 5.0           # on SIGTERM, time for requests in flight to be answered
 SETTINGS: dict[str, type] = {"listen": str, "max_request_bytes": int,
                              "upkeep_interval_s": float,
-                             "group_initial_rebalance_delay_s": float}
+                             "group_initial_rebalance_delay_s": float,
+                             "shutdown_grace_s": float}
 
 
 def parse_listen(text: str) -> tuple[str, int]:

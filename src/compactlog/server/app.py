@@ -48,6 +48,9 @@ class ServerConfig:
     # Kafka's group.initial.rebalance.delay.ms: a new group waits this long for more
     # members before its first generation.
     group_initial_rebalance_delay_s: float = 3.0
+    # On SIGTERM, how long requests in flight (a long-polling Fetch, an fsync) may take
+    # to be answered before their connections are closed anyway.
+    shutdown_grace_s: float = 5.0
 
 
 class Server:
@@ -57,6 +60,8 @@ class Server:
         self.broker: Broker | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._busy: set[asyncio.Task[None]] = set()  # connections handling a request
+        self._stopping = False
         self._upkeep: asyncio.Task[None] | None = None
         self.port = config.port
 
@@ -74,13 +79,19 @@ class Server:
                  self.port, self.config.data_dir)
 
     async def stop(self) -> None:
-        """Stop accepting, finish or cancel connections, make everything durable."""
+        """Stop accepting; answer the requests in flight (for up to shutdown_grace_s),
+        close every connection, and make everything acknowledged durable."""
+        self._stopping = True
         if self._server is not None:
             self._server.close()
         if self._upkeep is not None:
             self._upkeep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._upkeep
+        for task in list(self._connections - self._busy):
+            task.cancel()  # idle: waiting for a request that will not be served
+        if self._busy:
+            await asyncio.wait(set(self._busy), timeout=self.config.shutdown_grace_s)
         for task in list(self._connections):
             task.cancel()
         if self._connections:
@@ -165,25 +176,38 @@ class Server:
                     f"the client closed the connection after {len(error.partial)} of the "
                     f"{size} bytes of a request"
                 ) from None
-            request = parse_request(frame, broker.versions)
-            if isinstance(request, UnsupportedVersion):
-                if request.api_key == API_VERSIONS_KEY:
-                    writer.write(unsupported_api_versions_response(
-                        request.correlation_id, broker.advertised))
-                    await writer.drain()
-                    continue
-                raise ProtocolError(
-                    f"unsupported API key {request.api_key} version {request.api_version} "
-                    f"(correlation id {request.correlation_id})"
-                )
-            api = broker.apis[request.api_key]
-            response = await api.handler(broker, dataclasses.replace(
-                request, client_host=client_host))
-            if response is None:
-                continue
-            writer.write(encode_response(request.api_key, request.api_version,
-                                         request.correlation_id, response))
-            await writer.drain()
+            task = asyncio.current_task()
+            assert task is not None
+            self._busy.add(task)
+            try:
+                await self._handle(frame, writer, client_host)
+            finally:
+                self._busy.discard(task)
+            if self._stopping:
+                return  # the request in flight is answered; take no more
+
+    async def _handle(self, frame: bytes, writer: asyncio.StreamWriter, client_host: str) -> None:
+        broker = self.broker
+        assert broker is not None
+        request = parse_request(frame, broker.versions)
+        if isinstance(request, UnsupportedVersion):
+            if request.api_key == API_VERSIONS_KEY:
+                writer.write(unsupported_api_versions_response(
+                    request.correlation_id, broker.advertised))
+                await writer.drain()
+                return
+            raise ProtocolError(
+                f"unsupported API key {request.api_key} version {request.api_version} "
+                f"(correlation id {request.correlation_id})"
+            )
+        api = broker.apis[request.api_key]
+        response = await api.handler(broker, dataclasses.replace(
+            request, client_host=client_host))
+        if response is None:
+            return
+        writer.write(encode_response(request.api_key, request.api_version,
+                                     request.correlation_id, response))
+        await writer.drain()
 
 
 async def serve_forever(config: ServerConfig) -> None:
