@@ -242,3 +242,21 @@ def test_sigterm_while_producing_keeps_every_acknowledged_record(tmp_path: Path)
                   for r in p.read(0, 10_000, 1 << 30) if r.value is not None}
     assert acknowledged, "nothing was acknowledged before the shutdown"
     assert set(acknowledged) <= stored, "an acknowledged record was lost"
+
+
+def test_acks_zero_gets_no_response_and_still_stores(server: str) -> None:
+    create_topic(server, "fire", 1, {})
+    producer = KafkaProducer(bootstrap_servers=server, acks=0, enable_idempotence=False)
+    for i in range(50):
+        producer.send("fire", key=b"k", value=b"%d" % i)
+    producer.flush()
+    # A request after the acks=0 produces gets its own answer: responses were not
+    # misaligned by a response the server should not have sent.
+    admin = KafkaAdminClient(bootstrap_servers=server)
+    try:
+        assert "fire" in admin.list_topics()
+    finally:
+        admin.close()
+    producer.close()
+    seen = consume_all(server, "fire", 1, 50)
+    assert [v for _, _, _, v in seen] == [b"%d" % i for i in range(50)]
