@@ -238,7 +238,8 @@ class LogStoreModel(RuleBasedStateMachine):
         now = self.clock.ms
 
         # What the documented rule deletes: the oldest sealed segments whose newest record
-        # is older than retention.ms, then more while the sealed bytes exceed retention.bytes.
+        # is older than retention.ms, then more while the partition's bytes (sealed and log
+        # segments, as Kafka counts the whole log) exceed retention.bytes.
         expected = []
         retention_ms = self.config["retention.ms"]
         if retention_ms >= 0:
@@ -250,7 +251,8 @@ class LogStoreModel(RuleBasedStateMachine):
                 expected.append(info)
         retention_bytes = self.config["retention.bytes"]
         if retention_bytes >= 0:
-            total = sum(s.size_bytes for s in segments[len(expected) :])
+            total = sum(s.size_bytes for s in segments[len(expected) :]) + sum(
+                log.size for log in partition.logs)
             for info in segments[len(expected) :]:
                 if total <= retention_bytes:
                     break

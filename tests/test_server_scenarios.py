@@ -168,9 +168,15 @@ def compact_while_serving(data: Path, topic: str) -> dict[int, int | None]:
     the plain-Python engine; returns each partition's new horizon."""
     with LogStore.open(data, read_only=True) as store:
         partitions = store.topic(topic).partitions
-        for partition in partitions:
-            partition.refresh()
-        sealed = {p.index: p.stats()["sealed_segments"] for p in partitions}
+        # The server seals rolled segments in its upkeep, in the background.
+        deadline = time.monotonic() + 10
+        while True:
+            for partition in partitions:
+                partition.refresh()
+            sealed = {p.index: p.stats()["sealed_segments"] for p in partitions}
+            if all(sealed.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert all(sealed.values()), f"every partition should have sealed segments: {sealed}"
         service = load_factory(LOCAL_ENGINE).new_service(store, topic, {})
         report = service.compact()

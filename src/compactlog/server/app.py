@@ -57,6 +57,8 @@ class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.store = LogStore.open(config.data_dir)
+        # Appends never wait for Parquet: upkeep seals rolled segments in the background.
+        self.store.auto_seal = False
         self.broker: Broker | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -101,6 +103,12 @@ class Server:
         if self.broker is not None:
             self.broker.close()  # waits for appends in flight
         self.store.flush()
+        # Seal what upkeep had not sealed yet, so that a restart finds only whole
+        # Parquet segments and the active log (a rolled log would be sealed on the
+        # next open anyway; doing it now keeps start-up fast).
+        for name in self.store.list_topics():
+            for partition in self.store.topic(name).partitions:
+                partition.seal_rolled()
         self.store.close()
         log.info("server stopped; everything acknowledged is flushed")
 

@@ -125,6 +125,7 @@ class Partition:
         self.logs: list[LogSegment] = []  # rolled segments, then the active one last
         self._sealed: dict[str, SealedSegment] = {}
         self._lock = threading.RLock()
+        self._seal_lock = threading.Lock()
         self._appended = threading.Condition(self._lock)
         self.recovery = RecoveryReport()
         self.auto_seal = True
@@ -396,16 +397,33 @@ class Partition:
     # -- sealing --------------------------------------------------------------------
 
     def seal_rolled(self) -> list[SegmentInfo]:
-        """Seal every rolled log segment into Parquet, oldest first."""
+        """Seal every rolled log segment into Parquet, oldest first.
+
+        A rolled segment never changes, so its Parquet file is written without the
+        partition's lock: appends and reads go on meanwhile (unless the caller holds the
+        lock, as an append that seals at once does). Only the manifest commit and the
+        removal of the log file take the lock.
+
+        One sealer runs at a time. A call that finds another at work returns at once:
+        that one seals every rolled segment before it stops, this call's included, and
+        waiting for it while holding the partition's lock would deadlock.
+        """
         self._require_writable()
-        sealed = []
-        with self._lock:
-            while len(self.logs) > 1:
-                segment = self.logs[0]
-                if segment.is_empty:
-                    self._drop_log(segment)
-                    continue
+        sealed: list[SegmentInfo] = []
+        if not self._seal_lock.acquire(blocking=False):
+            return sealed
+        try:
+            while True:
+                with self._lock:
+                    if len(self.logs) <= 1:
+                        break
+                    segment = self.logs[0]
+                    if segment.is_empty:
+                        self._drop_log(segment)
+                        continue
                 sealed.append(self._seal(segment))
+        finally:
+            self._seal_lock.release()
         return sealed
 
     def _seal(self, segment: LogSegment) -> SegmentInfo:
@@ -434,8 +452,9 @@ class Partition:
         def add_segment(manifest: PartitionManifest) -> PartitionManifest:
             return replace(manifest, segments=(*manifest.segments, info))
 
-        self.commit_manifest(add_segment)
-        self._drop_log(segment)
+        with self._lock:
+            self.commit_manifest(add_segment)
+            self._drop_log(segment)
         log.info(
             "%s: sealed offsets %d..%d (%d records, %d bytes) into %s",
             self.name, info.base_offset, info.last_offset, info.record_count,

@@ -125,6 +125,7 @@ class Topic:
                     writable=not self.store.read_only,
                     clock=self.store.clock,
                 )
+                partition.auto_seal = self.store.auto_seal
                 self.partitions.append(partition.open())
         except BaseException:
             self.close()  # a damaged partition must not leave the others' files open
@@ -149,6 +150,10 @@ class LogStore:
         self._lock = threading.RLock()
         self._lock_fd: int | None = None
         self._null_keys = NullKeyPartitioner()
+        # True: a rolled segment is sealed into Parquet at once, by the append that
+        # rolled it. A server sets False so that appends never wait for a seal, and
+        # seals in tick() instead.
+        self.auto_seal = True
 
     @classmethod
     def open(
@@ -361,4 +366,6 @@ class LogStore:
             for partition in self.topic(name).partitions:
                 partition.flush_if_due()
                 partition.roll_if_due()
+                if not partition.auto_seal:
+                    partition.seal_rolled()
                 partition.apply_retention()
