@@ -260,3 +260,23 @@ def test_acks_zero_gets_no_response_and_still_stores(server: str) -> None:
     producer.close()
     seen = consume_all(server, "fire", 1, 50)
     assert [v for _, _, _, v in seen] == [b"%d" % i for i in range(50)]
+
+
+def test_list_offsets_earliest_latest_and_by_timestamp(server: str) -> None:
+    create_topic(server, "timed", 1, {})
+    base = int(time.time() * 1000) - 100_000
+    producer = KafkaProducer(bootstrap_servers=server, enable_idempotence=False)
+    for i in range(10):
+        producer.send("timed", key=b"k", value=b"%d" % i, timestamp_ms=base + 1000 * i)
+    producer.flush()
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=server)
+    tp = TopicPartition("timed", 0)
+    try:
+        assert consumer.beginning_offsets([tp]) == {tp: 0}
+        assert consumer.end_offsets([tp]) == {tp: 10}
+        found = consumer.offsets_for_times({tp: base + 4500})[tp]
+        assert (found.offset, found.timestamp) == (5, base + 5000)
+        assert consumer.offsets_for_times({tp: base + 20_000})[tp] is None
+    finally:
+        consumer.close()

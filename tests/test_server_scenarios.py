@@ -580,11 +580,35 @@ class KafkaPythonClient(Client):
         finally:
             consumer.close()
 
+    def group_read(self, bootstrap: str, topic: str, partitions: int, group: str) -> GroupRead:
+        consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+                                 auto_offset_reset="earliest", enable_auto_commit=False,
+                                 fetch_max_wait_ms=FETCH_WAIT_MS)
+        out: list[Rec] = []
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while len(consumer.assignment()) < partitions:
+                assert time.monotonic() < deadline, "the group never assigned every partition"
+                for messages in consumer.poll(timeout_ms=100).values():
+                    out += [(m.partition, m.offset, m.key, m.value) for m in messages]
+            tps = sorted(consumer.assignment(), key=lambda tp: tp.partition)
+            ends = consumer.end_offsets(tps)
+            while any(consumer.position(tp) < ends[tp] for tp in tps):
+                assert time.monotonic() < deadline, "the group read stalled"
+                for messages in consumer.poll(timeout_ms=200).values():
+                    out += [(m.partition, m.offset, m.key, m.value) for m in messages]
+            consumer.commit()
+            committed = {tp.partition: consumer.committed(tp) for tp in tps}
+        finally:
+            consumer.close()
+        return GroupRead(out, committed)
+
 
 needs_kcat = pytest.mark.skipif(KCAT is None, reason="kcat is not installed (scripts/setup.sh)")
 
 CLIENTS: dict[str, tuple[Callable[[], Client], bool]] = {
     # name: (client, keep tombstones in the view)
+    "kafka-python": (KafkaPythonClient, True),
     "aiokafka": (AioKafkaClient, False),
     "confluent-kafka": (ConfluentClient, True),
     "kcat": (KcatClient, False),
@@ -595,7 +619,7 @@ CLIENTS: dict[str, tuple[Callable[[], Client], bool]] = {
 
 
 @pytest.mark.parametrize("name", [
-    "aiokafka", "confluent-kafka", pytest.param("kcat", marks=needs_kcat)])
+    "kafka-python", "aiokafka", "confluent-kafka", pytest.param("kcat", marks=needs_kcat)])
 def test_compacted_topic_end_to_end(tmp_path: Path, name: str) -> None:
     make_client, keep_tombstones = CLIENTS[name]
     client = make_client()
