@@ -54,6 +54,7 @@ from compactlog.server.protocol import (
     UnsupportedVersion,
     build,
     encode_response,
+    encode_uvarint,
     parse_request,
 )
 from compactlog.storage.records import ProducerRecord, encode_batch
@@ -247,13 +248,6 @@ def test_parse_request_on_damaged_frames(request: tuple[Any, int, str | None],
 
 # -- Hypothesis: round trips -------------------------------------------------------------
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 unknown_tags = st.lists(st.tuples(st.integers(0, 2**31 - 1), st.binary(max_size=10)),
@@ -261,8 +255,8 @@ unknown_tags = st.lists(st.tuples(st.integers(0, 2**31 - 1), st.binary(max_size=
 
 
 def tag_section(tags: list[tuple[int, bytes]]) -> bytes:
-    return _uvarint(len(tags)) + b"".join(
-        _uvarint(tag) + _uvarint(len(data)) + data for tag, data in tags)
+    return encode_uvarint(len(tags)) + b"".join(
+        encode_uvarint(tag) + encode_uvarint(len(data)) + data for tag, data in tags)
 
 
 @settings(FUZZ, max_examples=250)

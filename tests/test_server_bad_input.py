@@ -18,18 +18,12 @@ the server runs, and `max_request_bytes = 1000` from a --config file.
 from __future__ import annotations
 
 import io
-import os
 import random
-import re
-import signal
 import socket
 import struct
-import subprocess
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,97 +32,15 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from compactlog.server.protocol import build
+from compactlog.server.protocol import build, encode_uvarint
 from compactlog.storage.records import ProducerRecord, encode_batch
 from compactlog.storage.store import LogStore
-from kafka_server import COMPACTLOG
+from kafka_server import LoggedServer, logged_server
 
 MAX_REQUEST_BYTES = 1000
 PLAIN, PRICES, SCRATCH = "plain", "prices", "scratch"
 API_VERSIONS, METADATA, PRODUCE, FETCH = 18, 3, 0, 1
 CLIENT_ID = "bad-input"
-
-
-# -- the server, with a log that can be read while it runs ----------------------------
-
-class LoggedServer:
-    """`compactlog serve` on 127.0.0.1 and an ephemeral port; stderr goes to a file."""
-
-    def __init__(self, process: subprocess.Popen[str], host: str, port: int,
-                 log_path: Path) -> None:
-        self.process = process
-        self.host = host
-        self.port = port
-        self.log_path = log_path
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.host, self.port
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def mark(self) -> int:
-        """A position in the log; `log_since` reads what came after it."""
-        return self.log_path.stat().st_size
-
-    def log_since(self, mark: int) -> str:
-        with self.log_path.open("rb") as file:
-            file.seek(mark)
-            return file.read().decode(errors="replace")
-
-    def wait_for_log(self, pattern: str, mark: int, timeout: float = 10.0) -> str:
-        """The first log line after `mark` that matches `pattern`; fail after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for line in self.log_since(mark).splitlines():
-                if re.search(pattern, line):
-                    return line
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"no log line matching {pattern!r}; the log since the test began:\n"
-                    f"{self.log_since(mark)}")
-            time.sleep(0.02)
-
-    def assert_running(self) -> None:
-        assert self.process.poll() is None, (
-            f"the server exited with {self.process.returncode}:\n{self.log()}")
-
-
-@contextmanager
-def logged_server(data_dir: Path, log_path: Path, *extra: str) -> Iterator[LoggedServer]:
-    """Start the server; stop it with SIGTERM and check that it exits 0."""
-    with log_path.open("w") as log_file:
-        process = subprocess.Popen(
-            [COMPACTLOG, "--data-dir", str(data_dir), "--log-level", "info", "serve",
-             "--listen", "127.0.0.1:0", *extra],
-            stdout=subprocess.PIPE, stderr=log_file, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    match = re.search(r"serving on ([\d.]+):(\d+)", line)
-    if not match:
-        process.kill()
-        process.wait(30)
-        raise RuntimeError(f"the server did not start: {line!r}\n{log_path.read_text()}")
-    server = LoggedServer(process, match.group(1), int(match.group(2)), log_path)
-    try:
-        yield server
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-        finally:
-            process.stdout.close()
-        assert process.returncode == 0, server.log()
 
 
 # -- requests and responses over a raw socket -----------------------------------------
@@ -454,13 +366,6 @@ def test_api_versions_of_a_too_new_version_gets_the_kip_511_answer(
 
 # -- hostile lengths inside a frame ------------------------------------------------------
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 @pytest.mark.parametrize(("frame", "logged"), [
@@ -469,12 +374,12 @@ def _uvarint(value: int) -> bytes:
                  r"malformed Metadata v1 request \(correlation id 8\): an array of "
                  r"2147483647 elements", id="legacy-array"),
     # Metadata v9: a compact topics array whose count is the largest 5-byte varint.
-    pytest.param(struct.pack(">hhih", 3, 9, 8, -1) + b"\x00" + _uvarint(2**35 - 1),
+    pytest.param(struct.pack(">hhih", 3, 9, 8, -1) + b"\x00" + encode_uvarint(2**35 - 1),
                  r"malformed Metadata v9 request \(correlation id 8\): an array of "
                  r"34359738366 elements", id="compact-array"),
     # Produce v9: one topic, then a partition array of 2**32 in the topic.
     pytest.param(struct.pack(">hhih", 0, 9, 8, -1) + b"\x00" + b"\x00" + b"\xff\xff"
-                 + b"\x00\x00\x75\x30" + b"\x02" + b"\x02t" + _uvarint(2**32),
+                 + b"\x00\x00\x75\x30" + b"\x02" + b"\x02t" + encode_uvarint(2**32),
                  r"malformed Produce v9 request \(correlation id 8\): an array of "
                  r"4294967295 elements", id="nested-compact-array"),
     # Metadata v1: one topic whose name is 100 bytes long, and no bytes for it.
@@ -503,7 +408,7 @@ def test_unknown_tagged_fields_are_skipped(server: LoggedServer, mark: int) -> N
     client_id = CLIENT_ID.encode()
     frame = (struct.pack(">hhih", 3, 9, 12, len(client_id)) + client_id
              + b"\x02" + b"\x07\x01x" + b"\x7f\x03abc"  # header: two unknown tags
-             + _uvarint(1 + 1) + _uvarint(len(PLAIN) + 1) + PLAIN.encode()
+             + encode_uvarint(1 + 1) + encode_uvarint(len(PLAIN) + 1) + PLAIN.encode()
              + b"\x01\x09\x00"  # a topic entry with an unknown (empty) tag
              + b"\x00\x00\x00"  # allow_auto_topic_creation and the two include_ flags
              + b"\x01\x2a\x02hi")  # the body's own tags: one unknown

@@ -354,7 +354,8 @@ def _cut(frame: bytes, cuts: _Cuts) -> bytes:
     return b"".join(parts)
 
 
-def _write_uvarint(value: int) -> bytes:
+def encode_uvarint(value: int) -> bytes:
+    """Kafka's unsigned varint (compact lengths, tag numbers)."""
     out = bytearray()
     while value >= 0x80:
         out.append(value & 0x7F | 0x80)
@@ -461,6 +462,6 @@ def _skip_struct(layout: _Struct, data: bytes, pos: int, end: int, cuts: _Cuts) 
         pos += size
     if unknown:  # the count drops by the fields cut
         count_end = _uvarint(data, count_at, end)[1]
-        cuts.append((count_at, count_end, _write_uvarint(count - len(unknown))))
+        cuts.append((count_at, count_end, encode_uvarint(count - len(unknown))))
         cuts.extend(unknown)
     return pos
