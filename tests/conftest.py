@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from compactlog.storage.store import LogStore
+from fakes import FakeClock
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -28,6 +31,17 @@ SPARK_TEST_CONF = {
     "spark.shuffle.compress": "false",
     "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto",
 }
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: FakeClock) -> Iterator[LogStore]:
+    with LogStore.open(tmp_path / "data", clock=clock) as opened:
+        yield opened
 
 
 @pytest.fixture(scope="session")

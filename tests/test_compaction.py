@@ -7,8 +7,7 @@ one in local_engine.py, loaded by import path as a user's own service would be.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,40 +26,14 @@ from compactlog.errors import CorruptionError, UserError
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
+from fakes import FakeClock
 
-T0 = 1_800_000_000.0
 DAY_MS = 24 * 3600 * 1000
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-    @property
-    def ms(self) -> int:
-        return int(self.now * 1000)
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 COMPACT = {"cleanup.policy": "compact", "segment.bytes": "2048", "min.compaction.lag.ms": "0"}
 
 Compactor = Callable[[LogStore, str], TopicCompactionService]
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: FakeClock) -> Iterator[LogStore]:
-    with LogStore.open(tmp_path / "data", clock=clock) as opened:
-        yield opened
 
 
 @pytest.fixture(params=["spark", "local"])

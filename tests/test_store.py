@@ -7,7 +7,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -30,34 +29,7 @@ from compactlog.storage.partition import Partition
 from compactlog.storage.partitioner import partition_for_key
 from compactlog.storage.records import ProducerRecord, Record, encode_batch
 from compactlog.storage.store import MAX_PARTITIONS, LogStore
-
-T0 = 1_700_000_000.0  # seconds, as time.time() returns
-
-
-class FakeClock:
-    def __init__(self, start: float = T0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance_ms(self, ms: int) -> None:
-        self.now += ms / 1000
-
-    @property
-    def ms(self) -> int:
-        return int(self.now * 1000)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: FakeClock) -> Iterator[LogStore]:
-    with LogStore.open(tmp_path / "data", clock=clock) as opened:
-        yield opened
+from fakes import T0, FakeClock
 
 
 def read_all(partition: Partition, offset: int = 0) -> list[Record]:

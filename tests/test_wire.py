@@ -37,34 +37,11 @@ from compactlog.storage.records import (
 )
 from compactlog.storage.sealed import SealedSegment
 from compactlog.storage.store import LogStore
+from fakes import T0, FakeClock
 
-T0 = 1_800_000_000.0
 BIG = 1 << 30
 COMPACT = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
            "delete.retention.ms": "0"}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-    @property
-    def ms(self) -> int:
-        return int(self.now * 1000)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: FakeClock) -> Iterator[LogStore]:
-    with LogStore.open(tmp_path / "data", clock=clock) as opened:
-        yield opened
 
 
 @pytest.fixture(params=["whole", "split"])
