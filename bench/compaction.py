@@ -57,7 +57,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -90,6 +89,7 @@ from compactlog.compaction import (
 from compactlog.compaction.spark_service import SparkCompactionService
 from compactlog.storage.compacted import LEDGER_DIR, horizon_of, ledger_infos
 from compactlog.storage.partition import Partition
+from machine_info import machine_info
 
 TOPIC = "bench"
 BATCH = 1000  # records per store.append call
@@ -613,18 +613,8 @@ def java_version() -> str:
 def machine() -> dict[str, str]:
     import pyspark
 
-    cpu = platform.processor() or platform.machine()
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "memory": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
-        "os": platform.platform(),
-        "python": platform.python_version(),
+        **machine_info(),
         "spark": pyspark.__version__,
         "java": java_version(),
         "pyarrow": pa.__version__,

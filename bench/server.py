@@ -65,7 +65,6 @@ import contextlib
 import datetime
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -101,6 +100,7 @@ from confluent_kafka.cimpl import NewTopic  # defined there; admin re-exports it
 
 from compactlog import LogStore, ProducerRecord
 from compactlog.server.wire import read_batches
+from machine_info import machine_info
 
 TOPIC = "bench"
 WARM_UP_TOPIC = "bench-warm-up"
@@ -870,18 +870,8 @@ def load_average() -> str:
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
-        "os": platform.platform(),
-        "python": platform.python_version(),
+        **machine_info(),
         "confluent_kafka": confluent_kafka.version()[0],
         "librdkafka": confluent_kafka.libversion()[0],
         "pyarrow": pa.__version__,

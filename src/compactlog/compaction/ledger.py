@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from compactlog.storage import fsutil
 from compactlog.storage.manifest import SegmentInfo
-from compactlog.storage.sealed import SCHEMA, file_crc32c
+from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer
 
 LEDGER_SCHEMA = SCHEMA.append(pa.field("tombstone_since_ms", pa.int64()))
 LEDGER_DIR = "ledger"
@@ -151,11 +151,11 @@ def write_ledger_piece(
                 pending.append(kept)
                 pending_bytes += kept.nbytes
                 if pending_bytes >= row_group_bytes:
-                    writer = writer or _open_writer(temp, compression)
+                    writer = writer or open_writer(temp, LEDGER_SCHEMA, compression)
                     writer.write_table(pa.concat_tables(pending))
                     pending, pending_bytes = [], 0
         if pending:
-            writer = writer or _open_writer(temp, compression)
+            writer = writer or open_writer(temp, LEDGER_SCHEMA, compression)
             writer.write_table(pa.concat_tables(pending))
         if writer is None:
             return PieceResult(None, **counts)
@@ -183,23 +183,6 @@ def write_ledger_piece(
         crc32c=file_crc32c(final),
     )
     return PieceResult(info, **counts, oldest_tombstone_ms=oldest)
-
-
-def _open_writer(path: Path, compression: str) -> pq.ParquetWriter:
-    return pq.ParquetWriter(
-        path,
-        LEDGER_SCHEMA,
-        compression=compression,
-        use_dictionary=["key", "batch_attributes", "producer_id", "producer_epoch"],
-        column_encoding={
-            "offset": "DELTA_BINARY_PACKED",
-            "timestamp": "DELTA_BINARY_PACKED",
-            "batch_base_offset": "DELTA_BINARY_PACKED",
-            "batch_last_offset": "DELTA_BINARY_PACKED",
-        },
-        write_statistics=["offset", "timestamp", "key"],
-        write_page_checksum=True,
-    )
 
 
 def _filter_group(

@@ -359,7 +359,11 @@ class _BatchReader:
             fitting = max(fitting, 1)  # the first batch goes out whatever its size
         taken = min(usable, fitting)
         if taken:
-            self._build(table, offsets, bases, starts[:taken], ends[:taken], run_lasts[:taken])
+            # Converting columns makes a Python object per value; with the cyclic GC on,
+            # its passes over them cost as much as the building (storage/gcpause.py).
+            with gc_paused():
+                self._build_batches(table, offsets, bases, starts[:taken], ends[:taken],
+                                    run_lasts[:taken])
         if self.stopped:
             return None
         if taken < runs:
@@ -368,20 +372,6 @@ class _BatchReader:
                 self._gap(missing)
             return None
         return carry
-
-    def _build(
-        self,
-        table: pa.Table,
-        offsets: np.ndarray[Any, Any],
-        bases: np.ndarray[Any, Any],
-        starts: np.ndarray[Any, Any],
-        ends: np.ndarray[Any, Any],
-        run_lasts: np.ndarray[Any, Any],
-    ) -> None:
-        # Converting columns makes a Python object per value; with the cyclic GC on, its
-        # passes over them cost as much as the building (see storage/gcpause.py).
-        with gc_paused():
-            self._build_batches(table, offsets, bases, starts, ends, run_lasts)
 
     def _build_batches(
         self,

@@ -116,21 +116,13 @@ class WriteOptions:
     compression: str
 
 
-def write_segment(
-    batches: Iterable[tuple[BatchHeader, bytes]],
-    path: Path,
-    file_name: str,
-    options: WriteOptions,
-) -> SegmentInfo:
-    """Write the given whole, validated batches as one Parquet file at `path` and fsync it.
-
-    `file_name` is the name the file will be published under (recorded in SegmentInfo).
-    """
-    buffer = _ColumnBuffer()
-    writer = pq.ParquetWriter(
+def open_writer(path: Path, schema: pa.Schema, compression: str) -> pq.ParquetWriter:
+    """A Parquet writer with the layout of sealed data (segments and ledger files alike):
+    offset statistics for seeking, delta-encoded offsets, page checksums."""
+    return pq.ParquetWriter(
         path,
-        SCHEMA,
-        compression=options.compression,
+        schema,
+        compression=compression,
         use_dictionary=["key", "batch_attributes", "producer_id", "producer_epoch"],
         column_encoding={
             "offset": "DELTA_BINARY_PACKED",
@@ -142,6 +134,20 @@ def write_segment(
         # Page CRCs let a reader find a flipped bit inside a page, not return wrong data.
         write_page_checksum=True,
     )
+
+
+def write_segment(
+    batches: Iterable[tuple[BatchHeader, bytes]],
+    path: Path,
+    file_name: str,
+    options: WriteOptions,
+) -> SegmentInfo:
+    """Write the given whole, validated batches as one Parquet file at `path` and fsync it.
+
+    `file_name` is the name the file will be published under (recorded in SegmentInfo).
+    """
+    buffer = _ColumnBuffer()
+    writer = open_writer(path, SCHEMA, options.compression)
     base_offset = last_offset = -1
     record_count = 0
     min_ts, max_ts = 2**63 - 1, -(2**63)

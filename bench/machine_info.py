@@ -1,0 +1,27 @@
+"""What every benchmark prints about the machine it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import psutil  # type: ignore[import-untyped]
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, str]:
+    """CPU, cores, memory, OS and Python; each bench adds the versions it depends on."""
+    return {
+        "cpu": cpu_model(),
+        "cores": str(os.cpu_count()),
+        "memory": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
