@@ -78,7 +78,10 @@ def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
                 continue
             records = b""
             if limit > 0 or budget == max_bytes:
-                records = read_batches(partition, offset, limit, compacted).records
+                read = read_batches(partition, offset, limit, compacted)
+                # The watermarks of the view the records came from: an append since the
+                # range check must not put records past the high watermark we report.
+                records, start, end = read.records, read.log_start_offset, read.high_watermark
             budget -= len(records)
             results.append({
                 "error_code": ErrorCode.none, "high_watermark": end,
