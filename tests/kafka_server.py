@@ -22,11 +22,12 @@ class LoggedServer:
     """`compactlog serve` on 127.0.0.1 and an ephemeral port; stderr goes to a file."""
 
     def __init__(self, process: subprocess.Popen[str], host: str, port: int,
-                 log_path: Path) -> None:
+                 log_path: Path, admin_url: str | None = None) -> None:
         self.process = process
         self.host = host
         self.port = port
         self.log_path = log_path
+        self.admin_url = admin_url  # with --admin-listen
 
     @property
     def bootstrap(self) -> str:
@@ -67,14 +68,19 @@ class LoggedServer:
 
 
 @contextmanager
-def logged_server(data_dir: Path, log_path: Path, *extra: str) -> Iterator[LoggedServer]:
-    """Start the server; stop it with SIGTERM and check that it exits 0."""
+def logged_server(data_dir: Path, log_path: Path, *extra: str,
+                  env: dict[str, str] | None = None) -> Iterator[LoggedServer]:
+    """Start the server; stop it with SIGTERM and check that it exits 0. Automatic
+    compaction is off unless `extra` holds --auto-compaction (a Spark run starting
+    behind a test's back would race the test's own compactions)."""
+    if "--auto-compaction" not in extra:
+        extra = ("--no-auto-compaction", *extra)
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
             [COMPACTLOG, "--data-dir", str(data_dir), "--log-level", "info", "serve",
              "--listen", "127.0.0.1:0", *extra],
             stdout=subprocess.PIPE, stderr=log_file, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -83,7 +89,12 @@ def logged_server(data_dir: Path, log_path: Path, *extra: str) -> Iterator[Logge
         process.kill()
         process.wait(30)
         raise RuntimeError(f"the server did not start: {line!r}\n{log_path.read_text()}")
-    server = LoggedServer(process, match.group(1), int(match.group(2)), log_path)
+    admin_url = None
+    if any(arg.startswith("--admin-listen") for arg in extra):
+        admin = re.search(r"admin on (http://\S+)", process.stdout.readline())
+        assert admin, log_path.read_text()
+        admin_url = admin.group(1)
+    server = LoggedServer(process, match.group(1), int(match.group(2)), log_path, admin_url)
     try:
         yield server
     finally:

@@ -18,7 +18,6 @@ import pyarrow.parquet as pq
 
 from compactlog.compaction import CompactionReport, TopicCompactionService
 from compactlog.compaction.ledger import (
-    PieceInput,
     PieceResult,
     ledger_file_name,
     write_ledger_piece,
@@ -102,7 +101,7 @@ class LocalEngine:
         for plan in plans:
             results[plan.partition] = [
                 write_ledger_piece(
-                    [PieceInput(str(i.path), i.is_ledger) for i in piece.inputs],
+                    piece.piece_inputs(),
                     piece.survivors,
                     plan.rules,
                     plan.ledger_dir,

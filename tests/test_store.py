@@ -395,6 +395,21 @@ def test_roll_if_due_follows_segment_ms(store: LogStore, clock: FakeClock) -> No
     assert read_all(partition)[0].value == b"v"
 
 
+def test_compacted_topic_rolls_by_max_compaction_lag(store: LogStore, clock: FakeClock) -> None:
+    # Kafka's LogConfig.maxSegmentMs: otherwise the lag could not be kept for records
+    # that sit in the active segment.
+    store.create_topic("t", config={"cleanup.policy": "compact", "segment.ms": "600000",
+                                    "max.compaction.lag.ms": "60000"})
+    store.create_topic("d", config={"segment.ms": "600000", "max.compaction.lag.ms": "60000"})
+    store.append("t", [ProducerRecord(b"k", b"v")])
+    store.append("d", [ProducerRecord(b"k", b"v")])
+    clock.advance_ms(59_999)
+    assert not store.topic("t").partitions[0].roll_if_due()
+    clock.advance_ms(1)
+    assert store.topic("t").partitions[0].roll_if_due()
+    assert not store.topic("d").partitions[0].roll_if_due()  # not compacted: segment.ms
+
+
 def test_read_limits(store: LogStore, clock: FakeClock) -> None:
     store.create_topic("t", config={"segment.bytes": "1024"})
     partition = store.topic("t").partitions[0]

@@ -184,7 +184,8 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "long",
         LONG_MAX,
         "A partition whose oldest uncompacted record is older than this becomes eligible for "
-        "compaction whatever its dirty ratio.",
+        "compaction whatever its dirty ratio; the active segment of a compacted topic is "
+        "rolled by this age too, as by segment.ms.",
         minimum=1,
         maximum=LONG_MAX,
         kafka_default=LONG_MAX,

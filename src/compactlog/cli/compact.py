@@ -3,24 +3,34 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import click
+from click.core import ParameterSource
 from rich import box
 from rich.filesize import decimal
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from compactlog.cli import Context
+from compactlog.cli.admin_client import AdminClient, report_from_json
 from compactlog.cli.output import stderr_console, stdout_console
 from compactlog.compaction import CompactionReport, CompactionServiceFactory, load_factory
 from compactlog.compaction.runner import chosen_partitions
 from compactlog.compaction.status import read_status
 from compactlog.config import parse_assignments
+from compactlog.errors import CompactlogError
 from compactlog.storage.store import LogStore
 
 console = stderr_console()
+
+
+class CompactionFailedError(CompactlogError):
+    """A run the server started failed (the message carries its error)."""
+POLL_S = 0.5
 STAGES = ["plan", "phase 1: find survivors", "phase 2: write ledgers", "commit", "done"]
 
 
@@ -39,6 +49,13 @@ STAGES = ["plan", "phase 1: find survivors", "phase 2: write ledgers", "commit",
               metavar="MODULE:NAME",
               help="The compaction service factory to use, by import path (PIP-278). "
                    "Default: the Spark service.")
+@click.option("--server", "server_url", envvar="COMPACTLOG_SERVER", default=None,
+              metavar="URL",
+              help="Ask a running server to compact, through its admin API (the URL of "
+                   "`serve --admin-listen`, or set COMPACTLOG_SERVER); the server's own "
+                   "compaction settings apply.")
+@click.option("--no-wait", is_flag=True,
+              help="With --server: print the run's id and return without waiting for it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_obj
 def compact(
@@ -48,6 +65,8 @@ def compact(
     spark_master: str,
     spark_conf: tuple[str, ...],
     service: str | None,
+    server_url: str | None,
+    no_wait: bool,
     as_json: bool,
 ) -> None:
     """Compact TOPIC: keep the surviving record per key in a new compacted ledger.
@@ -63,7 +82,18 @@ def compact(
       compactlog compact prices --partition 0 --partition 3
       compactlog compact prices --spark-master spark://127.0.0.1:7077 \\
           --spark-conf spark.executor.memory=4g
+      compactlog compact prices --server http://127.0.0.1:9093
     """
+    if server_url is not None:
+        source = click.get_current_context().get_parameter_source("spark_master")
+        if spark_conf or service or source is ParameterSource.COMMANDLINE:
+            raise click.UsageError("--spark-master, --spark-conf and --service do not go "
+                                   "with --server: the server's compaction settings apply")
+        _compact_on_server(AdminClient(server_url), topic, list(partitions) or None,
+                           no_wait, as_json)
+        return
+    if no_wait:
+        raise click.UsageError("--no-wait goes with --server")
     settings: dict[str, Any] = {
         "spark.master": spark_master,
         "spark.conf": parse_assignments(spark_conf),
@@ -79,6 +109,29 @@ def compact(
         click.echo(json.dumps(report_json(report), indent=2))
     else:
         stdout_console().print(summary_table(report))
+
+
+def _compact_on_server(client: AdminClient, topic: str, partitions: list[int] | None,
+                       no_wait: bool, as_json: bool) -> None:
+    run = client.post(f"/v1/topics/{quote(topic, safe='')}/compaction",
+                      {"partitions": partitions} if partitions else {})
+    if no_wait:
+        click.echo(json.dumps(run, indent=2) if as_json
+                   else f"compaction run {run['id']} started on {client.url}")
+        return
+    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        progress.add_task(f"compaction run {run['id']} of {topic} on the server")
+        while run["state"] == "RUNNING":
+            time.sleep(POLL_S)
+            run = client.get(f"/v1/compactions/{run['id']}")
+    if run["state"] != "SUCCESS":
+        raise CompactionFailedError(f"compaction run {run['id']} of {topic} failed: "
+                                    f"{run['error']}")
+    if as_json:
+        click.echo(json.dumps(run["report"], indent=2))
+    else:
+        stdout_console().print(summary_table(report_from_json(run["report"])))
 
 
 def compact_with_progress(
@@ -155,36 +208,57 @@ def summary_table(report: CompactionReport) -> Table:
 
 @click.command("compaction-status")
 @click.argument("topic")
+@click.option("--server", "server_url", envvar="COMPACTLOG_SERVER", default=None,
+              metavar="URL",
+              help="Ask a running server (its admin API URL, or set COMPACTLOG_SERVER): "
+                   "shows runs in progress and uncleanable partitions too.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def compaction_status(ctx: Context, topic: str, as_json: bool) -> None:
+def compaction_status(ctx: Context, topic: str, server_url: str | None, as_json: bool) -> None:
     """Show the compaction status of each partition of TOPIC.
 
     NOT_RUN, RUNNING, SUCCESS or ERROR (with the last error). The status is kept on
-    disk, so it survives restarts; a run whose process died shows as ERROR.
+    disk, so it survives restarts; a run whose process died shows as ERROR. With
+    --server, a running server also says which partitions are uncleanable (their last
+    run failed) and when they will be retried.
 
     \b
-    Example:
+    Examples:
       compactlog compaction-status prices --json
+      compactlog compaction-status prices --server http://127.0.0.1:9093
     """
-    with LogStore.open(ctx.data_dir, read_only=True) as store:
-        handle = store.topic(topic)
-        rows = []
-        for partition in handle.partitions:
-            status = read_status(partition.directory)
-            rows.append({"partition": partition.index, **status.to_json(),
-                         "horizon": partition.stats()["horizon"]})
+    if server_url is not None:
+        body = AdminClient(server_url).get(f"/v1/topics/{quote(topic, safe='')}/compaction")
+        rows = body["partitions"]
+    else:
+        with LogStore.open(ctx.data_dir, read_only=True) as store:
+            handle = store.topic(topic)
+            rows = []
+            for partition in handle.partitions:
+                status = read_status(partition.directory)
+                rows.append({"partition": partition.index, **status.to_json(),
+                             "horizon": partition.stats()["horizon"]})
     if as_json:
         click.echo(json.dumps({"topic": topic, "partitions": rows}, indent=2))
         return
     table = Table("partition", "status", "horizon", "last finished", "error",
                   title=f"Compaction status of {topic}")
+    if server_url is not None:
+        table.add_column("retry at")
     for row in rows:
-        finished = (
-            datetime.fromtimestamp(row["finished_ms"] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-            if row["finished_ms"] else "-"
-        )
-        table.add_row(str(row["partition"]), row["state"],
-                      "-" if row["horizon"] is None else str(row["horizon"]),
-                      finished, row["error"] or "")
+        state = row["state"]
+        if row.get("uncleanable"):
+            state = f"{state} (uncleanable, {row['failures_in_a_row']} failures)"
+        cells = [str(row["partition"]), state,
+                 "-" if row["horizon"] is None else str(row["horizon"]),
+                 _time(row["finished_ms"]), row["error"] or ""]
+        if server_url is not None:
+            cells.append(_time(row.get("retry_at_ms")) if row.get("uncleanable") else "")
+        table.add_row(*cells)
     stdout_console().print(table)
+
+
+def _time(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")

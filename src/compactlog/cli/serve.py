@@ -12,25 +12,61 @@ import click
 from compactlog.cli import Context
 from compactlog.errors import UserError
 from compactlog.server.app import ServerConfig, serve_forever
+from compactlog.server.cleaner import CleanerConfig
 
 # The server's settings file (TOML), every key optional:
 #
 #   listen = "127.0.0.1:9092"        # host:port of the Kafka listener
+#   admin_listen = "127.0.0.1:9093"  # host:port of the admin and metrics HTTP listener (off
+#                                    # unless set here or by --admin-listen)
 #   max_request_bytes = 104857600    # larger requests close the connection (Kafka's default)
 #   upkeep_interval_s = 1.0          # flush.ms / segment.ms / retention checks, manifest pickup
 #   group_initial_rebalance_delay_s = 3.0  # a new group waits this long for more members
 #   shutdown_grace_s = 5.0           # on SIGTERM, time for requests in flight to be answered
-SETTINGS: dict[str, type] = {"listen": str, "max_request_bytes": int,
+#
+#   [compaction]                     # automatic compaction (docs/server.md)
+#   enabled = true                   # the server compacts due partitions on its own
+#   check_interval_s = 15.0          # how often partitions are measured
+#   threshold_bytes = 0              # dirty bytes that make a partition due (0: off)
+#   max_concurrent_runs = 1          # compaction processes at once
+#   backoff_initial_s = 30.0         # first wait after a partition's run fails; doubles
+#   backoff_max_s = 1800.0           # ... up to this
+#   io_max_bytes_per_s = 0           # average compaction read rate (0: unlimited)
+#   run_timeout_s = 3600.0           # a run going longer is stopped
+#   spark_master = "local[*]"        # where compaction runs
+#   spark_conf = { "spark.driver.memory" = "2g" }   # Spark settings, passed through
+#   service = "module:factory"       # compaction service factory (default: Spark)
+SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_request_bytes": int,
                              "upkeep_interval_s": float,
                              "group_initial_rebalance_delay_s": float,
-                             "shutdown_grace_s": float}
+                             "shutdown_grace_s": float, "compaction": dict}
+COMPACTION_SETTINGS: dict[str, type] = {
+    "enabled": bool, "check_interval_s": float, "threshold_bytes": int,
+    "max_concurrent_runs": int, "backoff_initial_s": float, "backoff_max_s": float,
+    "io_max_bytes_per_s": float, "run_timeout_s": float, "spark_master": str,
+    "spark_conf": dict, "service": str,
+}
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UserError(f"--listen wants HOST:PORT with a port in 0..65535, got {text!r}")
+        raise UserError(f"{option} wants HOST:PORT with a port in 0..65535, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def _checked(path: Path, where: str, raw: dict[str, Any],
+             wanted_types: dict[str, type]) -> dict[str, Any]:
+    for key, value in raw.items():
+        wanted = wanted_types.get(key)
+        if wanted is None:
+            raise UserError(f"{path}: unknown setting {where}{key!r}; known: "
+                            f"{', '.join(wanted_types)}")
+        if wanted is float and isinstance(value, int) and not isinstance(value, bool):
+            raw[key] = value = float(value)
+        if not isinstance(value, wanted) or (isinstance(value, bool) and wanted is not bool):
+            raise UserError(f"{path}: {where}{key} must be a {wanted.__name__}, got {value!r}")
+    return raw
 
 
 def load_settings(path: Path) -> dict[str, Any]:
@@ -40,14 +76,14 @@ def load_settings(path: Path) -> dict[str, Any]:
         raise UserError(f"server config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as error:
         raise UserError(f"server config file {path} is not valid TOML: {error}") from None
-    for key, value in raw.items():
-        wanted = SETTINGS.get(key)
-        if wanted is None:
-            raise UserError(f"{path}: unknown setting {key!r}; known: {', '.join(SETTINGS)}")
-        if wanted is float and isinstance(value, int):
-            raw[key] = value = float(value)
-        if not isinstance(value, wanted) or isinstance(value, bool):
-            raise UserError(f"{path}: {key} must be a {wanted.__name__}, got {value!r}")
+    _checked(path, "", raw, SETTINGS)
+    if "compaction" in raw:
+        _checked(path, "compaction.", raw["compaction"], COMPACTION_SETTINGS)
+        conf = raw["compaction"].get("spark_conf", {})
+        if not all(isinstance(v, str | int | float | bool) for v in conf.values()):
+            raise UserError(f"{path}: compaction.spark_conf values must be strings or numbers")
+        raw["compaction"]["spark_conf"] = {k: str(v).lower() if isinstance(v, bool) else str(v)
+                                           for k, v in conf.items()}
     return raw
 
 
@@ -55,29 +91,45 @@ def load_settings(path: Path) -> dict[str, Any]:
 @click.option("--listen", default=None, metavar="HOST:PORT",
               help="Where the Kafka listener binds. Default 127.0.0.1:9092; port 0 picks a "
                    "free port (printed at start).")
+@click.option("--admin-listen", default=None, metavar="HOST:PORT",
+              help="Serve the admin API and Prometheus /metrics over HTTP here (off by "
+                   "default); port 0 picks a free port (printed at start).")
+@click.option("--auto-compaction/--no-auto-compaction", default=None,
+              help="Compact due partitions automatically (default: on, or the config "
+                   "file's compaction.enabled).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="A TOML file of server settings (listen, max_request_bytes, "
-                                 "upkeep_interval_s).")
+              default=None, help="A TOML file of server settings (see docs/server.md).")
 @click.pass_obj
-def serve(ctx: Context, listen: str | None, config_file: Path | None) -> None:
+def serve(ctx: Context, listen: str | None, admin_listen: str | None,
+          auto_compaction: bool | None, config_file: Path | None) -> None:
     """Serve the data directory over the Kafka wire protocol.
 
     Kafka clients (kafka-python, aiokafka, confluent-kafka/librdkafka, kcat) produce and
     consume unchanged. Compacted topics read as in Kafka: from offset 0 a consumer gets
-    the compacted view, then the live log. A compaction committed by
+    the compacted view, then the live log. The server compacts due partitions itself,
+    each run in a Spark process of its own; a compaction committed by
     `compactlog compact` on the same data directory is picked up without a restart.
     SIGTERM or SIGINT stops the server after making everything acknowledged durable.
 
     \b
     Examples:
       compactlog serve
-      compactlog --data-dir /var/lib/compactlog serve --listen 0.0.0.0:9092
+      compactlog serve --admin-listen 127.0.0.1:9093
+      compactlog --data-dir /var/lib/compactlog serve --listen 0.0.0.0:9092 \\
+          --config /etc/compactlog/server.toml
       kcat -b 127.0.0.1:9092 -t prices -P -K: <<< 'AAPL:189.5'
+      curl -s 127.0.0.1:9093/metrics | grep compactlog_compaction
     """
     settings = load_settings(config_file) if config_file else {}
     host, port = parse_listen(listen or settings.get("listen", "127.0.0.1:9092"))
     config = ServerConfig(ctx.data_dir, host, port)
     for key in SETTINGS:
-        if key != "listen" and key in settings:
+        if key not in ("listen", "admin_listen", "compaction") and key in settings:
             setattr(config, key, settings[key])
+    admin = admin_listen or settings.get("admin_listen")
+    if admin:
+        config.admin_host, config.admin_port = parse_listen(admin, "--admin-listen")
+    config.compaction = CleanerConfig(**settings.get("compaction", {}))
+    if auto_compaction is not None:
+        config.compaction.enabled = auto_compaction
     asyncio.run(serve_forever(config))

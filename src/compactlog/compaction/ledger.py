@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from compactlog.errors import CorruptionError
 from compactlog.storage import fsutil
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer
@@ -53,6 +54,19 @@ class PieceInput:
 
     path: str
     is_ledger: bool
+    # What the manifest says of the file; checked before it is read, as the store's
+    # reader does, so that damage outside the checksummed pages cannot slip through.
+    size_bytes: int | None = None
+    crc32c: int | None = None
+
+    def verify(self) -> None:
+        size = os.stat(self.path).st_size
+        if self.size_bytes is not None and size != self.size_bytes:
+            raise CorruptionError(Path(self.path), f"compaction input: the file is {size} "
+                                  f"bytes, the manifest says {self.size_bytes}")
+        if self.crc32c is not None and (actual := file_crc32c(Path(self.path))) != self.crc32c:
+            raise CorruptionError(Path(self.path), "compaction input: CRC32C mismatch "
+                                  f"(manifest {self.crc32c:#010x}, file {actual:#010x})")
 
 
 @dataclass(frozen=True)
@@ -134,6 +148,7 @@ def write_ledger_piece(
     min_ts, max_ts = 2**63 - 1, -(2**63)
     try:
         for source in inputs:
+            source.verify()
             counts["bytes_in"] += os.stat(source.path).st_size
             for group in _row_groups(source.path):
                 counts["records_in"] += group.num_rows

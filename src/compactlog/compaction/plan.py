@@ -83,7 +83,8 @@ class Piece:
     survivors: np.ndarray
 
     def piece_inputs(self) -> list[PieceInput]:
-        return [PieceInput(str(item.path), item.is_ledger) for item in self.inputs]
+        return [PieceInput(str(item.path), item.is_ledger, item.info.size_bytes,
+                           item.info.crc32c) for item in self.inputs]
 
 
 def plan_partition(

@@ -211,7 +211,8 @@ def _piece_row(piece: Piece, run_id: str) -> tuple[str]:
     task: dict[str, Any] = {
         "partition": plan.partition,
         "sequence": piece.sequence,
-        "inputs": [[item.path, item.is_ledger] for item in piece.piece_inputs()],
+        "inputs": [[item.path, item.is_ledger, item.size_bytes, item.crc32c]
+                   for item in piece.piece_inputs()],
         "survivors": base64.b64encode(piece.survivors.astype("<i8").tobytes()).decode(),
         "rules": plan.rules.__dict__,
         "out_dir": str(plan.ledger_dir),
@@ -230,7 +231,7 @@ def run_pieces(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for text in batch.column("task").to_pylist():
             task = json.loads(text)
             result = write_ledger_piece(
-                [PieceInput(path, is_ledger) for path, is_ledger in task["inputs"]],
+                [PieceInput(*fields) for fields in task["inputs"]],
                 np.frombuffer(base64.b64decode(task["survivors"]), dtype="<i8"),
                 TombstoneRules(**task["rules"]),
                 Path(task["out_dir"]),

@@ -25,6 +25,9 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.python.worker.reuse": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
+    # Phase 1 reads key, offset and value_size pages straight from the Parquet files: check
+    # the CRC32C of every page read (sealed files are written with page checksums).
+    "spark.hadoop.parquet.page.verify-checksum.enabled": "true",
 }
 LOCAL_CONF: dict[str, str] = {
     "spark.driver.host": "127.0.0.1",

@@ -16,11 +16,16 @@ import dataclasses
 import logging
 import signal
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
+from compactlog.server.admin import AdminServer
 from compactlog.server.broker import Broker
+from compactlog.server.cleaner import Cleaner, CleanerConfig
 from compactlog.server.handlers import register_all
+from compactlog.server.metrics import ServerMetrics, StateCollector
 from compactlog.server.protocol import (
     API_VERSIONS_KEY,
     ProtocolError,
@@ -33,6 +38,7 @@ from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
 _LENGTH = struct.Struct(">i")
+T = TypeVar("T")
 
 
 @dataclass
@@ -51,6 +57,11 @@ class ServerConfig:
     # On SIGTERM, how long requests in flight (a long-polling Fetch, an fsync) may take
     # to be answered before their connections are closed anyway.
     shutdown_grace_s: float = 5.0
+    # The admin and metrics HTTP listener; None: none.
+    admin_host: str | None = None
+    admin_port: int = 9093
+    # Automatic compaction (server/cleaner.py).
+    compaction: CleanerConfig = field(default_factory=CleanerConfig)
 
 
 class Server:
@@ -60,6 +71,9 @@ class Server:
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
         self.broker: Broker | None = None
+        self.metrics = ServerMetrics()
+        self._cleaner: Cleaner | None = None
+        self.admin: AdminServer | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()  # connections handling a request
@@ -75,10 +89,27 @@ class Server:
         self.port = self._server.sockets[0].getsockname()[1]
         self.broker = Broker(self.store, self.config.host, self.port,
                              initial_rebalance_delay_s=self.config.group_initial_rebalance_delay_s)
+        self.broker.metrics = self.metrics
         register_all(self.broker)
+        self._cleaner = Cleaner(self.store, self.config.compaction, self.metrics,
+                                self.broker.run_io)
+        self.metrics.watch(StateCollector(self.store, self.broker.groups, self._cleaner))
+        if self.config.admin_host is not None:
+            self.admin = AdminServer(self, self.config.admin_host, self.config.admin_port)
+            await self.admin.start()
         self._upkeep = asyncio.create_task(self._upkeep_loop())
-        log.info("serving the Kafka protocol on %s:%d, data in %s", self.config.host,
-                 self.port, self.config.data_dir)
+        log.info("serving the Kafka protocol on %s:%d, data in %s; automatic compaction %s",
+                 self.config.host, self.port, self.config.data_dir,
+                 "on" if self.config.compaction.enabled else "off")
+
+    @property
+    def cleaner(self) -> Cleaner:
+        assert self._cleaner is not None, "the server has not started"
+        return self._cleaner
+
+    async def run_io(self, call: Callable[..., T], *args: Any) -> T:
+        assert self.broker is not None, "the server has not started"
+        return await self.broker.run_io(call, *args)
 
     async def stop(self) -> None:
         """Stop accepting; answer the requests in flight (for up to shutdown_grace_s),
@@ -90,6 +121,10 @@ class Server:
             self._upkeep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._upkeep
+        if self.admin is not None:
+            await self.admin.stop()
+        if self._cleaner is not None:
+            await self._cleaner.stop()  # a run stopped midway leaves the old ledger
         for task in list(self._connections - self._busy):
             task.cancel()  # idle: waiting for a request that will not be served
         if self._busy:
@@ -121,6 +156,11 @@ class Server:
                 await self.broker.run_io(self._upkeep_once)
             except Exception:
                 log.exception("upkeep failed; retrying in %.1fs", self.config.upkeep_interval_s)
+            try:
+                await self.cleaner.tick()
+            except Exception:
+                log.exception("the cleaner's check failed; retrying in %.1fs",
+                              self.config.upkeep_interval_s)
 
     def _upkeep_once(self) -> None:
         self.store.tick()
@@ -227,6 +267,8 @@ async def serve_forever(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     print(f"compactlog serving on {config.host}:{server.port}", flush=True)
+    if server.admin is not None:
+        print(f"compactlog admin on {server.admin.url}", flush=True)
     try:
         await stopping.wait()
     finally:

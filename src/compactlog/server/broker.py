@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from compactlog.server.groups import GroupCoordinator
+from compactlog.server.metrics import ServerMetrics
 from compactlog.server.producers import ProducerStates
 from compactlog.server.protocol import Request
 from compactlog.storage.store import LogStore
@@ -55,6 +56,7 @@ class Broker:
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="compactlog-io")
         self.data_arrived = asyncio.Event()
         self.apis: dict[int, Api] = {}
+        self.metrics = ServerMetrics()  # the server hands in the one it serves
 
     def register(self, key: int, versions: tuple[int, int], handler: Handler,
                  advertised_min: int | None = None) -> None:

@@ -341,7 +341,13 @@ class Partition:
         if active.size + incoming > self.config["segment.bytes"]:
             return True
         first_ts = active.first_batch_max_timestamp
-        return first_ts is not None and now_ms - first_ts >= self.config["segment.ms"]
+        # As Kafka's LogConfig.maxSegmentMs (KIP-354): a compacted topic rolls by
+        # max.compaction.lag.ms too, or records in the active segment could wait up to
+        # segment.ms (7 days) for the compaction that lag promises.
+        roll_ms = self.config["segment.ms"]
+        if self.config.compacted:
+            roll_ms = min(roll_ms, self.config["max.compaction.lag.ms"])
+        return first_ts is not None and now_ms - first_ts >= roll_ms
 
     def _roll(self) -> None:
         """Start a new active segment; the old one waits to be sealed."""

@@ -21,6 +21,7 @@ from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code, error_message
 from compactlog.server.protocol import Request
 from compactlog.server.wire import read_batches, view_start_offset
+from compactlog.storage.records import iter_batches
 
 FETCH, LIST_OFFSETS = 1, 2
 EARLIEST, LATEST = -2, -1
@@ -52,6 +53,11 @@ async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (name, index, _, _), result in zip(wanted, results, strict=True):
         by_topic.setdefault(name, []).append({"partition_index": index, **result})
+        if records := result.get("records"):
+            # Counted on the reads sent, not on the long-poll's earlier, empty-handed ones.
+            broker.metrics.records_out.labels(name).inc(
+                sum(header.record_count for _, header in iter_batches(records)))
+            broker.metrics.bytes_out.labels(name).inc(len(records))
     return {
         "error_code": ErrorCode.none,
         "session_id": 0,

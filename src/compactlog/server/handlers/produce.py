@@ -96,6 +96,8 @@ def _append_one(broker: Broker, name: str, index: int, records: bytes) -> dict[s
             first = broker.producers.append(partition, bytearray(records), header).base_offset
         else:
             first = partition.append_batch(bytearray(records)).base_offset
+        broker.metrics.records_in.labels(name).inc(header.record_count)
+        broker.metrics.bytes_in.labels(name).inc(len(records))
         return {"error_code": ErrorCode.none, "base_offset": first, "log_append_time": None,
                 "log_start_offset": partition.log_start_offset}
     except Exception as error:

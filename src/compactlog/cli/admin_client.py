@@ -1,0 +1,68 @@
+"""A small client of the server's admin API (server/admin.py), for `--server URL`."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from compactlog.compaction import CompactionReport, PartitionSummary
+from compactlog.errors import ConflictError, UserError
+
+TIMEOUT_S = 30.0
+
+
+class AdminClient:
+    def __init__(self, url: str) -> None:
+        if not url.startswith(("http://", "https://")):
+            url = f"http://{url}"
+        self.url = url.rstrip("/")
+
+    def get(self, path: str) -> Any:
+        return self._call("GET", path, None)
+
+    def post(self, path: str, body: Any) -> Any:
+        return self._call("POST", path, body)
+
+    def _call(self, method: str, path: str, body: Any) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            message = _error_message(error)
+            if error.code == 409:
+                raise ConflictError(message) from None
+            raise UserError(f"the server at {self.url} answered {error.code}: {message}") \
+                from None
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise UserError(f"cannot reach the compactlog admin API at {self.url}: {reason} "
+                            "(is the server running with --admin-listen?)") from None
+        except ValueError as error:
+            raise UserError(f"the server at {self.url} answered something that is not "
+                            f"JSON: {error}") from None
+
+
+def _error_message(error: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(error.read())["error"])
+    except (ValueError, KeyError, TypeError):
+        return str(error.reason)
+
+
+def report_from_json(body: dict[str, Any]) -> CompactionReport:
+    """The report `compactlog compact --json` prints, back as a CompactionReport."""
+    names = set(PartitionSummary.__dataclass_fields__)
+    return CompactionReport(
+        topic=body["topic"],
+        run_id=body["run_id"],
+        duration_s=body["duration_s"],
+        partitions=[PartitionSummary(**{k: v for k, v in p.items() if k in names})
+                    for p in body["partitions"]],
+        stages=dict(body.get("stages", {})),
+        startup_s=body.get("startup_s", 0.0),
+    )

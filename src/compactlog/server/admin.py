@@ -1,0 +1,200 @@
+"""The admin and metrics HTTP listener (`compactlog serve --admin-listen HOST:PORT`).
+
+  GET  /metrics                          Prometheus text format
+  GET  /v1/health                        {"status": "ok"}
+  GET  /v1/topics                        every topic, with its partitions' figures
+  GET  /v1/topics/{topic}                one topic: config and partitions
+  GET  /v1/topics/{topic}/compaction     per-partition compaction status, with failures
+  POST /v1/topics/{topic}/compaction     start a run; body {"partitions": [0, 2]} optional.
+                                         202 with the run; 409 if one is going on
+  GET  /v1/compactions                   recent runs, newest first
+  GET  /v1/compactions/{id}              one run, with its report once finished
+
+Errors are JSON, {"error": "..."}, with 400 (bad request), 404 (unknown topic, partition
+or run) or 409 (a compaction is already running). Store reads run off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from compactlog.compaction.scheduler import BusyError
+from compactlog.compaction.status import read_status
+from compactlog.errors import (
+    CompactlogError,
+    ConflictError,
+    UnknownPartitionError,
+    UnknownTopicError,
+    UserError,
+)
+from compactlog.server.metrics import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from compactlog.server.app import Server
+
+log = logging.getLogger("compactlog.admin")
+
+
+class AdminServer:
+    def __init__(self, server: Server, host: str, port: int) -> None:
+        self.server = server
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application(middlewares=[_errors_as_json])
+        app.add_routes([
+            web.get("/metrics", self.metrics),
+            web.get("/v1/health", self.health),
+            web.get("/v1/topics", self.topics),
+            web.get("/v1/topics/{topic}", self.topic),
+            web.get("/v1/topics/{topic}/compaction", self.compaction_status),
+            web.post("/v1/topics/{topic}/compaction", self.start_compaction),
+            web.get("/v1/compactions", self.compactions),
+            web.get("/v1/compactions/{id}", self.compaction),
+        ])
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]  # the real one when asked for port 0
+        log.info("admin and metrics on http://%s:%d", self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # -- handlers -----------------------------------------------------------------------
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = await self.server.run_io(self.server.metrics.render)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return _json({"status": "ok"})
+
+    async def topics(self, request: web.Request) -> web.Response:
+        store = self.server.store
+        names = await self.server.run_io(store.list_topics)
+        bodies = [await self.server.run_io(self._topic_body, name) for name in names]
+        return _json({"topics": bodies})
+
+    async def topic(self, request: web.Request) -> web.Response:
+        return _json(await self.server.run_io(self._topic_body, request.match_info["topic"],
+                                              True))
+
+    def _topic_body(self, name: str, with_config: bool = False) -> dict[str, Any]:
+        topic = self.server.store.topic(name)
+        body: dict[str, Any] = {
+            "topic": name,
+            "compacted": topic.config.compacted,
+            "partitions": [{"partition": p.index, **p.stats()} for p in topic.partitions],
+        }
+        if with_config:
+            body["config"] = topic.config.effective()
+        return body
+
+    async def compaction_status(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        return _json(await self.server.run_io(self._status_body, name))
+
+    def _status_body(self, name: str) -> dict[str, Any]:
+        cleaner = self.server.cleaner
+        topic = self.server.store.topic(name)
+        running = {(r.job.topic, p): r.job.id for r in cleaner.running()
+                   for p in r.job.partitions}
+        failures = cleaner.scheduler.state.failures
+        rows = []
+        for partition in topic.partitions:
+            # A run's process writes SUCCESS just before it exits: the horizon shown must
+            # be the one it committed, not wait for the next upkeep's pickup.
+            partition.refresh()
+            key = (name, partition.index)
+            failure = failures.get(key)
+            rows.append({
+                "partition": partition.index,
+                **read_status(partition.directory).to_json(),
+                "horizon": partition.stats()["horizon"],
+                "running_run": running.get(key),
+                "uncleanable": bool(failure and failure.uncleanable),
+                "failures_in_a_row": failure.count if failure else 0,
+                "retry_at_ms": int(failure.retry_at_s * 1000) if failure else None,
+            })
+        return {"topic": name, "compacted": topic.config.compacted,
+                "auto_compaction": cleaner.config.enabled, "partitions": rows}
+
+    async def start_compaction(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partitions: list[int] | None = None
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except ValueError as error:
+                raise UserError(f"the request body is not JSON: {error}") from None
+            partitions = _partitions(body)
+        record = await self.server.cleaner.request(name, partitions)
+        return _json(record.to_json(), status=202,
+                     headers={"Location": f"/v1/compactions/{record.job.id}"})
+
+    async def compactions(self, request: web.Request) -> web.Response:
+        runs = list(reversed(self.server.cleaner.runs.values()))
+        return _json({"runs": [r.to_json() for r in runs]})
+
+    async def compaction(self, request: web.Request) -> web.Response:
+        text = request.match_info["id"]
+        record = self.server.cleaner.runs.get(int(text)) if text.isdigit() else None
+        if record is None:
+            return _json({"error": f"no compaction run {text!r} (the server keeps the "
+                                   "recent ones, since it started)"}, status=404)
+        return _json(record.to_json())
+
+
+def _partitions(body: Any) -> list[int] | None:
+    if body is None or body == {}:
+        return None
+    if not isinstance(body, dict) or set(body) - {"partitions"}:
+        raise UserError('the request body takes one field, "partitions": a list of '
+                        "partition numbers")
+    value = body.get("partitions")
+    if value is None:
+        return None
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise UserError(f'"partitions" must be a non-empty list of integers, got {value!r}')
+    return sorted(set(value))
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(text=json.dumps(body), status=status, headers=headers,
+                        content_type="application/json")
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPException as error:
+        return _json({"error": error.reason}, status=error.status)
+    except (BusyError, ConflictError) as error:
+        return _json({"error": str(error)}, status=409)
+    except (UnknownTopicError, UnknownPartitionError) as error:
+        return _json({"error": str(error)}, status=404)
+    except UserError as error:
+        return _json({"error": str(error)}, status=400)
+    except CompactlogError as error:
+        log.warning("admin request %s %s failed: %s", request.method, request.path, error)
+        return _json({"error": str(error)}, status=500)
+    except Exception as error:
+        log.exception("admin request %s %s failed", request.method, request.path)
+        return _json({"error": f"internal error: {type(error).__name__}: {error}"},
+                     status=500)

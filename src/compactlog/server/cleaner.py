@@ -1,0 +1,348 @@
+"""The server's cleaner: automatic compaction, in compaction processes of its own.
+
+Every `check_interval_s` the cleaner measures each compacted partition (a plan from its
+manifest: no data is read), asks the scheduler (compaction/scheduler.py) what is due and
+starts each run as `python -m compactlog compact TOPIC -p N... --json`: Spark never runs
+inside the server's process, a run that crashes or hangs takes nothing else with it, and
+the run's own crash safety (compaction/runner.py) covers a kill at any point. The
+report a run prints on stdout feeds the metrics and the admin API; its stderr goes to
+the server's log at debug level, and its last error line into the partition's failure.
+
+Runs asked for through the admin API go through the same path, past the triggers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from compactlog.compaction.plan import plan_partition
+from compactlog.compaction.runner import chosen_partitions
+from compactlog.compaction.scheduler import (
+    BusyError,
+    CompactionScheduler,
+    Job,
+    PartitionLoad,
+    SchedulerPolicy,
+)
+from compactlog.compaction.status import is_locked, read_status
+from compactlog.errors import UserError
+from compactlog.server.metrics import ServerMetrics
+from compactlog.storage.partition import Partition
+from compactlog.storage.store import LogStore
+
+log = logging.getLogger("compactlog.cleaner")
+RunIo = Callable[..., Awaitable[Any]]
+KEPT_RUNS = 200  # finished runs the admin API can still show
+ERROR_PREFIX = "error: "
+
+
+@dataclass
+class CleanerConfig:
+    # Off: the server never compacts on its own; runs asked for over the admin API still go.
+    enabled: bool = True
+    # How often partitions are measured for due compactions (Kafka's log.cleaner.backoff.ms
+    # is 15 s).
+    check_interval_s: float = 15.0
+    # Pulsar's compaction threshold: cleanable dirty bytes that make a partition due
+    # whatever its dirty ratio. 0 turns this trigger off.
+    threshold_bytes: int = 0
+    max_concurrent_runs: int = 1
+    backoff_initial_s: float = 30.0
+    backoff_max_s: float = 1800.0
+    # Average compaction read rate (log.cleaner.io.max.bytes.per.second); 0 = unlimited.
+    io_max_bytes_per_s: float = 0.0
+    # A run still going after this long is killed (and counts as a failure).
+    run_timeout_s: float = 3600.0
+    spark_master: str = "local[*]"
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    service: str | None = None  # compaction service factory, MODULE:NAME (PIP-278)
+
+    def __post_init__(self) -> None:
+        positive = {"check_interval_s": self.check_interval_s,
+                    "max_concurrent_runs": self.max_concurrent_runs,
+                    "backoff_initial_s": self.backoff_initial_s,
+                    "backoff_max_s": self.backoff_max_s, "run_timeout_s": self.run_timeout_s}
+        for name, value in positive.items():
+            if value <= 0:
+                raise UserError(f"compaction.{name} must be above 0, got {value}")
+        for name, value in {"threshold_bytes": self.threshold_bytes,
+                            "io_max_bytes_per_s": self.io_max_bytes_per_s}.items():
+            if value < 0:
+                raise UserError(f"compaction.{name} must be 0 (off) or above, got {value}")
+
+    def policy(self) -> SchedulerPolicy:
+        return SchedulerPolicy(
+            threshold_bytes=self.threshold_bytes,
+            max_concurrent_runs=self.max_concurrent_runs,
+            backoff_initial_s=self.backoff_initial_s,
+            backoff_max_s=self.backoff_max_s,
+            io_max_bytes_per_s=self.io_max_bytes_per_s or None,
+        )
+
+
+@dataclass
+class RunRecord:
+    """One compaction run the cleaner started, for the admin API."""
+
+    job: Job
+    state: Literal["RUNNING", "SUCCESS", "ERROR"] = "RUNNING"
+    started_ms: int = 0
+    finished_ms: int | None = None
+    report: dict[str, Any] | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.job.id, "topic": self.job.topic, "partitions": self.job.partitions,
+            "trigger": "request" if self.job.requested else "scheduler",
+            "reasons": {str(p): r for p, r in self.job.reasons.items()},
+            "state": self.state, "started_ms": self.started_ms,
+            "finished_ms": self.finished_ms, "report": self.report, "error": self.error,
+        }
+
+
+@dataclass
+class Outcome:
+    report: dict[str, Any] | None
+    error: str | None
+
+
+def partition_load(topic: str, partition: Partition, now_ms: int) -> PartitionLoad:
+    """Measure one partition for the scheduler, from its manifest alone."""
+    manifest, version = partition.manifest, partition.manifest_version
+    config = partition.config
+    plan = plan_partition(topic, partition.index, partition.directory, manifest, version,
+                          config, now_ms)
+    above = [s for s in manifest.segments
+             if plan.old_horizon is None or s.last_offset > plan.old_horizon]
+    return PartitionLoad(
+        topic=topic,
+        partition=partition.index,
+        clean_bytes=sum(item.info.size_bytes for item in plan.clean),
+        cleanable_bytes=sum(item.info.size_bytes for item in plan.dirty),
+        oldest_dirty_ms=min((s.min_timestamp for s in above), default=None),
+        tombstones_due=plan.has_work and not plan.dirty,
+        min_cleanable_ratio=config["min.cleanable.dirty.ratio"],
+        max_lag_ms=config["max.compaction.lag.ms"],
+    )
+
+
+class Cleaner:
+    def __init__(self, store: LogStore, config: CleanerConfig, metrics: ServerMetrics,
+                 run_io: RunIo, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.config = config
+        self.metrics = metrics
+        self.run_io = run_io
+        self.clock = clock
+        self.scheduler = CompactionScheduler(config.policy(), clock)
+        self.runs: collections.OrderedDict[int, RunRecord] = collections.OrderedDict()
+        self.last_check_s: float | None = None
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._processes: dict[int, asyncio.subprocess.Process] = {}
+        self._next_check = 0.0
+        self._restore_failures()
+
+    def _restore_failures(self) -> None:
+        """Failures recorded in status files before a restart keep their backoff."""
+        for name in self.store.list_topics():
+            topic = self.store.topic(name)
+            if not topic.config.compacted:
+                continue
+            for partition in topic.partitions:
+                status = read_status(partition.directory)
+                if status.state == "ERROR" and status.failures_in_a_row:
+                    at = (status.finished_ms or int(self.clock() * 1000)) / 1000
+                    self.scheduler.restore_failure((name, partition.index),
+                                                   status.failures_in_a_row,
+                                                   status.error or "unknown error", at)
+
+    # -- choosing runs ------------------------------------------------------------------
+
+    def measure(self) -> list[PartitionLoad]:
+        """Every compacted partition's load (blocking: run it off the event loop)."""
+        now_ms = int(self.clock() * 1000)
+        loads = []
+        for name in self.store.list_topics():
+            topic = self.store.topic(name)
+            if not topic.config.compacted:
+                continue
+            for partition in topic.partitions:
+                try:
+                    loads.append(partition_load(name, partition, now_ms))
+                except Exception:
+                    log.exception("%s: could not measure for compaction", partition.name)
+        return loads
+
+    async def tick(self) -> None:
+        """Start the runs that are due; called by the server's upkeep loop."""
+        now = time.monotonic()
+        if not self.config.enabled or now < self._next_check:
+            return
+        self._next_check = now + self.config.check_interval_s
+        loads = await self.run_io(self.measure)
+        self.last_check_s = self.clock()
+        for job in self.scheduler.pick(loads):
+            reasons = "; ".join(f"{p}: {', '.join(r)}" for p, r in job.reasons.items())
+            log.info("compacting %s partition(s) %s (due by %s)", job.topic, job.partitions,
+                     reasons)
+            self._launch(job)
+
+    async def request(self, topic_name: str, partitions: list[int] | None) -> RunRecord:
+        """A run asked for by a user. UserError for a bad topic or partition; BusyError
+        when a run of any of them is going on, here or in another process."""
+        chosen = await self.run_io(chosen_partitions, self.store, topic_name, partitions)
+        indexes = [p.index for p in chosen]
+        locked = [p.index for p in chosen if is_locked(p.directory)]
+        if locked:
+            raise BusyError(topic_name, locked)
+        job = self.scheduler.request(topic_name, indexes)
+        log.info("compacting %s partition(s) %s (asked for over the admin API)", topic_name,
+                 indexes)
+        return self._launch(job)
+
+    # -- running --------------------------------------------------------------------------
+
+    def _launch(self, job: Job) -> RunRecord:
+        record = RunRecord(job, started_ms=int(self.clock() * 1000))
+        self.runs[job.id] = record
+        while len(self.runs) > KEPT_RUNS:
+            oldest = next(iter(self.runs))
+            if self.runs[oldest].state == "RUNNING":
+                break
+            del self.runs[oldest]
+        self._tasks[job.id] = asyncio.create_task(self._run(record))
+        return record
+
+    async def _run(self, record: RunRecord) -> None:
+        job = record.job
+        began = time.monotonic()
+        try:
+            outcome = await self._run_process(job)
+        except asyncio.CancelledError:
+            outcome = Outcome(None, "the server stopped while the run was going")
+            raise
+        except Exception as error:  # launching failed: no process, nothing written
+            log.exception("could not start a compaction of %s", job.topic)
+            outcome = Outcome(None, f"could not start the compaction process: {error}")
+        finally:
+            self._tasks.pop(job.id, None)
+            self._finish(record, outcome, time.monotonic() - began)
+        await self.run_io(self._refresh, job)
+
+    def _refresh(self, job: Job) -> None:
+        # Reads use the new (horizon, ledger) pair now, not at the next upkeep.
+        topic = self.store.topic(job.topic)
+        for index in job.partitions:
+            topic.partition(index).refresh()
+
+    def _finish(self, record: RunRecord, outcome: Outcome, seconds: float) -> None:
+        job = record.job
+        record.finished_ms = int(self.clock() * 1000)
+        record.report, record.error = outcome.report, outcome.error
+        record.state = "ERROR" if outcome.error else "SUCCESS"
+        partitions = (outcome.report or {}).get("partitions", [])
+        bytes_in = sum(p["bytes_in"] for p in partitions)
+        self.scheduler.finished(job, bytes_in, outcome.error)
+        trigger = "request" if job.requested else "scheduler"
+        m = self.metrics
+        m.compaction_runs.labels(job.topic, record.state.lower(), trigger).inc()
+        m.compaction_duration.labels(job.topic).observe(seconds)
+        if outcome.error:
+            log.error("compaction of %s partition(s) %s failed after %.1fs: %s", job.topic,
+                      job.partitions, seconds, outcome.error)
+            return
+        records_in = sum(p["records_in"] for p in partitions)
+        records_out = sum(p["records_out"] for p in partitions)
+        m.compaction_records_in.labels(job.topic).inc(records_in)
+        m.compaction_records_out.labels(job.topic).inc(records_out)
+        m.compaction_records_removed.labels(job.topic).inc(records_in - records_out)
+        m.compaction_bytes_in.labels(job.topic).inc(bytes_in)
+        log.info("compacted %s partition(s) %s in %.1fs: %d records in, %d out",
+                 job.topic, job.partitions, seconds, records_in, records_out)
+
+    def command(self, job: Job) -> list[str]:
+        config = self.config
+        command = [sys.executable, "-m", "compactlog", "--data-dir", str(self.store.data_dir),
+                   "--log-level", "info", "compact", job.topic, "--json",
+                   "--spark-master", config.spark_master]
+        for index in job.partitions:
+            command += ["--partition", str(index)]
+        for key, value in config.spark_conf.items():
+            command += ["--spark-conf", f"{key}={value}"]
+        if config.service:
+            command += ["--service", config.service]
+        return command
+
+    async def _run_process(self, job: Job) -> Outcome:
+        process = await asyncio.create_subprocess_exec(
+            *self.command(job), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            # Its own process group: stopping it stops Spark's JVM and workers too.
+            start_new_session=True,
+        )
+        self._processes[job.id] = process
+        try:
+            stdout, stderr = await asyncio.wait_for(process.communicate(),
+                                                    self.config.run_timeout_s)
+        except TimeoutError:
+            await _stop_group(process)
+            return Outcome(None, f"the run took longer than {self.config.run_timeout_s:g}s "
+                                 "(run_timeout_s) and was stopped")
+        except asyncio.CancelledError:
+            await _stop_group(process)
+            raise
+        finally:
+            self._processes.pop(job.id, None)
+        lines = stderr.decode(errors="replace").splitlines()
+        for line in lines:
+            log.debug("compaction %d: %s", job.id, line)
+        if process.returncode != 0:
+            return Outcome(None, _error_line(lines, process.returncode))
+        try:
+            report: dict[str, Any] = json.loads(stdout)
+        except ValueError:
+            return Outcome(None, f"the compaction process printed no report: {stdout[:200]!r}")
+        return Outcome(report, None)
+
+    async def stop(self) -> None:
+        """Stop runs in flight (their partitions keep the old ledger) and wait for them."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def running(self) -> list[RunRecord]:
+        return [r for r in self.runs.values() if r.state == "RUNNING"]
+
+
+def _error_line(lines: list[str], code: int | None) -> str:
+    for line in reversed(lines):
+        if line.startswith(ERROR_PREFIX):
+            return line[len(ERROR_PREFIX):]
+    tail = next((line for line in reversed(lines) if line.strip()), "")
+    return f"the compaction process exited with code {code}: {tail}"
+
+
+async def _stop_group(process: asyncio.subprocess.Process, grace_s: float = 5.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), grace_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
+

@@ -1,0 +1,154 @@
+"""The server's Prometheus metrics, served at the admin listener's /metrics.
+
+Counters are bumped where the events happen (produce, fetch, a finished compaction).
+Figures that are state rather than events (dirty ratio, consumer-group lag, uncleanable
+partitions, time since the cleaner last ran) are read from the store, the group
+coordinator and the cleaner when Prometheus scrapes, so they are never stale. Each server
+has its own registry: two servers in one process (the tests) do not share figures.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from compactlog.server.wire import view_start_offset
+
+if TYPE_CHECKING:
+    from compactlog.server.cleaner import Cleaner
+    from compactlog.server.groups import GroupCoordinator
+    from compactlog.storage.store import LogStore
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DURATION_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.records_in = Counter("compactlog_topic_records_in", "Records appended by produce "
+                                  "requests.", ["topic"], registry=r)
+        self.bytes_in = Counter("compactlog_topic_bytes_in", "Record-batch bytes appended by "
+                                "produce requests.", ["topic"], registry=r)
+        self.records_out = Counter("compactlog_topic_records_out", "Records sent in fetch "
+                                   "responses.", ["topic"], registry=r)
+        self.bytes_out = Counter("compactlog_topic_bytes_out", "Record-batch bytes sent in "
+                                 "fetch responses.", ["topic"], registry=r)
+        self.compaction_runs = Counter(
+            "compactlog_compaction_runs", "Compaction runs finished, by result (success, "
+            "error) and by what started them (scheduler, request).",
+            ["topic", "result", "trigger"], registry=r)
+        self.compaction_duration = Histogram(
+            "compactlog_compaction_duration_seconds", "Wall time of compaction runs, Spark "
+            "start-up included.", ["topic"], buckets=DURATION_BUCKETS, registry=r)
+        self.compaction_records_in = Counter(
+            "compactlog_compaction_records_in", "Records read by successful compaction runs "
+            "(previous ledger plus new segments).", ["topic"], registry=r)
+        self.compaction_records_out = Counter(
+            "compactlog_compaction_records_out", "Records written to ledgers by successful "
+            "compaction runs.", ["topic"], registry=r)
+        self.compaction_records_removed = Counter(
+            "compactlog_compaction_records_removed", "Records dropped by successful "
+            "compaction runs (records in minus records out).", ["topic"], registry=r)
+        self.compaction_bytes_in = Counter(
+            "compactlog_compaction_bytes_in", "Bytes read by successful compaction runs.",
+            ["topic"], registry=r)
+
+    def watch(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class StateCollector(Collector):
+    """Gauges read at scrape time from the store, the groups and the cleaner."""
+
+    def __init__(self, store: LogStore, groups: GroupCoordinator, cleaner: Cleaner | None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.groups = groups
+        self.cleaner = cleaner
+        self.clock = clock
+        self.started = clock()
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())  # the families depend on the topics; none is fixed up front
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        end = GaugeMetricFamily("compactlog_partition_log_end_offset",
+                                "The offset the next record appended will get.",
+                                labels=["topic", "partition"])
+        start = GaugeMetricFamily("compactlog_partition_log_start_offset",
+                                  "The first offset readable (the compacted view's, for "
+                                  "compacted topics).", labels=["topic", "partition"])
+        dirty = GaugeMetricFamily("compactlog_compaction_dirty_ratio",
+                                  "Sealed bytes above the horizon over ledger plus those "
+                                  "bytes (Kafka's dirty ratio).", labels=["topic", "partition"])
+        dirty_bytes = GaugeMetricFamily("compactlog_compaction_dirty_bytes",
+                                        "Sealed bytes above the compaction horizon.",
+                                        labels=["topic", "partition"])
+        ends: dict[tuple[str, int], int] = {}
+        for name in self.store.list_topics():
+            topic = self.store.topic(name)
+            for partition in topic.partitions:
+                labels = [name, str(partition.index)]
+                stats = partition.stats()
+                ends[(name, partition.index)] = stats["log_end_offset"]
+                end.add_metric(labels, stats["log_end_offset"])
+                start.add_metric(labels, view_start_offset(partition, topic.config.compacted))
+                if topic.config.compacted:
+                    dirty.add_metric(labels, stats["dirty_ratio"])
+                    dirty_bytes.add_metric(labels, stats["dirty_bytes"])
+        yield from (end, start, dirty, dirty_bytes)
+        yield self._lag(ends)
+        if self.cleaner is not None:
+            yield from self._cleaner()
+
+    def _lag(self, ends: dict[tuple[str, int], int]) -> GaugeMetricFamily:
+        lag = GaugeMetricFamily("compactlog_consumer_group_lag",
+                                "Log end offset minus the group's committed offset.",
+                                labels=["group", "topic", "partition"])
+        for group_id, group in list(self.groups.groups.items()):
+            for (topic, index), committed in list(group.offsets.items()):
+                log_end = ends.get((topic, index))
+                if log_end is not None and committed.offset >= 0:
+                    lag.add_metric([group_id, topic, str(index)],
+                                   max(log_end - committed.offset, 0))
+        return lag
+
+    def _cleaner(self) -> Iterator[GaugeMetricFamily]:
+        cleaner = self.cleaner
+        assert cleaner is not None
+        failures = cleaner.scheduler.uncleanable()
+        flagged = GaugeMetricFamily("compactlog_compaction_partition_uncleanable",
+                                    "1 while the partition's last compaction failed and it "
+                                    "waits out its backoff.", labels=["topic", "partition"])
+        for (topic, index) in failures:
+            flagged.add_metric([topic, str(index)], 1)
+        yield flagged
+        yield GaugeMetricFamily("compactlog_compaction_uncleanable_partitions",
+                                "Partitions whose last compaction failed.", value=len(failures))
+        yield GaugeMetricFamily("compactlog_compaction_running",
+                                "Compaction runs in progress.",
+                                value=len(cleaner.scheduler.state.running))
+        last = cleaner.scheduler.state.last_finished_s
+        since = self.clock() - (self.started if last is None else last)
+        yield GaugeMetricFamily("compactlog_compaction_seconds_since_last_run",
+                                "Seconds since a compaction run last finished (since the "
+                                "server started, if none has).", value=since)
+        checked = cleaner.last_check_s
+        yield GaugeMetricFamily("compactlog_compaction_seconds_since_last_check",
+                                "Seconds since the cleaner last looked for due partitions: "
+                                "growing past its check interval means it has stopped.",
+                                value=self.clock() - (self.started if checked is None
+                                                      else checked))
+        yield GaugeMetricFamily("compactlog_compaction_cleaner_enabled",
+                                "1 if the server compacts on its own.",
+                                value=1 if cleaner.config.enabled else 0)

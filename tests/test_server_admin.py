@@ -1,0 +1,400 @@
+"""The server's admin API, Prometheus metrics and automatic compaction, over real
+sockets: a real server process, real Kafka clients, real compaction processes (Spark for
+the metrics test, the small pyarrow engine of local_engine.py where only the scheduling
+is under test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import SPARK_TEST_CONF, TESTS_DIR
+from kafka_server import LoggedServer, logged_server
+from test_cli import ok, run
+
+LOCAL_SERVICE = "local_engine:LocalCompactionServiceFactory"
+ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR),
+                                                   os.environ.get("PYTHONPATH")]))}
+TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": "2048",
+                "min.compaction.lag.ms": "0", "delete.retention.ms": "0"}
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else (body if isinstance(body, bytes)
+                                      else json.dumps(body).encode())
+    request = urllib.request.Request(url, data=data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read().decode()
+            status = response.status
+            kind = response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as error:
+        text, status, kind = error.read().decode(), error.code, error.headers["Content-Type"]
+    return status, json.loads(text) if "json" in kind else text
+
+
+def get(server: LoggedServer, path: str) -> Any:
+    status, body = http("GET", f"{server.admin_url}{path}")
+    assert status == 200, body
+    return body
+
+
+def metrics(server: LoggedServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics, by (name, sorted labels)."""
+    text = get(server, "/metrics")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def sample(scraped: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
+           **labels: str) -> float:
+    return scraped[(name, tuple(sorted(labels.items())))]
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}"
+                                for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
+def server_config(tmp_path: Path, **compaction: Any) -> list[str]:
+    lines = ["group_initial_rebalance_delay_s = 0.2", "upkeep_interval_s = 0.2",
+             "[compaction]", *(f"{key} = {toml_value(value)}"
+                               for key, value in compaction.items())]
+    path = tmp_path / "server.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return ["--config", str(path)]
+
+
+class Servers:
+    """One server at a time on the test's data directory, with an admin listener."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started = 0
+        self.context: Any = None
+
+    def start(self, *extra: str) -> LoggedServer:
+        self.stop()
+        self.started += 1
+        self.context = logged_server(self.tmp_path / "data",
+                                     self.tmp_path / f"server-{self.started}.log",
+                                     "--admin-listen", "127.0.0.1:0", *extra, env=ENV)
+        server: LoggedServer = self.context.__enter__()
+        return server
+
+    def stop(self) -> None:
+        """SIGTERM, and check that the server exited 0."""
+        if self.context is not None:
+            context, self.context = self.context, None
+            context.__exit__(None, None, None)
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Servers]:
+    started = Servers(tmp_path)
+    yield started
+    started.stop()
+
+
+def damage(segment: Path) -> None:
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+
+def sealed_files(tmp_path: Path, partition: int) -> list[Path]:
+    return sorted((tmp_path / "data" / "topics" / "t" / str(partition) / "segments")
+                  .glob("*.parquet"))
+
+
+def create_topic(server: LoggedServer, name: str, partitions: int,
+                 config: dict[str, str]) -> None:
+    admin = AdminClient({"bootstrap.servers": server.bootstrap})
+    futures = admin.create_topics([NewTopic(name, partitions, 1, config=config)])
+    futures[name].result(30)
+
+
+def produce(server: LoggedServer, topic: str, records: list[tuple[bytes, bytes | None]],
+            partition: int | None = None, batch: int = 20) -> dict[bytes, int]:
+    """Produce with acks=all, `batch` records per request (so that the small test
+    segments roll and seal); returns each key's last acknowledged offset."""
+    producer = Producer({"bootstrap.servers": server.bootstrap, "linger.ms": 5})
+    acked: dict[bytes, int] = {}
+
+    def delivered(error: Any, message: Any) -> None:
+        assert error is None, error
+        acked[message.key()] = message.offset()
+
+    for number, (key, value) in enumerate(records, 1):
+        if partition is None:
+            producer.produce(topic, value, key, on_delivery=delivered)
+        else:
+            producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
+        if number % batch == 0:
+            assert producer.flush(30) == 0
+    assert producer.flush(30) == 0
+    return acked
+
+
+# -- admin API: bad requests ----------------------------------------------------------------
+
+
+def test_admin_api_answers_bad_requests_with_clear_json_errors(servers: Servers) -> None:
+    server = servers.start()
+    create_topic(server, "t", 2, TOPIC_CONFIG)
+    create_topic(server, "plain", 1, {})
+    url = server.admin_url
+    assert get(server, "/v1/health") == {"status": "ok"}
+    cases = [
+        ("POST", "/v1/topics/nope/compaction", None, 404, "unknown topic 'nope'"),
+        ("POST", "/v1/topics/plain/compaction", None, 400, "cleanup.policy=delete"),
+        ("POST", "/v1/topics/t/compaction", {"partitions": [7]}, 404, "no partition 7"),
+        ("POST", "/v1/topics/t/compaction", {"partitions": []}, 400, "non-empty list"),
+        ("POST", "/v1/topics/t/compaction", {"partitions": ["0"]}, 400, "integers"),
+        ("POST", "/v1/topics/t/compaction", {"partition": 0}, 400, '"partitions"'),
+        ("POST", "/v1/topics/t/compaction", b"{not json", 400, "not JSON"),
+        ("GET", "/v1/topics/nope", None, 404, "unknown topic 'nope'"),
+        ("GET", "/v1/topics/nope/compaction", None, 404, "unknown topic 'nope'"),
+        ("GET", "/v1/compactions/99", None, 404, "no compaction run '99'"),
+        ("GET", "/v1/compactions/x", None, 404, "no compaction run 'x'"),
+        ("GET", "/nothing/here", None, 404, "Not Found"),
+        ("DELETE", "/v1/topics/t", None, 405, "Method Not Allowed"),
+    ]
+    for method, path, body, status, message in cases:
+        got_status, got = http(method, f"{url}{path}", body)
+        assert (got_status, message in got["error"]) == (status, True), (method, path, got)
+    server.assert_running()
+    topics = get(server, "/v1/topics")
+    assert [t["topic"] for t in topics["topics"]] == ["plain", "t"]
+    topic = get(server, "/v1/topics/t")
+    assert topic["compacted"] and topic["config"]["cleanup.policy"] == "compact"
+    assert [p["partition"] for p in topic["partitions"]] == [0, 1]
+
+
+# -- a requested run with Spark, and the metrics after it -------------------------------------
+
+
+def test_requested_compaction_and_metrics_match_the_run(
+        tmp_path: Path, servers: Servers) -> None:
+    server = servers.start(*server_config(tmp_path, enabled=False, spark_master="local[1]",
+                                  spark_conf=SPARK_TEST_CONF))
+    create_topic(server, "t", 2, TOPIC_CONFIG)
+    records = [(b"k%d" % (i % 30), b"v%d" % i) for i in range(300)] + [(b"k3", None)]
+    produce(server, "t", records)
+    # A group reads everything and commits; then more records arrive: lag.
+    consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": "g1",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe(["t"])
+    seen = 0
+    deadline = time.monotonic() + 60
+    while seen < len(records) and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            seen += 1
+    assert seen == len(records)
+    consumer.commit(asynchronous=False)
+    committed = {tp.partition: tp.offset for tp in consumer.committed(
+        [TopicPartition("t", 0), TopicPartition("t", 1)], timeout=10)}
+    consumer.close()
+    produce(server, "t", [(b"late%d" % i, b"x") for i in range(10)])
+
+    wait_until(lambda: all(p["sealed_bytes"] for p in get(server, "/v1/topics/t")["partitions"]),
+               "sealed segments in both partitions")
+    status, run_started = http("POST", f"{server.admin_url}/v1/topics/t/compaction")
+    assert status == 202, run_started
+    assert run_started["state"] == "RUNNING" and run_started["trigger"] == "request"
+    status, busy = http("POST", f"{server.admin_url}/v1/topics/t/compaction",
+                        {"partitions": [1]})
+    assert status == 409 and "already running" in busy["error"], busy
+    during = get(server, "/v1/topics/t/compaction")
+    assert {p["running_run"] for p in during["partitions"]} == {run_started["id"]}
+
+    run_id = run_started["id"]
+    done = wait_until(lambda: (r := get(server, f"/v1/compactions/{run_id}"))["state"]
+                      != "RUNNING" and r, "the run to finish", timeout=300)
+    assert done["state"] == "SUCCESS", done
+    report = done["report"]
+    parts = report["partitions"]
+    records_in = sum(p["records_in"] for p in parts)
+    records_out = sum(p["records_out"] for p in parts)
+    assert records_in > 0 and records_out < records_in
+
+    scraped = metrics(server)
+    assert sample(scraped, "compactlog_compaction_runs_total", topic="t", result="success",
+                  trigger="request") == 1
+    assert ("compactlog_compaction_runs_total", (("result", "error"), ("topic", "t"),
+                                                 ("trigger", "request"))) not in scraped
+    assert sample(scraped, "compactlog_compaction_records_in_total", topic="t") == records_in
+    assert sample(scraped, "compactlog_compaction_records_out_total", topic="t") == records_out
+    assert sample(scraped, "compactlog_compaction_records_removed_total",
+                  topic="t") == records_in - records_out
+    assert sample(scraped, "compactlog_compaction_bytes_in_total", topic="t") == sum(
+        p["bytes_in"] for p in parts)
+    assert sample(scraped, "compactlog_compaction_duration_seconds_count", topic="t") == 1
+    assert sample(scraped, "compactlog_compaction_duration_seconds_sum",
+                  topic="t") >= report["duration_s"]
+    assert sample(scraped, "compactlog_topic_records_in_total", topic="t") == len(records) + 10
+    assert sample(scraped, "compactlog_topic_records_out_total", topic="t") >= len(records)
+    assert sample(scraped, "compactlog_compaction_uncleanable_partitions") == 0
+    assert sample(scraped, "compactlog_compaction_running") == 0
+    assert sample(scraped, "compactlog_compaction_seconds_since_last_run") < 60
+    assert sample(scraped, "compactlog_compaction_cleaner_enabled") == 0
+    topic = get(server, "/v1/topics/t")
+    for p in topic["partitions"]:
+        index = str(p["partition"])
+        assert p["horizon"] == next(q["horizon"] for q in parts if q["partition"] == int(index))
+        assert sample(scraped, "compactlog_compaction_dirty_ratio", topic="t",
+                      partition=index) == p["dirty_ratio"]
+        assert sample(scraped, "compactlog_partition_log_end_offset", topic="t",
+                      partition=index) == p["log_end_offset"]
+        assert sample(scraped, "compactlog_consumer_group_lag", group="g1", topic="t",
+                      partition=index) == p["log_end_offset"] - committed[p["partition"]]
+    # The status the CLI shows through the server agrees.
+    shown = json.loads(ok(run(tmp_path / "data", "compaction-status", "t", "--server",
+                              server.admin_url, "--json")))
+    assert [p["state"] for p in shown["partitions"]] == ["SUCCESS", "SUCCESS"]
+    assert [p["run_id"] for p in shown["partitions"]] == [report["run_id"]] * 2
+    history = get(server, "/v1/compactions")["runs"]
+    assert [r["id"] for r in history] == [run_id]
+
+
+# -- automatic compaction, and a partition that keeps failing ---------------------------------
+
+
+def test_failing_partition_is_uncleanable_and_the_others_keep_being_compacted(
+        tmp_path: Path, servers: Servers) -> None:
+    # First, with automatic compaction off: two partitions of overwritten keys, sealed.
+    server = servers.start("--no-auto-compaction")
+    create_topic(server, "t", 2, TOPIC_CONFIG)
+    for partition in (0, 1):
+        produce(server, "t", [(b"k%d" % (i % 10), b"v%d" % i) for i in range(200)], partition)
+    wait_until(lambda: all(p["sealed_segments"] >= 1
+                           for p in get(server, "/v1/topics/t")["partitions"]), "sealing")
+    # Then damage a sealed segment of partition 1 and restart with the cleaner on.
+    servers.stop()
+    damaged = sealed_files(tmp_path, 1)[0]
+    damage(damaged)
+    server = servers.start(*server_config(tmp_path, enabled=True, check_interval_s=0.2,
+                                          backoff_initial_s=3600.0, max_concurrent_runs=2,
+                                          service=LOCAL_SERVICE), "--auto-compaction")
+
+    def settled() -> dict[str, Any] | None:
+        body = get(server, "/v1/topics/t/compaction")
+        rows = body["partitions"]
+        return body if rows[0]["state"] == "SUCCESS" and rows[1]["uncleanable"] else None
+
+    body = wait_until(settled, "partition 0 compacted and partition 1 uncleanable", 60)
+    bad = body["partitions"][1]
+    assert bad["state"] == "ERROR" and damaged.name in bad["error"]
+    assert bad["retry_at_ms"] > time.time() * 1000 + 1000 * 1000  # backing off (capped)
+    good_horizon = body["partitions"][0]["horizon"]
+    assert good_horizon is not None and body["partitions"][1]["horizon"] is None
+    scraped = metrics(server)
+    assert sample(scraped, "compactlog_compaction_partition_uncleanable", topic="t",
+                  partition="1") == 1
+    assert ("compactlog_compaction_partition_uncleanable",
+            (("partition", "0"), ("topic", "t"))) not in scraped
+    assert sample(scraped, "compactlog_compaction_uncleanable_partitions") == 1
+    assert sample(scraped, "compactlog_compaction_runs_total", topic="t", result="error",
+                  trigger="scheduler") >= 1
+    assert sample(scraped, "compactlog_compaction_runs_total", topic="t", result="success",
+                  trigger="scheduler") >= 1
+    assert sample(scraped, "compactlog_compaction_cleaner_enabled") == 1
+    assert sample(scraped, "compactlog_compaction_seconds_since_last_check") < 30
+
+    # New records make partition 0 due again: it is compacted again, 1 still waits.
+    successes = sample(scraped, "compactlog_compaction_runs_total", topic="t",
+                       result="success", trigger="scheduler")
+    produce(server, "t", [(b"k%d" % (i % 10), b"w%d" % i) for i in range(200)], 0)
+    wait_until(lambda: sample(metrics(server), "compactlog_compaction_runs_total", topic="t",
+                              result="success", trigger="scheduler") > successes,
+               "partition 0 compacted again", 60)
+    assert get(server, "/v1/topics/t/compaction")["partitions"][0]["horizon"] > good_horizon
+    scraped = metrics(server)
+    assert sample(scraped, "compactlog_compaction_uncleanable_partitions") == 1
+    shown = json.loads(ok(run(tmp_path / "data", "compaction-status", "t", "--server",
+                              server.admin_url, "--json")))["partitions"]
+    assert [p["uncleanable"] for p in shown] == [False, True]
+    assert damaged.name in shown[1]["error"]
+    assert "uncleanable" in ok(run(tmp_path / "data", "compaction-status", "t", "--server",
+                                   server.admin_url), )
+
+    # A run asked for from the CLI goes through the server's engine, past the backoff.
+    result = run(tmp_path / "data", "compact", "t", "--partition", "1", "--server",
+                 server.admin_url, env=ENV)
+    assert result.returncode == 1 and damaged.name in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    table = ok(run(tmp_path / "data", "compact", "t", "-p", "0", "--server",
+                   server.admin_url, env=ENV))
+    assert "Compacted t in" in table and "records in" in table
+
+
+def test_failures_survive_a_restart_with_their_backoff(
+        tmp_path: Path, servers: Servers) -> None:
+    server = servers.start("--no-auto-compaction")
+    create_topic(server, "t", 1, TOPIC_CONFIG)
+    produce(server, "t", [(b"k%d" % (i % 10), b"v%d" % i) for i in range(200)])
+    wait_until(lambda: get(server, "/v1/topics/t")["partitions"][0]["sealed_segments"] >= 1,
+               "sealing")
+    servers.stop()
+    damage(sealed_files(tmp_path, 0)[0])
+    config = server_config(tmp_path, enabled=True, check_interval_s=0.2,
+                           backoff_initial_s=3600.0, service=LOCAL_SERVICE)
+    server = servers.start(*config, "--auto-compaction")
+    failed = wait_until(
+        lambda: (p := get(server, "/v1/topics/t/compaction")["partitions"][0])["uncleanable"]
+        and p, "the failure", 60)
+    assert len(get(server, "/v1/compactions")["runs"]) == 1
+    server = servers.start(*config, "--auto-compaction")
+    started = time.monotonic()
+    # The cleaner has looked since the start (the gauge counts from the server's start
+    # until its first check), and a few times more.
+    wait_until(lambda: sample(metrics(server), "compactlog_compaction_seconds_since_last_check")
+               < time.monotonic() - started, "the cleaner's first check", 30)
+    time.sleep(1)
+    restored = get(server, "/v1/topics/t/compaction")["partitions"][0]
+    assert restored["uncleanable"] and restored["failures_in_a_row"] == 1
+    assert restored["retry_at_ms"] == pytest.approx(failed["retry_at_ms"], abs=1000)
+    assert get(server, "/v1/compactions")["runs"] == []  # still backing off
+    assert sample(metrics(server), "compactlog_compaction_uncleanable_partitions") == 1
+
+
+def test_serve_refuses_bad_compaction_settings(tmp_path: Path) -> None:
+    for text, message in [
+        ("[compaction]\nenabled = 1\n", "compaction.enabled must be a bool"),
+        ("[compaction]\nmax_concurrent_runs = 0\n", "max_concurrent_runs must be above 0"),
+        ("[compaction]\nspeed = 3\n", "unknown setting compaction.'speed'"),
+        ("admin_listen = 'nowhere'\n", "--admin-listen wants HOST:PORT"),
+    ]:
+        path = tmp_path / "server.toml"
+        path.write_text(text)
+        result = run(tmp_path / "data", "serve", "--config", str(path))
+        assert result.returncode == 1 and message in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
