@@ -398,3 +398,15 @@ def test_serve_refuses_bad_compaction_settings(tmp_path: Path) -> None:
         result = run(tmp_path / "data", "serve", "--config", str(path))
         assert result.returncode == 1 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_the_documented_config_file_is_valid_and_complete(tmp_path: Path) -> None:
+    from compactlog.cli.serve import COMPACTION_SETTINGS, SETTINGS, load_settings
+
+    text = (TESTS_DIR.parent / "docs" / "server.md").read_text()
+    block = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "server.toml"
+    path.write_text(block)
+    settings = load_settings(path)
+    assert set(settings) == set(SETTINGS)
+    assert set(settings["compaction"]) | {"service"} == set(COMPACTION_SETTINGS)
