@@ -233,14 +233,21 @@ def test_requested_compaction_and_metrics_match_the_run(
     status, busy = http("POST", f"{server.admin_url}/v1/topics/t/compaction",
                         {"partitions": [1]})
     assert status == 409 and "already running" in busy["error"], busy
+    assert busy["runs"] == [run_started["id"]]
     during = get(server, "/v1/topics/t/compaction")
     assert {p["running_run"] for p in during["partitions"]} == {run_started["id"]}
 
     run_id = run_started["id"]
+    # The CLI, asked for a run while this one goes (Spark's start-up alone is seconds),
+    # waits for it and reports it.
+    waited = run(tmp_path / "data", "compact", "t", "--server", server.admin_url, "--json",
+                 timeout=300)
+    assert f"waiting for run {run_id}" in waited.stderr
     done = wait_until(lambda: (r := get(server, f"/v1/compactions/{run_id}"))["state"]
                       != "RUNNING" and r, "the run to finish", timeout=300)
     assert done["state"] == "SUCCESS", done
     report = done["report"]
+    assert json.loads(ok(waited)) == report
     parts = report["partitions"]
     records_in = sum(p["records_in"] for p in parts)
     records_out = sum(p["records_out"] for p in parts)
@@ -308,7 +315,10 @@ def test_failing_partition_is_uncleanable_and_the_others_keep_being_compacted(
     def settled() -> dict[str, Any] | None:
         body = get(server, "/v1/topics/t/compaction")
         rows = body["partitions"]
-        return body if rows[0]["state"] == "SUCCESS" and rows[1]["uncleanable"] else None
+        # running_run: the status file says SUCCESS just before the run's process exits;
+        # the server counts the run once it has the report.
+        done = rows[0]["state"] == "SUCCESS" and rows[0]["running_run"] is None
+        return body if done and rows[1]["uncleanable"] else None
 
     body = wait_until(settled, "partition 0 compacted and partition 1 uncleanable", 60)
     bad = body["partitions"][1]

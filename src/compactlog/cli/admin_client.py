@@ -33,9 +33,10 @@ class AdminClient:
             with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as error:
-            message = _error_message(error)
+            body = _error_body(error)
+            message = str(body.get("error", error.reason))
             if error.code == 409:
-                raise ConflictError(message) from None
+                raise BusyServerError(message, body.get("runs", [])) from None
             raise UserError(f"the server at {self.url} answered {error.code}: {message}") \
                 from None
         except (urllib.error.URLError, OSError) as error:
@@ -47,11 +48,20 @@ class AdminClient:
                             f"JSON: {error}") from None
 
 
-def _error_message(error: urllib.error.HTTPError) -> str:
+class BusyServerError(ConflictError):
+    """409: a compaction is already running; `runs` are the server's runs in the way."""
+
+    def __init__(self, message: str, runs: list[int]) -> None:
+        super().__init__(message)
+        self.runs = runs
+
+
+def _error_body(error: urllib.error.HTTPError) -> dict[str, Any]:
     try:
-        return str(json.loads(error.read())["error"])
-    except (ValueError, KeyError, TypeError):
-        return str(error.reason)
+        body = json.loads(error.read())
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def report_from_json(body: dict[str, Any]) -> CompactionReport:

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from compactlog.cli import Context
-from compactlog.cli.admin_client import AdminClient, report_from_json
+from compactlog.cli.admin_client import AdminClient, BusyServerError, report_from_json
 from compactlog.cli.output import stderr_console, stdout_console
 from compactlog.compaction import CompactionReport, CompactionServiceFactory, load_factory
 from compactlog.compaction.runner import chosen_partitions
@@ -113,8 +113,15 @@ def compact(
 
 def _compact_on_server(client: AdminClient, topic: str, partitions: list[int] | None,
                        no_wait: bool, as_json: bool) -> None:
-    run = client.post(f"/v1/topics/{quote(topic, safe='')}/compaction",
-                      {"partitions": partitions} if partitions else {})
+    try:
+        run = client.post(f"/v1/topics/{quote(topic, safe='')}/compaction",
+                          {"partitions": partitions} if partitions else {})
+    except BusyServerError as error:
+        if no_wait or len(error.runs) != 1:
+            raise  # held by another process, or by several runs: say so
+        # The server's own cleaner got there first: report that run instead.
+        console.print(f"{error}: waiting for run {error.runs[0]}")
+        run = client.get(f"/v1/compactions/{error.runs[0]}")
     if no_wait:
         click.echo(json.dumps(run, indent=2) if as_json
                    else f"compaction run {run['id']} started on {client.url}")

@@ -141,7 +141,13 @@ class AdminServer:
             except ValueError as error:
                 raise UserError(f"the request body is not JSON: {error}") from None
             partitions = _partitions(body)
-        record = await self.server.cleaner.request(name, partitions)
+        try:
+            record = await self.server.cleaner.request(name, partitions)
+        except BusyError as error:
+            # The runs in the way, so that a client can wait for them instead.
+            runs = [r.job.id for r in self.server.cleaner.running()
+                    if r.job.topic == name and set(r.job.partitions) & set(error.partitions)]
+            return _json({"error": str(error), "runs": runs}, status=409)
         return _json(record.to_json(), status=202,
                      headers={"Location": f"/v1/compactions/{record.job.id}"})
 
