@@ -1,0 +1,31 @@
+"""Topics and their compacted views as Spark DataFrames (Spark 4's Python Data Source API).
+
+    from compactlog.spark import register
+    register(spark)
+    df = (spark.read.format("compactlog").option("path", "compactlog-data")
+          .option("topic", "prices").option("view", "compacted").load())
+
+See docs/querying.md. The source itself is in source.py; planning (driver) in plan.py,
+reading (executors) in read.py, appending in write.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from compactlog.spark.schema import SPARK_SCHEMA
+from compactlog.spark.source import NAME, CompactlogDataSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["NAME", "SPARK_SCHEMA", "CompactlogDataSource", "register"]
+
+
+def register(spark: SparkSession) -> None:
+    """Make `spark.read.format("compactlog")` and `df.write.format("compactlog")` work.
+
+    Spark also finds the source by itself in any Python where compactlog is installed
+    (the `pyspark_compactlog` module); registering explicitly does not depend on that.
+    """
+    spark.dataSource.register(CompactlogDataSource)

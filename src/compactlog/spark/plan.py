@@ -1,0 +1,113 @@
+"""Planning a read on the driver: which files and offset ranges each Spark task reads.
+
+The plan is taken from one snapshot of each partition: its manifest (sealed segments,
+and the (horizon, ledger) pair) and its log end offset. From it:
+
+- raw view: one task per sealed segment, from the log start offset; then one task per
+  partition for the unsealed tail, [sealed end, log end).
+- compacted view: one task per ledger file (every record they hold is at or below the
+  horizon); one task per sealed segment above the horizon, from horizon + 1; then the
+  tail, [max(sealed end, horizon + 1), log end).
+
+This is exactly what `Reader(..., read_compacted=True)` (or a raw Reader) returns from
+the earliest position: see storage/compacted.py and storage/partition.py. File tasks
+read Parquet directly on the executors; tail tasks go through the store's read API,
+because the active log is in Kafka's batch format, and because by the time a task runs
+the tail may have been sealed into Parquet (the read API finds it wherever it is).
+
+Tasks carry the manifest's size and CRC32C of their file, so an executor proves the
+file whole before the Parquet reader parses it (as SealedSegment does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql.datasource import InputPartition
+
+from compactlog.config import TopicConfig
+from compactlog.errors import CorruptionError
+from compactlog.spark.options import ReadOptions
+from compactlog.storage.compacted import LEDGER_DIR, horizon_of, ledger_infos
+from compactlog.storage.manifest import SegmentInfo
+from compactlog.storage.partition import Partition
+from compactlog.storage.store import LogStore
+
+
+@dataclass(frozen=True)
+class FilePart(InputPartition):
+    """A task reading one Parquet file (sealed segment or ledger file) from `start_offset`."""
+
+    topic: str
+    partition: int
+    path: str
+    info: SegmentInfo
+    start_offset: int
+
+
+@dataclass(frozen=True)
+class TailPart(InputPartition):
+    """A task reading offsets [start_offset, end_offset) of one partition's raw log."""
+
+    topic: str
+    partition: int
+    directory: str
+    config: TopicConfig
+    start_offset: int
+    end_offset: int
+
+
+def plan_read(options: ReadOptions) -> list[InputPartition]:
+    """The tasks of one read, partition by partition, each in offset order."""
+    with LogStore.open(options.path, read_only=True) as store:
+        topic = store.topic(options.topic)  # UnknownTopicError names the topic
+        chosen = options.partitions
+        indexes = range(len(topic.partitions)) if chosen is None else chosen
+        parts: list[InputPartition] = []
+        for index in indexes:
+            partition = topic.partition(index)  # UnknownPartitionError names the range
+            parts.extend(_plan_partition(partition, topic.config, options.view))
+        return parts
+
+
+def _plan_partition(partition: Partition, config: TopicConfig, view: str) -> Iterator[
+    InputPartition
+]:
+    # A read-only partition loaded its manifest and scanned its logs when it was opened,
+    # just now: that is the snapshot. Sealing may move the tail into Parquet before the
+    # tail task runs; that task reads through the store API, which follows it there.
+    manifest = partition.manifest
+    log_end = partition.log_end_offset
+    start = manifest.log_start_offset
+    if view == "compacted":
+        horizon = horizon_of(manifest)
+        if horizon is not None:
+            for info in ledger_infos(manifest):
+                yield _file_part(partition, partition.directory / LEDGER_DIR, info, 0)
+            start = max(start, horizon + 1)
+    for info in manifest.segments:
+        if info.last_offset >= start:
+            yield _file_part(partition, partition.segment_dir, info, start)
+    tail_start = max(start, manifest.sealed_end_offset)
+    if tail_start < log_end:
+        yield TailPart(partition.topic, partition.index, str(partition.directory), config,
+                       tail_start, log_end)
+
+
+def _file_part(partition: Partition, directory: Path, info: SegmentInfo, start: int) -> FilePart:
+    path = directory / info.file
+    start = max(start, info.base_offset)
+    # A hole's last offset is -1 when the damage hid where it ended.
+    holes = [(first, last) for first, last in info.missing if last < 0 or last >= start]
+    if holes:
+        # The Reader fails on these offsets too; a table must not silently lack them.
+        first, last = holes[0]
+        raise CorruptionError(
+            path,
+            f"offsets {first}..{last} of {partition.name} were lost to a corrupt range in "
+            "the log before this segment was sealed; read the other partitions with "
+            "option 'partitions'",
+        )
+    return FilePart(partition.topic, partition.index, str(path), info, start)

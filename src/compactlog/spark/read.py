@@ -1,0 +1,87 @@
+"""Reading one planned task on an executor, as Arrow record batches.
+
+File tasks read their Parquet file through `SealedSegment`, the store's own reader: it
+checks the file's size and CRC32C against the manifest before parsing (a damaged footer
+can crash a Parquet reader rather than fail it), verifies page checksums, and slices the
+first row group at the task's start offset. Row groups go to Spark as Arrow batches, so
+no Python object is built per record.
+
+Tail tasks read the unsealed log through the partition's read API, a bounded chunk at
+a time, and stop at the end offset the driver planned, so the DataFrame is the snapshot
+taken at planning even while a writer appends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from compactlog.errors import ConflictError, RetryableError
+from compactlog.spark.plan import FilePart, TailPart
+from compactlog.spark.schema import ARROW_SCHEMA
+from compactlog.storage.partition import Partition
+from compactlog.storage.sealed import RECORD_COLUMNS, SealedSegment, SegmentMissingError
+
+TAIL_CHUNK_RECORDS = 50_000
+TAIL_CHUNK_BYTES = 16 * 1024 * 1024
+
+
+def read_part(part: FilePart | TailPart) -> Iterator[pa.RecordBatch]:
+    if isinstance(part, FilePart):
+        return read_file(part)
+    return read_tail(part)
+
+
+def read_file(part: FilePart) -> Iterator[pa.RecordBatch]:
+    segment = SealedSegment(Path(part.path), part.info)
+    try:
+        for table in segment.iter_tables(part.start_offset, RECORD_COLUMNS):
+            yield from _batches(table, part.partition)
+    except SegmentMissingError as error:
+        # Retention or a newer compaction deleted the file after the query was planned.
+        raise RetryableError(
+            f"{part.path} ({part.topic}/{part.partition}) was deleted after the query was "
+            "planned (by retention or a newer compaction); run the query again"
+        ) from error
+    finally:
+        segment.close()
+
+
+def read_tail(part: TailPart) -> Iterator[pa.RecordBatch]:
+    # One partition, opened read-only, rather than LogStore.open(...).topic(T): that
+    # would open (and scan the active log of) every partition of the topic in every
+    # tail task.
+    config = part.config
+    partition = Partition(Path(part.directory), part.topic, part.partition,
+                          lambda: config, writable=False).open()
+    try:
+        offset = part.start_offset
+        while offset < part.end_offset:
+            table = partition.read_table(offset, TAIL_CHUNK_RECORDS, TAIL_CHUNK_BYTES)
+            offsets = table.column("offset")
+            if not table.num_rows or offsets[0].as_py() != offset:
+                # Raw offsets are dense, so a gap means the records were deleted since
+                # planning (retention of a segment sealed meanwhile).
+                raise ConflictError(
+                    f"{partition.name}: offset {offset} is gone since the query was "
+                    "planned; run the query again"
+                )
+            wanted = int(np.searchsorted(offsets.to_numpy(), part.end_offset))
+            yield from _batches(table.slice(0, wanted), part.partition)
+            offset += wanted
+            if wanted < table.num_rows:
+                break
+    finally:
+        partition.close()
+
+
+def _batches(table: pa.Table, partition: int) -> Iterator[pa.RecordBatch]:
+    """`table`'s record columns with the partition column in front, in Spark's schema."""
+    if not table.num_rows:
+        return
+    columns = [pa.array(np.full(table.num_rows, partition, dtype=np.int32))]
+    columns += [table.column(name) for name in RECORD_COLUMNS]
+    yield from pa.Table.from_arrays(columns, schema=ARROW_SCHEMA).to_batches()
