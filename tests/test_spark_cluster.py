@@ -1,0 +1,93 @@
+"""Compaction on a real Spark standalone cluster: a master and one worker on 127.0.0.1,
+started with scripts/spark-cluster.sh from the pip-installed pyspark. The result must
+equal a local[*] run of the same topic, record for record."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from compactlog import LogStore, ProducerRecord
+from compactlog.client.reader import Reader
+from conftest import SPARK_TEST_CONF
+from test_cli import ok, run
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "spark-cluster.sh"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[str]:
+    env = {**os.environ, "SPARK_CLUSTER_DIR": str(tmp_path / "spark-cluster"),
+           "SPARK_MASTER_PORT": str(free_port()), "SPARK_MASTER_WEBUI_PORT": str(free_port()),
+           "SPARK_WORKER_WEBUI_PORT": str(free_port()), "SPARK_WORKER_CORES": "2",
+           "SPARK_WORKER_MEMORY": "2g"}
+    started = subprocess.run(["bash", str(SCRIPT), "start"], env=env, capture_output=True,
+                             text=True, timeout=180)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "is up with 1 worker" in started.stdout
+        yield f"spark://127.0.0.1:{env['SPARK_MASTER_PORT']}"
+    finally:
+        stopped = subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True,
+                                 text=True, timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        status = subprocess.run(["bash", str(SCRIPT), "status"], env=env, capture_output=True,
+                                text=True, timeout=60)
+        assert status.returncode == 1, "the master still answers after stop"
+
+
+def make_topic(data: Path) -> None:
+    with LogStore.open(data) as store:
+        store.create_topic("t", partitions=3, config={
+            "cleanup.policy": "compact", "segment.bytes": "4096",
+            "min.compaction.lag.ms": "0"})
+        for round_ in range(20):
+            store.append("t", [
+                ProducerRecord(b"k%d" % (i % 37), None if i % 11 == 0 else b"v%d-%d" % (round_, i))
+                for i in range(50)])
+        for partition in store.topic("t").partitions:
+            partition.roll()
+
+
+def compacted_view(data: Path) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    rows = []
+    with LogStore.open(data, read_only=True) as store:
+        for partition in range(3):
+            reader = Reader(store, "t", partition, read_compacted=True)
+            while batch := reader.poll(max_records=1000):
+                rows += [(partition, r.offset, r.key, r.value) for r in batch]
+    return rows
+
+
+def test_compaction_on_a_standalone_cluster_equals_a_local_run(
+        tmp_path: Path, cluster: str) -> None:
+    make_topic(tmp_path / "cluster")
+    shutil.copytree(tmp_path / "cluster", tmp_path / "local")
+    conf = [arg for key, value in SPARK_TEST_CONF.items() if key != "spark.default.parallelism"
+            for arg in ("--spark-conf", f"{key}={value}")]
+    on_cluster = json.loads(ok(run(tmp_path / "cluster", "compact", "t", "--spark-master",
+                                   cluster, *conf, "--json", timeout=600)))
+    local = json.loads(ok(run(tmp_path / "local", "compact", "t", "--spark-master", "local[*]",
+                              *conf, "--json", timeout=600)))
+    assert on_cluster["partitions"] == local["partitions"]
+    assert sum(p["records_in"] for p in local["partitions"]) == 1000
+    view = compacted_view(tmp_path / "cluster")
+    assert view == compacted_view(tmp_path / "local")
+    assert len(view) == sum(p["records_out"] for p in local["partitions"]) > 0
