@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,9 @@ def spark_environment() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Errors only from the JVM's logging (spark-conf/log4j2.properties), unless the user
+    # has a Spark configuration directory of their own.
+    os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).with_name("spark-conf")))
 
 
 def start_session(
