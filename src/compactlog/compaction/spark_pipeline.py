@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from compactlog.compaction.ledger import (
     ledger_file_name,
     write_ledger_piece,
 )
-from compactlog.compaction.plan import InputFile, PartitionPlan, Piece, split_pieces
+from compactlog.compaction.plan import PartitionPlan, Piece, split_pieces
 from compactlog.compaction.strategies import Strategy, parse_strategy, surviving_record
 from compactlog.storage.records import Record
 from compactlog.storage.sealed import table_to_records
@@ -48,9 +48,6 @@ INPUT_SCHEMA = (
     "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, value_size INT"
 )
 UNION_LIMIT = 64  # partitions per run up to which phase 1 unions one scan per partition
-# An incremental "latest" run whose dirty part is at most this many records broadcasts the
-# dirty part's keys instead of shuffling the previous ledger (about 20 bytes per key).
-BROADCAST_DIRTY_RECORDS = 2_000_000
 
 
 def find_survivors(spark: SparkSession, plans: list[PartitionPlan]) -> None:
@@ -60,58 +57,12 @@ def find_survivors(spark: SparkSession, plans: list[PartitionPlan]) -> None:
         return
     strategy = working[0].strategy
     empty_is_tombstone = working[0].rules.empty_value_is_tombstone
-    if _incremental_latest(working):
-        survivors = _incremental_latest_survivors(spark, working)
-    else:
-        frame = _input_frame(spark, working, strategy)
-        survivors = _survivor_offsets(frame, strategy, empty_is_tombstone)
+    frame = _input_frame(spark, working, strategy)
+    survivors = _survivor_offsets(frame, strategy, empty_is_tombstone)
     table = survivors.toArrow()
     by_partition = _split_by_partition(table)
     for plan in working:
         plan.survivors = by_partition.get(plan.partition, np.empty(0, np.int64))
-
-
-def _incremental_latest(plans: list[PartitionPlan]) -> bool:
-    dirty_records = sum(item.info.record_count for plan in plans for item in plan.dirty)
-    return (plans[0].strategy.kind == "latest" and len(plans) <= UNION_LIMIT
-            and any(plan.clean for plan in plans) and any(plan.dirty for plan in plans)
-            and dirty_records <= BROADCAST_DIRTY_RECORDS)
-
-
-def _incremental_latest_survivors(spark: SparkSession, plans: list[PartitionPlan]) -> DataFrame:
-    """Latest wins, on top of a previous ledger: a ledger row survives unless its key comes
-    again in the dirty part, and the dirty part's latest record of each key survives.
-
-    The ledger holds one row per key already, so it needs no grouping: it is scanned once
-    and probed against the (small, broadcast) dirty keys, instead of being shuffled with
-    the dirty rows as a full run does. Keys still match by their bytes.
-    """
-    from pyspark.sql import functions as F
-
-    dirty = _scan(spark, [(plan.partition, plan.dirty) for plan in plans if plan.dirty],
-                  ["key", "offset"])
-    latest = dirty.groupBy("p", "key").agg(F.max("offset").alias("offset"))
-    clean = _scan(spark, [(plan.partition, plan.clean) for plan in plans if plan.clean],
-                  ["key", "offset"])
-    kept = clean.join(F.broadcast(latest.select("p", "key")), ["p", "key"], "left_anti")
-    return kept.select("p", "offset").unionAll(latest.select("p", "offset"))
-
-
-def _scan(spark: SparkSession, files: list[tuple[int, list[InputFile]]],
-          columns: Sequence[Column | str]) -> DataFrame:
-    """One Parquet scan per partition, its number a constant column `p`, unioned; rows
-    with null keys left out (they follow the null-key policy in phase 2)."""
-    from pyspark.sql import functions as F
-
-    frames = [
-        spark.read.schema(INPUT_SCHEMA).parquet(*(str(item.path) for item in items))
-        .select(F.lit(partition).alias("p"), *columns)
-        for partition, items in files
-    ]
-    frame = frames[0]
-    for other in frames[1:]:
-        frame = frame.unionAll(other)
-    return frame.where(F.col("key").isNotNull())
 
 
 def _input_frame(spark: SparkSession, plans: list[PartitionPlan], strategy: Strategy) -> DataFrame:
@@ -125,16 +76,24 @@ def _input_frame(spark: SparkSession, plans: list[PartitionPlan], strategy: Stra
     if len(plans) <= UNION_LIMIT:
         # One scan per partition, its number a constant: a regex over every row's file
         # path cost about a third of phase 1 (bench/compaction.py, 2M records).
-        return _scan(spark, [(plan.partition, plan.inputs) for plan in plans], columns)
-    # Thousands of scans would swamp the planner: find each row's partition from its
-    # file's path instead.
-    paths = [str(item.path) for plan in plans for item in plan.inputs]
-    frame = spark.read.schema(INPUT_SCHEMA).parquet(*paths).select(
-        F.regexp_extract(F.col("_metadata.file_path"), PARTITION_OF_PATH, 1)
-        .cast("int")
-        .alias("p"),
-        *columns,
-    )
+        frames = [
+            spark.read.schema(INPUT_SCHEMA).parquet(*(str(item.path) for item in plan.inputs))
+            .select(F.lit(plan.partition).alias("p"), *columns)
+            for plan in plans
+        ]
+        frame = frames[0]
+        for other in frames[1:]:
+            frame = frame.unionAll(other)
+    else:
+        # Thousands of scans would swamp the planner: find each row's partition from its
+        # file's path instead.
+        paths = [str(item.path) for plan in plans for item in plan.inputs]
+        frame = spark.read.schema(INPUT_SCHEMA).parquet(*paths).select(
+            F.regexp_extract(F.col("_metadata.file_path"), PARTITION_OF_PATH, 1)
+            .cast("int")
+            .alias("p"),
+            *columns,
+        )
     return frame.where(F.col("key").isNotNull())
 
 
