@@ -4,7 +4,7 @@ This is the one module that knows the on-disk format of sealed data, so that the
 format can change in one place (Arrow IPC reads faster; Parquet is what Spark, DuckDB
 and Polars read natively, and it compresses real payloads several-fold).
 
-Columns (see docs/parquet-schema.md): the record itself (offset, timestamp, key, value,
+Columns (see docs/querying.md): the record itself (offset, timestamp, key, value,
 headers), `value_size` so that compaction can find tombstones without reading values,
 and the batch fields needed to rebuild Kafka record batches for the wire (batch base and
 last offset, attributes, producer id, epoch and base sequence).
