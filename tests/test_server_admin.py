@@ -291,12 +291,28 @@ def test_requested_compaction_and_metrics_match_the_run(
     history = get(server, "/v1/compactions")["runs"]
     assert [r["id"] for r in history] == [run_id]
 
+    # A second run goes to the same warm worker: no Spark start-up this time.
+    mark = server.mark()
+    produce(server, "t", [(b"k%d" % (i % 30), b"w%d" % i) for i in range(100)])
+    wait_until(lambda: any(p["dirty_bytes"] for p in get(server, "/v1/topics/t")["partitions"]),
+               "new sealed segments")
+    status, second = http("POST", f"{server.admin_url}/v1/topics/t/compaction")
+    assert status == 202, second
+    second = wait_until(lambda: (r := get(server, f"/v1/compactions/{second['id']}"))["state"]
+                        != "RUNNING" and r, "the second run", timeout=300)
+    assert second["state"] == "SUCCESS", second
+    assert second["report"]["startup_s"] == 0 and "spark start-up" not in second["report"][
+        "stages"]
+    assert "started compaction worker" not in server.log_since(mark)
+    assert server.log().count("started compaction worker") == 1
+
 
 # -- automatic compaction, and a partition that keeps failing ---------------------------------
 
 
+@pytest.mark.parametrize("keep_warm_s", [60.0, 0.0], ids=["warm-worker", "process-per-run"])
 def test_failing_partition_is_uncleanable_and_the_others_keep_being_compacted(
-        tmp_path: Path, servers: Servers) -> None:
+        tmp_path: Path, servers: Servers, keep_warm_s: float) -> None:
     # First, with automatic compaction off: two partitions of overwritten keys, sealed.
     server = servers.start("--no-auto-compaction")
     create_topic(server, "t", 2, TOPIC_CONFIG)
@@ -310,7 +326,8 @@ def test_failing_partition_is_uncleanable_and_the_others_keep_being_compacted(
     damage(damaged)
     server = servers.start(*server_config(tmp_path, enabled=True, check_interval_s=0.2,
                                           backoff_initial_s=3600.0, max_concurrent_runs=2,
-                                          service=LOCAL_SERVICE), "--auto-compaction")
+                                          keep_warm_s=keep_warm_s, service=LOCAL_SERVICE),
+                           "--auto-compaction")
 
     def settled() -> dict[str, Any] | None:
         body = get(server, "/v1/topics/t/compaction")
@@ -394,6 +411,26 @@ def test_failures_survive_a_restart_with_their_backoff(
     assert restored["retry_at_ms"] == pytest.approx(failed["retry_at_ms"], abs=1000)
     assert get(server, "/v1/compactions")["runs"] == []  # still backing off
     assert sample(metrics(server), "compactlog_compaction_uncleanable_partitions") == 1
+
+
+def test_idle_warm_worker_exits_and_the_next_run_starts_another(
+        tmp_path: Path, servers: Servers) -> None:
+    server = servers.start(*server_config(tmp_path, enabled=False, keep_warm_s=0.5,
+                                          service=LOCAL_SERVICE))
+    create_topic(server, "t", 1, TOPIC_CONFIG)
+    for _ in range(2):
+        mark = server.mark()
+        produce(server, "t", [(b"k%d" % (i % 10), b"v%d" % i) for i in range(400)])
+        wait_until(lambda: get(server, "/v1/topics/t")["partitions"][0]["dirty_bytes"],
+                   "sealing")
+        status, started = http("POST", f"{server.admin_url}/v1/topics/t/compaction")
+        assert status == 202, started
+        path = f"/v1/compactions/{started['id']}"
+        done = wait_until(lambda path=path: (r := get(server, path))["state"] != "RUNNING"
+                          and r, "the run")
+        assert done["state"] == "SUCCESS", done
+        server.wait_for_log(r"started compaction worker", mark)
+        server.wait_for_log(r"stopping compaction worker \d+, idle", mark)
 
 
 def test_serve_refuses_bad_compaction_settings(tmp_path: Path) -> None:

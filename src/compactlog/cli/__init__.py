@@ -72,6 +72,7 @@ def _register() -> None:
     cli.add_command(topics.topics)
     cli.add_command(compact.compact)
     cli.add_command(compact.compaction_status)
+    cli.add_command(compact.compact_worker)
     cli.add_command(produce.produce)
     cli.add_command(consume.consume)
     cli.add_command(docs.config_docs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +22,8 @@ from compactlog.cli.output import stderr_console, stdout_console
 from compactlog.compaction import CompactionReport, CompactionServiceFactory, load_factory
 from compactlog.compaction.runner import chosen_partitions
 from compactlog.compaction.status import read_status
+from compactlog.compaction.worker import CompactionWorker, protocol_stdout
+from compactlog.compaction.worker import serve as serve_requests
 from compactlog.config import parse_assignments
 from compactlog.errors import CompactlogError
 from compactlog.storage.store import LogStore
@@ -211,6 +214,30 @@ def summary_table(report: CompactionReport) -> Table:
             "", style="bold",
         )
     return table
+
+
+@click.command("compact-worker", hidden=True)
+@click.option("--spark-master", default="local[*]", show_default=True)
+@click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE")
+@click.option("--service", default=None, metavar="MODULE:NAME")
+@click.pass_obj
+def compact_worker(ctx: Context, spark_master: str, spark_conf: tuple[str, ...],
+                   service: str | None) -> None:
+    """A long-lived compaction process for the server (JSON lines on stdin and stdout).
+
+    The server starts it; it is not meant to be run by hand. Each input line
+    {"id": N, "topic": T, "partitions": [..] | null} gets one output line with the run's
+    report (as `compact --json` prints it) or its error. Spark stays up between runs.
+
+    \b
+    Example:
+      echo '{"id": 1, "topic": "prices", "partitions": null}' | compactlog compact-worker
+    """
+    answers = protocol_stdout()
+    settings: dict[str, Any] = {"spark.master": spark_master,
+                                "spark.conf": parse_assignments(spark_conf)}
+    worker = CompactionWorker(ctx.data_dir, load_factory(service), settings)
+    serve_requests(worker, sys.stdin, answers, report_json)
 
 
 @click.command("compaction-status")

@@ -33,6 +33,7 @@ from compactlog.server.cleaner import CleanerConfig
 #   backoff_max_s = 1800.0           # ... up to this
 #   io_max_bytes_per_s = 0           # average compaction read rate (0: unlimited)
 #   run_timeout_s = 3600.0           # a run going longer is stopped
+#   keep_warm_s = 300.0              # keep a compaction process (Spark) warm this long; 0: off
 #   spark_master = "local[*]"        # where compaction runs
 #   spark_conf = { "spark.driver.memory" = "2g" }   # Spark settings, passed through
 #   service = "module:factory"       # compaction service factory (default: Spark)
@@ -43,7 +44,8 @@ SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_request_by
 COMPACTION_SETTINGS: dict[str, type] = {
     "enabled": bool, "check_interval_s": float, "threshold_bytes": int,
     "max_concurrent_runs": int, "backoff_initial_s": float, "backoff_max_s": float,
-    "io_max_bytes_per_s": float, "run_timeout_s": float, "spark_master": str,
+    "io_max_bytes_per_s": float, "run_timeout_s": float, "keep_warm_s": float,
+    "spark_master": str,
     "spark_conf": dict, "service": str,
 }
 

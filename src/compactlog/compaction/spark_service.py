@@ -80,6 +80,12 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
             report.stages["phase 1"] = max(0.0, report.stages["phase 1"] - self._startup_s)
         return report
 
+    @property
+    def started_session(self) -> SparkSession | None:
+        """The session this service started, if it did; a caller that keeps it for later
+        services (settings["spark.session"]) stops it itself."""
+        return self._spark if "spark.session" not in self.settings else None
+
     def stop(self) -> None:
         """Stop the Spark session this service started (not one it was given)."""
         if self._spark is not None and "spark.session" not in self.settings:

@@ -2,11 +2,11 @@
 
 Every `check_interval_s` the cleaner measures each compacted partition (a plan from its
 manifest: no data is read), asks the scheduler (compaction/scheduler.py) what is due and
-starts each run as `python -m compactlog compact TOPIC -p N... --json`: Spark never runs
-inside the server's process, a run that crashes or hangs takes nothing else with it, and
-the run's own crash safety (compaction/runner.py) covers a kill at any point. The
-report a run prints on stdout feeds the metrics and the admin API; its stderr goes to
-the server's log at debug level, and its last error line into the partition's failure.
+hands each run to a compaction process (server/compaction_processes.py): a warm worker
+kept between runs, or a new `compactlog compact` process per run. Spark never runs inside
+the server's process, a run that crashes or hangs takes nothing else with it, and the
+run's own crash safety (compaction/runner.py) covers a kill at any point. A run's report
+feeds the metrics and the admin API; its error goes into the partition's failure.
 
 Runs asked for through the admin API go through the same path, past the triggers.
 """
@@ -15,12 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import json
 import logging
-import os
-import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,6 +32,12 @@ from compactlog.compaction.scheduler import (
 )
 from compactlog.compaction.status import is_locked, read_status
 from compactlog.errors import UserError
+from compactlog.server.compaction_processes import (
+    Outcome,
+    ProcessSettings,
+    Runner,
+    make_runner,
+)
 from compactlog.server.metrics import ServerMetrics
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
@@ -64,6 +65,9 @@ class CleanerConfig:
     io_max_bytes_per_s: float = 0.0
     # A run still going after this long is killed (and counts as a failure).
     run_timeout_s: float = 3600.0
+    # Keep a compaction process (its JVM and SparkSession) this long after a run, for the
+    # next one; 0: a new process per run. A warm process holds about 1-2 GiB.
+    keep_warm_s: float = 300.0
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = field(default_factory=dict)
     service: str | None = None  # compaction service factory, MODULE:NAME (PIP-278)
@@ -77,7 +81,8 @@ class CleanerConfig:
             if value <= 0:
                 raise UserError(f"compaction.{name} must be above 0, got {value}")
         for name, value in {"threshold_bytes": self.threshold_bytes,
-                            "io_max_bytes_per_s": self.io_max_bytes_per_s}.items():
+                            "io_max_bytes_per_s": self.io_max_bytes_per_s,
+                            "keep_warm_s": self.keep_warm_s}.items():
             if value < 0:
                 raise UserError(f"compaction.{name} must be 0 (off) or above, got {value}")
 
@@ -112,12 +117,6 @@ class RunRecord:
         }
 
 
-@dataclass
-class Outcome:
-    report: dict[str, Any] | None
-    error: str | None
-
-
 def partition_load(topic: str, partition: Partition, now_ms: int) -> PartitionLoad:
     """Measure one partition for the scheduler, from its manifest alone."""
     manifest, version = partition.manifest, partition.manifest_version
@@ -150,7 +149,9 @@ class Cleaner:
         self.runs: collections.OrderedDict[int, RunRecord] = collections.OrderedDict()
         self.last_check_s: float | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._processes: dict[int, asyncio.subprocess.Process] = {}
+        self.runner: Runner = make_runner(ProcessSettings(
+            store.data_dir, config.spark_master, config.spark_conf, config.service,
+            config.run_timeout_s), config.keep_warm_s)
         self._next_check = 0.0
         self._restore_failures()
 
@@ -187,6 +188,7 @@ class Cleaner:
 
     async def tick(self) -> None:
         """Start the runs that are due; called by the server's upkeep loop."""
+        self.runner.expire_idle()
         now = time.monotonic()
         if not self.config.enabled or now < self._next_check:
             return
@@ -229,7 +231,7 @@ class Cleaner:
         job = record.job
         began = time.monotonic()
         try:
-            outcome = await self._run_process(job)
+            outcome = await self.runner.run(job)
         except asyncio.CancelledError:
             outcome = Outcome(None, "the server stopped while the run was going")
             raise
@@ -272,77 +274,15 @@ class Cleaner:
         log.info("compacted %s partition(s) %s in %.1fs: %d records in, %d out",
                  job.topic, job.partitions, seconds, records_in, records_out)
 
-    def command(self, job: Job) -> list[str]:
-        config = self.config
-        command = [sys.executable, "-m", "compactlog", "--data-dir", str(self.store.data_dir),
-                   "--log-level", "info", "compact", job.topic, "--json",
-                   "--spark-master", config.spark_master]
-        for index in job.partitions:
-            command += ["--partition", str(index)]
-        for key, value in config.spark_conf.items():
-            command += ["--spark-conf", f"{key}={value}"]
-        if config.service:
-            command += ["--service", config.service]
-        return command
-
-    async def _run_process(self, job: Job) -> Outcome:
-        process = await asyncio.create_subprocess_exec(
-            *self.command(job), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            # Its own process group: stopping it stops Spark's JVM and workers too.
-            start_new_session=True,
-        )
-        self._processes[job.id] = process
-        try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(),
-                                                    self.config.run_timeout_s)
-        except TimeoutError:
-            await _stop_group(process)
-            return Outcome(None, f"the run took longer than {self.config.run_timeout_s:g}s "
-                                 "(run_timeout_s) and was stopped")
-        except asyncio.CancelledError:
-            await _stop_group(process)
-            raise
-        finally:
-            self._processes.pop(job.id, None)
-        lines = stderr.decode(errors="replace").splitlines()
-        for line in lines:
-            log.debug("compaction %d: %s", job.id, line)
-        if process.returncode != 0:
-            return Outcome(None, _error_line(lines, process.returncode))
-        try:
-            report: dict[str, Any] = json.loads(stdout)
-        except ValueError:
-            return Outcome(None, f"the compaction process printed no report: {stdout[:200]!r}")
-        return Outcome(report, None)
-
     async def stop(self) -> None:
-        """Stop runs in flight (their partitions keep the old ledger) and wait for them."""
+        """Stop runs in flight (their partitions keep the old ledger), wait for them, and
+        stop the warm workers."""
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        await self.runner.close()
 
     def running(self) -> list[RunRecord]:
         return [r for r in self.runs.values() if r.state == "RUNNING"]
-
-
-def _error_line(lines: list[str], code: int | None) -> str:
-    for line in reversed(lines):
-        if line.startswith(ERROR_PREFIX):
-            return line[len(ERROR_PREFIX):]
-    tail = next((line for line in reversed(lines) if line.strip()), "")
-    return f"the compaction process exited with code {code}: {tail}"
-
-
-async def _stop_group(process: asyncio.subprocess.Process, grace_s: float = 5.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        await asyncio.wait_for(process.wait(), grace_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
-
