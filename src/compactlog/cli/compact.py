@@ -217,9 +217,12 @@ def summary_table(report: CompactionReport) -> Table:
 
 
 @click.command("compact-worker", hidden=True)
-@click.option("--spark-master", default="local[*]", show_default=True)
-@click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE")
-@click.option("--service", default=None, metavar="MODULE:NAME")
+@click.option("--spark-master", default="local[*]", show_default=True,
+              help="Where Spark runs, as for `compact`.")
+@click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              help="A Spark setting, passed through (repeatable).")
+@click.option("--service", default=None, metavar="MODULE:NAME",
+              help="The compaction service factory, by import path. Default: Spark.")
 @click.pass_obj
 def compact_worker(ctx: Context, spark_master: str, spark_conf: tuple[str, ...],
                    service: str | None) -> None:
