@@ -1,0 +1,131 @@
+"""`read_topic`: a topic or its compacted view as a DataFrame, read mostly by Spark's own
+Parquet reader.
+
+The `compactlog` data source moves every row from a Python worker into the JVM as Arrow
+batches, which costs more than reading the files: measured at 0.37 of
+`spark.read.parquet` on a full scan, and a Python source that reads nothing at all gets
+only 0.48 (docs/benchmarks.md). So this function plans the same read as the data source
+(spark/plan.py, one snapshot of each partition's manifest) and splits it:
+
+- the sealed segments and ledger files go to `spark.read.parquet`, one scan per partition
+  and kind, with the partition number as a constant and the same offset bounds the data
+  source applies; Spark prunes columns and verifies every page's checksum
+  (`parquet.page.verify-checksum.enabled`, sealed files are written with them);
+- the unsealed tail of each partition, [sealed end, log end) at planning, goes through a
+  small Python source (`compactlog-tail`) over the store's read API, which finds those
+  records wherever they are by then (still in the log, or sealed meanwhile).
+
+The result has the data source's schema and the same rows.
+One difference: the data source proves each whole file against the manifest's CRC32C
+before parsing it; here Spark checks page checksums, so damage outside the pages (a
+footer) fails the Parquet reader with its own error rather than ours.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from compactlog.errors import UserError
+from compactlog.spark.options import VIEWS, ReadOptions
+from compactlog.spark.plan import FilePart, TailPart, plan_read
+from compactlog.spark.read import read_tail
+from compactlog.spark.schema import SPARK_SCHEMA
+from compactlog.storage.compacted import LEDGER_DIR
+from compactlog.storage.sealed import RECORD_COLUMNS
+from compactlog.storage.store import LogStore
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+TAIL_SOURCE = "compactlog-tail"
+# The file columns, typed as the data source declares them (the ledger has one more).
+PARQUET_SCHEMA = ", ".join(
+    f"{field.name} {field.dataType.simpleString()}"
+    for field in SPARK_SCHEMA.fields if field.name in RECORD_COLUMNS
+)
+
+
+def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
+               partitions: list[int] | None = None) -> DataFrame:
+    """Every record of `topic` (view "raw") or its compacted view ("compacted"), with
+    columns partition, offset, timestamp, key, value, headers: the same rows as
+    `spark.read.format("compactlog")` with these options, read faster."""
+    from pyspark.sql import functions as F
+
+    if view not in VIEWS:
+        raise UserError(f"unknown view {view!r}: use 'raw' or 'compacted'")
+    parts = plan_read(ReadOptions(path, topic, "raw" if view == "raw" else "compacted",
+                                  tuple(partitions) if partitions is not None else None))
+    frames: list[DataFrame] = []
+    tails: list[TailPart] = []
+    files: dict[tuple[int, bool], list[FilePart]] = {}
+    for part in parts:
+        if isinstance(part, TailPart):
+            tails.append(part)
+        elif isinstance(part, FilePart):
+            is_ledger = f"/{LEDGER_DIR}/" in part.path
+            files.setdefault((part.partition, is_ledger), []).append(part)
+    for (partition, _), group in files.items():
+        # Each file's own start is its base offset but for the first one read, so the
+        # smallest start bounds them all (ledger files start at 0: no bound).
+        start = min(part.start_offset for part in group)
+        frame = (spark.read.schema(PARQUET_SCHEMA)
+                 .option("parquet.page.verify-checksum.enabled", "true")
+                 .parquet(*(part.path for part in group)))
+        if start > min(part.info.base_offset for part in group):
+            # Only then: a filter makes even count() read the offset column.
+            frame = frame.where(F.col("offset") >= start)
+        frame = frame.select(F.lit(partition).cast("int").alias("partition"), *RECORD_COLUMNS)
+        frames.append(frame)
+    if tails:
+        spark.dataSource.register(TailSource)
+        ranges = [[t.partition, t.start_offset, t.end_offset] for t in tails]
+        frames.append(spark.read.format(TAIL_SOURCE).option("path", path)
+                      .option("topic", topic).option("ranges", json.dumps(ranges)).load())
+    if not frames:
+        return spark.createDataFrame([], SPARK_SCHEMA)
+    result = frames[0]
+    for other in frames[1:]:
+        result = result.unionByName(other)
+    return result
+
+
+class TailSource(DataSource):
+    """Offset ranges of partitions' raw logs, read through the store (internal)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return TAIL_SOURCE
+
+    def schema(self) -> StructType:
+        return SPARK_SCHEMA
+
+    def reader(self, schema: StructType) -> TailReader:
+        return TailReader(dict(self.options))
+
+
+class TailReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path = options["path"]
+        self.topic = options["topic"]
+        self.ranges: list[list[int]] = json.loads(options["ranges"])
+
+    def partitions(self) -> list[InputPartition]:
+        with LogStore.open(self.path, read_only=True) as store:
+            topic = store.topic(self.topic)
+            return [
+                TailPart(self.topic, index, str(topic.partition(index).directory),
+                         topic.config, start, end)
+                for index, start, end in self.ranges
+            ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, TailPart):
+            return iter(())
+        return read_tail(partition)
