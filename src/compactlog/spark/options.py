@@ -7,6 +7,7 @@ option fails at `load()`/`save()` with a message that names it, not deep inside 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -16,7 +17,10 @@ from compactlog.errors import UserError
 View = Literal["raw", "compacted"]
 VIEWS: tuple[View, ...] = ("raw", "compacted")
 READ_OPTIONS = ("path", "topic", "view", "partitions")
+STREAM_ONLY_OPTIONS = ("startingOffsets", "maxRecordsPerTrigger", "failOnDataLoss")
+STREAM_OPTIONS = READ_OPTIONS + STREAM_ONLY_OPTIONS
 WRITE_OPTIONS = ("path", "topic")
+EARLIEST, LATEST = -2, -1  # in a startingOffsets JSON object, as in Kafka's source
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,17 @@ class ReadOptions:
     view: View
     # The partitions to read, in this order; None reads them all.
     partitions: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    read: ReadOptions
+    # "earliest", "latest", or {partition: offset} where an offset may be EARLIEST/LATEST.
+    starting: str | dict[int, int]
+    # At most this many records (offsets) per micro-batch; None: all that is available.
+    max_records_per_trigger: int | None
+    # True: fail when retention deleted records the query had not read yet (Kafka's default).
+    fail_on_data_loss: bool
 
 
 @dataclass(frozen=True)
@@ -50,7 +65,13 @@ def _required(options: dict[str, str], name: str, example: str) -> str:
 
 
 def _check_known(options: dict[str, str], known: tuple[str, ...], what: str) -> None:
-    unknown = sorted(set(options) - set(known))
+    unknown = sorted(set(options) - {name.lower() for name in known})
+    streaming = [name for name in STREAM_ONLY_OPTIONS if name.lower() in unknown]
+    if streaming:
+        raise UserError(
+            f"option {streaming[0]!r} is for streaming reads (spark.readStream), not a "
+            f"compactlog {what}"
+        )
     if unknown:
         raise UserError(
             f"unknown option(s) {', '.join(map(repr, unknown))} for a compactlog {what}; "
@@ -58,9 +79,10 @@ def _check_known(options: dict[str, str], known: tuple[str, ...], what: str) -> 
         )
 
 
-def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
+def parse_read_options(options: Mapping[str, str], known: tuple[str, ...] = READ_OPTIONS
+                       ) -> ReadOptions:
     lowered = _lowered(options)
-    _check_known(lowered, READ_OPTIONS, "read")
+    _check_known(lowered, known, "read")
     path = _required(lowered, "path", '"/path/to/data-dir"')
     topic = _required(lowered, "topic", '"my-topic"')
     view = lowered.get("view", "raw").strip().lower()
@@ -71,6 +93,57 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         )
     return ReadOptions(path, topic, "raw" if view == "raw" else "compacted",
                        _parse_partitions(lowered.get("partitions")))
+
+
+def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
+    read = parse_read_options(options, STREAM_OPTIONS)
+    lowered = _lowered(options)
+    return StreamOptions(
+        read,
+        _parse_starting(lowered.get("startingoffsets", "earliest")),
+        _parse_max_records(lowered.get("maxrecordspertrigger")),
+        _parse_bool(lowered.get("failondataloss", "true"), "failOnDataLoss"),
+    )
+
+
+def _parse_starting(raw: str) -> str | dict[int, int]:
+    text = raw.strip()
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
+    usage = (
+        "option 'startingOffsets' must be 'earliest', 'latest' or a JSON object of "
+        'partition to offset such as \'{"0": 42, "1": -2}\' (-2: earliest, -1: latest)'
+    )
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        raise UserError(f"{usage}, got {raw!r}") from None
+    if not isinstance(parsed, dict):
+        raise UserError(f"{usage}, got {raw!r}")
+    starting: dict[int, int] = {}
+    for key, value in parsed.items():
+        if not str(key).isdigit() or isinstance(value, bool) or not isinstance(value, int) \
+                or value < EARLIEST:
+            raise UserError(f"{usage}; {key!r}: {value!r} is not a partition and an offset")
+        starting[int(key)] = value
+    return starting
+
+
+def _parse_max_records(raw: str | None) -> int | None:
+    if raw is None or not raw.strip():
+        return None
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise UserError(
+            f"option 'maxRecordsPerTrigger' must be a whole number >= 1, got {raw!r}"
+        )
+    return int(raw)
+
+
+def _parse_bool(raw: str, name: str) -> bool:
+    text = raw.strip().lower()
+    if text not in ("true", "false"):
+        raise UserError(f"option {name!r} must be 'true' or 'false', got {raw!r}")
+    return text == "true"
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:

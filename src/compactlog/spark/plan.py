@@ -17,6 +17,10 @@ the tail may have been sealed into Parquet (the read API finds it wherever it is
 
 Tasks carry the manifest's size and CRC32C of their file, so an executor proves the
 file whole before the Parquet reader parses it (as SealedSegment does).
+
+A streaming micro-batch (stream.py) plans the same tasks for a range of offsets,
+[start, end) of each partition, through `plan_range`: a batch read is the range from
+offset 0 to the log end.
 """
 
 from __future__ import annotations
@@ -38,13 +42,15 @@ from compactlog.storage.store import LogStore
 
 @dataclass(frozen=True)
 class FilePart(InputPartition):
-    """A task reading one Parquet file (sealed segment or ledger file) from `start_offset`."""
+    """A task reading one Parquet file (sealed segment or ledger file) from `start_offset`,
+    up to `end_offset` (exclusive) when one is set, else to the end of the file."""
 
     topic: str
     partition: int
     path: str
     info: SegmentInfo
     start_offset: int
+    end_offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,29 +84,40 @@ def _plan_partition(partition: Partition, config: TopicConfig, view: str) -> Ite
     # A read-only partition loaded its manifest and scanned its logs when it was opened,
     # just now: that is the snapshot. Sealing may move the tail into Parquet before the
     # tail task runs; that task reads through the store API, which follows it there.
+    return plan_range(partition, config, view, 0, partition.log_end_offset)
+
+
+def plan_range(partition: Partition, config: TopicConfig, view: str, start: int,
+               end: int) -> Iterator[InputPartition]:
+    """The tasks reading the records of `view` whose offsets are in [start, end), from
+    the partition's current manifest. Offsets below the log start are not read (the
+    caller decides whether that lost anything: see stream.py)."""
     manifest = partition.manifest
-    log_end = partition.log_end_offset
-    start = manifest.log_start_offset
+    raw_start = max(start, manifest.log_start_offset)
     if view == "compacted":
         horizon = horizon_of(manifest)
         if horizon is not None:
             for info in ledger_infos(manifest):
-                yield _file_part(partition, partition.directory / LEDGER_DIR, info, 0)
-            start = max(start, horizon + 1)
+                if info.last_offset >= start and info.base_offset < end:
+                    yield _file_part(partition, partition.directory / LEDGER_DIR, info,
+                                     start, end)
+            raw_start = max(raw_start, horizon + 1)
     for info in manifest.segments:
-        if info.last_offset >= start:
-            yield _file_part(partition, partition.segment_dir, info, start)
-    tail_start = max(start, manifest.sealed_end_offset)
-    if tail_start < log_end:
+        if info.last_offset >= raw_start and info.base_offset < end:
+            yield _file_part(partition, partition.segment_dir, info, raw_start, end)
+    tail_start = max(raw_start, manifest.sealed_end_offset)
+    if tail_start < end:
         yield TailPart(partition.topic, partition.index, str(partition.directory), config,
-                       tail_start, log_end)
+                       tail_start, end)
 
 
-def _file_part(partition: Partition, directory: Path, info: SegmentInfo, start: int) -> FilePart:
+def _file_part(partition: Partition, directory: Path, info: SegmentInfo, start: int,
+               end: int) -> FilePart:
     path = directory / info.file
     start = max(start, info.base_offset)
     # A hole's last offset is -1 when the damage hid where it ended.
-    holes = [(first, last) for first, last in info.missing if last < 0 or last >= start]
+    holes = [(first, last) for first, last in info.missing
+             if (last < 0 or last >= start) and first < end]
     if holes:
         # The Reader fails on these offsets too; a table must not silently lack them.
         first, last = holes[0]
@@ -110,4 +127,5 @@ def _file_part(partition: Partition, directory: Path, info: SegmentInfo, start: 
             "the log before this segment was sealed; read the other partitions with "
             "option 'partitions'",
         )
-    return FilePart(partition.topic, partition.index, str(path), info, start)
+    return FilePart(partition.topic, partition.index, str(path), info, start,
+                    end if end <= info.last_offset else None)

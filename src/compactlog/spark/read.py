@@ -39,7 +39,15 @@ def read_file(part: FilePart) -> Iterator[pa.RecordBatch]:
     segment = SealedSegment(Path(part.path), part.info)
     try:
         for table in segment.iter_tables(part.start_offset, RECORD_COLUMNS):
-            yield from _batches(table, part.partition)
+            if part.end_offset is None:
+                yield from _batches(table, part.partition)
+                continue
+            # A streaming micro-batch ends inside this file: stop at its end offset.
+            offsets = table.column("offset").to_numpy()
+            wanted = int(np.searchsorted(offsets, part.end_offset))
+            yield from _batches(table.slice(0, wanted), part.partition)
+            if wanted < table.num_rows or (wanted and offsets[-1] + 1 >= part.end_offset):
+                break  # without reading the next row group
     except SegmentMissingError as error:
         # Retention or a newer compaction deleted the file after the query was planned.
         raise RetryableError(

@@ -2,6 +2,7 @@
 
     spark.read.format("compactlog").option("path", DIR).option("topic", T)
          .option("view", "raw" | "compacted").option("partitions", "0,2").load()
+    spark.readStream.format("compactlog")...load()     # the same options, and see stream.py
     df.write.format("compactlog").option("path", DIR).option("topic", T)
       .mode("append").save()
 
@@ -31,6 +32,7 @@ from compactlog.spark.options import parse_read_options, parse_write_options
 from compactlog.spark.plan import FilePart, TailPart, plan_read
 from compactlog.spark.read import read_part
 from compactlog.spark.schema import SPARK_SCHEMA
+from compactlog.spark.stream import CompactlogStreamReader
 from compactlog.spark.write import StagedFile, StagedWrite, check_input_schema
 
 if TYPE_CHECKING:
@@ -51,6 +53,9 @@ class CompactlogDataSource(DataSource):
 
     def reader(self, schema: StructType) -> CompactlogReader:
         return CompactlogReader(dict(self.options))
+
+    def streamReader(self, schema: StructType) -> CompactlogStreamReader:
+        return CompactlogStreamReader(dict(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> CompactlogWriter:
         return CompactlogWriter(dict(self.options), schema, overwrite)
