@@ -28,10 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from compactlog.errors import CorruptionError
 from compactlog.storage import fsutil
 from compactlog.storage.manifest import SegmentInfo
-from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer
+from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer, verify_file
 
 LEDGER_SCHEMA = SCHEMA.append(pa.field("tombstone_since_ms", pa.int64()))
 LEDGER_DIR = "ledger"
@@ -60,13 +59,7 @@ class PieceInput:
     crc32c: int | None = None
 
     def verify(self) -> None:
-        size = os.stat(self.path).st_size
-        if self.size_bytes is not None and size != self.size_bytes:
-            raise CorruptionError(Path(self.path), f"compaction input: the file is {size} "
-                                  f"bytes, the manifest says {self.size_bytes}")
-        if self.crc32c is not None and (actual := file_crc32c(Path(self.path))) != self.crc32c:
-            raise CorruptionError(Path(self.path), "compaction input: CRC32C mismatch "
-                                  f"(manifest {self.crc32c:#010x}, file {actual:#010x})")
+        verify_file(Path(self.path), self.size_bytes, self.crc32c, "compaction input")
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,19 @@ def file_crc32c(path: Path) -> int:
     return checksum
 
 
+def verify_file(path: Path, size_bytes: int | None, checksum: int | None, what: str) -> None:
+    """Prove a Parquet file whole against its manifest entry (size, then CRC32C) before
+    any Parquet reader parses it: a damaged footer can make a reader abort the process
+    rather than raise. `what` names the file in the error. Paid at disk speed."""
+    size = os.stat(path).st_size
+    if size_bytes is not None and size != size_bytes:
+        raise CorruptionError(path, f"{what}: the file is {size} bytes, the manifest says "
+                                    f"{size_bytes}")
+    if checksum is not None and (actual := file_crc32c(path)) != checksum:
+        raise CorruptionError(path, f"{what}: CRC32C mismatch (manifest {checksum:#010x}, "
+                                    f"file {actual:#010x})")
+
+
 class SegmentMissingError(CorruptionError):
     """A sealed segment listed by the manifest is gone: corrupt, or deleted since the
     reader loaded its manifest (retention, compaction); the reader reloads to tell."""
@@ -226,22 +239,10 @@ class SealedSegment:
         )
 
     def _verify(self) -> None:
-        """Check size and CRC32C before the Parquet reader parses anything.
-
-        A damaged footer can make the reader abort the process rather than raise, so
-        the file is proved whole first. Paid once per open segment, at disk speed.
-        """
-        size = os.stat(self.path).st_size
-        if size != self.info.size_bytes:
-            raise self._corrupt(f"the file is {size} bytes, the manifest says "
-                                f"{self.info.size_bytes}")
-        if self.info.crc32c is not None:
-            actual = file_crc32c(self.path)
-            if actual != self.info.crc32c:
-                raise self._corrupt(
-                    f"CRC32C mismatch (manifest {self.info.crc32c:#010x}, "
-                    f"file {actual:#010x})"
-                )
+        """Check size and CRC32C once per open segment (verify_file)."""
+        verify_file(self.path, self.info.size_bytes, self.info.crc32c,
+                    f"sealed segment with offsets {self.info.base_offset}.."
+                    f"{self.info.last_offset}")
 
     def _open(self) -> pq.ParquetFile:
         if self._file is not None:
