@@ -433,6 +433,29 @@ def test_idle_warm_worker_exits_and_the_next_run_starts_another(
         server.wait_for_log(r"stopping compaction worker \d+, idle", mark)
 
 
+def test_a_partition_compacted_by_another_process_is_left_alone_not_failed(
+        tmp_path: Path, servers: Servers) -> None:
+    from compactlog.compaction.status import compaction_lock
+
+    server = servers.start("--no-auto-compaction")
+    create_topic(server, "t", 1, TOPIC_CONFIG)
+    produce(server, "t", [(b"k%d" % (i % 10), b"v%d" % i) for i in range(400)])
+    wait_until(lambda: get(server, "/v1/topics/t")["partitions"][0]["dirty_bytes"], "sealing")
+    servers.stop()
+    directory = tmp_path / "data" / "topics" / "t" / "0"
+    with compaction_lock(directory, "t/0"):  # as `compactlog compact` holds it
+        server = servers.start(*server_config(tmp_path, enabled=True, check_interval_s=0.2,
+                                              service=LOCAL_SERVICE), "--auto-compaction")
+        started = time.monotonic()
+        wait_until(lambda: sample(metrics(server), "compactlog_compaction_seconds_since_last_check")
+                   < time.monotonic() - started, "the cleaner's first check", 30)
+        time.sleep(1)
+        assert get(server, "/v1/compactions")["runs"] == []
+        assert not get(server, "/v1/topics/t/compaction")["partitions"][0]["uncleanable"]
+    wait_until(lambda: get(server, "/v1/topics/t/compaction")["partitions"][0]["state"]
+               == "SUCCESS", "the compaction once the lock is free", 60)
+
+
 def test_serve_refuses_bad_compaction_settings(tmp_path: Path) -> None:
     for text, message in [
         ("[compaction]\nenabled = 1\n", "compaction.enabled must be a bool"),

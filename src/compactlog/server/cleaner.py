@@ -180,6 +180,10 @@ class Cleaner:
             if not topic.config.compacted:
                 continue
             for partition in topic.partitions:
+                if is_locked(partition.directory):
+                    # Being compacted (by this server's run, or by `compactlog compact` in
+                    # another process): not due, and not a failure to back off from.
+                    continue
                 try:
                     loads.append(partition_load(name, partition, now_ms))
                 except Exception:
