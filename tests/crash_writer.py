@@ -191,7 +191,10 @@ def main(argv: list[str]) -> int:
         topic = store.topic(TOPIC)
     except UnknownTopicError:
         topic = store.create_topic(TOPIC, PARTITIONS, topic_config(segment_bytes))
-    print("READY", flush=True)
+    # One write of the whole line, as for ACK lines (print writes the text and the end
+    # separately; a CI run once saw "READY" without its newline from a killed writer).
+    sys.stdout.write("READY\n")
+    sys.stdout.flush()
     ARMED[0] = kill_point is not None
     appends = 0
     while True:

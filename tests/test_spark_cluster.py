@@ -11,6 +11,7 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,7 +87,12 @@ def test_compaction_on_a_standalone_cluster_equals_a_local_run(
                                    cluster, *conf, "--json", timeout=600)))
     local = json.loads(ok(run(tmp_path / "local", "compact", "t", "--spark-master", "local[*]",
                               *conf, "--json", timeout=600)))
-    assert on_cluster["partitions"] == local["partitions"]
+    # Everything but the ledger files' byte sizes, which differ by a byte or two between
+    # runs (tombstone_since_ms holds each run's clock, and compresses a little differently).
+    def summary(report: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in p.items() if k != "bytes_out"} for p in report["partitions"]]
+
+    assert summary(on_cluster) == summary(local)
     assert sum(p["records_in"] for p in local["partitions"]) == 1000
     view = compacted_view(tmp_path / "cluster")
     assert view == compacted_view(tmp_path / "local")
