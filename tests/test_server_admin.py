@@ -371,7 +371,7 @@ def test_failing_partition_is_uncleanable_and_the_others_keep_being_compacted(
     assert [p["uncleanable"] for p in shown] == [False, True]
     assert damaged.name in shown[1]["error"]
     assert "uncleanable" in ok(run(tmp_path / "data", "compaction-status", "t", "--server",
-                                   server.admin_url), )
+                                   server.admin_url))
 
     # A run asked for from the CLI goes through the server's engine, past the backoff.
     result = run(tmp_path / "data", "compact", "t", "--partition", "1", "--server",

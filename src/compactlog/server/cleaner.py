@@ -208,15 +208,20 @@ class Cleaner:
     async def request(self, topic_name: str, partitions: list[int] | None) -> RunRecord:
         """A run asked for by a user. UserError for a bad topic or partition; BusyError
         when a run of any of them is going on, here or in another process."""
-        chosen = await self.run_io(chosen_partitions, self.store, topic_name, partitions)
+        chosen, locked = await self.run_io(self._chosen_and_locked, topic_name, partitions)
         indexes = [p.index for p in chosen]
-        locked = [p.index for p in chosen if is_locked(p.directory)]
         if locked:
             raise BusyError(topic_name, locked)
         job = self.scheduler.request(topic_name, indexes)
         log.info("compacting %s partition(s) %s (asked for over the admin API)", topic_name,
                  indexes)
         return self._launch(job)
+
+    def _chosen_and_locked(self, topic_name: str, partitions: list[int] | None
+                           ) -> tuple[list[Partition], list[int]]:
+        # File opens and flocks: off the event loop, like every other store call.
+        chosen = chosen_partitions(self.store, topic_name, partitions)
+        return chosen, [p.index for p in chosen if is_locked(p.directory)]
 
     # -- running --------------------------------------------------------------------------
 
