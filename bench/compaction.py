@@ -87,7 +87,7 @@ from compactlog.compaction import (
     load_factory,
 )
 from compactlog.compaction.spark_service import SparkCompactionService
-from compactlog.storage.compacted import LEDGER_DIR, horizon_of, ledger_infos
+from compactlog.storage.manifest import LEDGER_DIR
 from compactlog.storage.partition import Partition
 from machine_info import machine_info
 
@@ -469,7 +469,7 @@ def expected_view(files: list[Path]) -> pa.Table:
 def ledger_table(partition: Partition) -> pa.Table:
     partition.refresh()
     files = [partition.directory / LEDGER_DIR / info.file
-             for info in ledger_infos(partition.manifest)]
+             for info in partition.manifest.ledger]
     return read_files(files, compared)
 
 
@@ -498,7 +498,7 @@ def verify_run(store: LogStore, service: TopicCompactionService, run: Run,
         compare_tables(f"{run.name}, partition {index} ledger", want, ledger_table(partition))
         last_sealed = partition.manifest.segments[-1].last_offset
         horizon = service.get_last_compacted_position(index)
-        if horizon != last_sealed or horizon_of(partition.manifest) != last_sealed:
+        if horizon != last_sealed or partition.manifest.horizon != last_sealed:
             raise VerificationError(f"{run.name}, partition {index}: horizon {horizon}, "
                                     f"last sealed offset {last_sealed}")
         # The compacted view as a reader gets it, through the public read path.

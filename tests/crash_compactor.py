@@ -2,8 +2,9 @@
 
     python crash_compactor.py DATA_DIR TOPIC KILL_POINT
 
-Run by test_compaction_crash.py. The kill points wrap library functions from outside
-(no hooks in the product), at each step of runner.py's protocol.
+Run by test_compaction_crash.py. The kill points are the store's fault points
+(storage/faults.py) or wrap functions of the runner and the engine from outside, at
+each step of runner.py's protocol.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import local_engine
-from compactlog.compaction import ledger, runner
-from compactlog.storage import fsutil, manifest
+from compactlog.compaction import runner
+from compactlog.storage import faults
 from compactlog.storage.store import LogStore
 
 
@@ -54,19 +55,39 @@ def is_ledger_file(temp: Path, final: Path) -> bool:
     return final.parent.name == "ledger"
 
 
+def kill_at(fire: Callable[[str, Path], bool]) -> None:
+    """SIGKILL at the first fault point (storage/faults.py) that `fire` picks."""
+
+    def injector(point: str, path: str) -> None:
+        if fire(point, Path(path)):
+            die()
+
+    faults.install(injector)
+
+
+def in_dir(point: str, directory: str) -> Callable[[str, Path], bool]:
+    return lambda name, path: name == point and path.parent.name == directory
+
+
 KILL_POINTS: dict[str, Callable[[], None]] = {
     # Phase 1 is under way: the status says RUNNING, nothing new is written yet.
     "phase-1": lambda: before(local_engine.LocalEngine, "_survivors"),
     # A ledger file is written but not yet renamed into place.
-    "ledger-temp": lambda: before(ledger.fsutil, "publish_replace", is_ledger_file),
+    "ledger-temp": lambda: kill_at(in_dir("rename", "ledger")),
     # The first ledger file is in place; the manifest does not list it.
-    "ledger-published": lambda: after(ledger.fsutil, "publish_replace", is_ledger_file),
+    "ledger-published": lambda: kill_at(
+        lambda name, path: name == "fsync_dir" and path.name == "ledger"),
     # All new files are written; the commit has not started.
     "before-commit": lambda: before(runner, "_commit"),
-    # The new manifest version is written under a temporary name, not yet published.
-    "manifest-temp": lambda: before(manifest.fsutil, "publish_exclusive"),
-    # The new pair is committed; the old ledger files are not yet deleted.
-    "after-commit": lambda: after(manifest.VersionedDocument, "commit"),
+    # The new manifest is written under a temporary name, not yet renamed over current.json.
+    "manifest-temp": lambda: kill_at(
+        lambda name, path: name == "rename" and path.name == "current.json"
+        and path.parent.name == "manifest"),
+    # The new pair is committed (renamed and fsynced); its audit copy is not written,
+    # the previous ledger's files are retired but not deleted.
+    "after-commit": lambda: kill_at(
+        lambda name, path: name == "write" and path.parent.name == "manifest"
+        and "-a" in path.name),
     # Everything is done but the status file.
     "before-status": lambda: before(runner, "_finish"),
 }
@@ -82,5 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    assert fsutil is not None
     main()

@@ -15,8 +15,8 @@ first seal. A "warm" writer writes a throwaway Parquet file to memory before REA
 so that its kills spread over appends and seals as in a long-running writer.
 
 With a KILL_POINT (see KILL_POINTS), the writer SIGKILLs itself at that exact point
-instead of waiting for the test to kill it: store functions are wrapped in this
-process only (nothing in the store's code is changed), so each step of the sealing
+instead of waiting for the test to kill it, at one of the store's fault points
+(storage/faults.py, installed in this process only), so each step of the sealing
 protocol is hit on every run, not only when random timing happens to land there.
 """
 
@@ -34,9 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from compactlog.errors import UnknownTopicError
-from compactlog.storage import fsutil, partition
+from compactlog.storage import faults
 from compactlog.storage.logfile import LogSegment
-from compactlog.storage.manifest import VersionedDocument
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import BatchHeader, Headers, ProducerRecord
 from compactlog.storage.sealed import SCHEMA
@@ -126,54 +125,64 @@ def always(*args: Any) -> bool:
     return True
 
 
+def kill_at(fire: Callable[[str, Path], bool]) -> None:
+    """SIGKILL at the first fault point (storage/faults.py) that `fire` picks once armed."""
+
+    def injector(point: str, path: str) -> None:
+        if ARMED[0] and fire(point, Path(path)):
+            die()
+
+    faults.install(injector)
+
+
+def is_current_manifest(directory: str) -> Callable[[str, Path], bool]:
+    # The commit point of a manifest or topic document: the rename over current.json.
+    return lambda point, path: (point == "rename" and path.name == "current.json"
+                                and path.parent.name == directory)
+
+
 def install_kill_point(name: str) -> None:
     if name == "create-topic":
-        # The topic document is the last thing create_topic writes before the rename.
+        # The topic is whole under staging/; the rename into topics/ has not happened.
         ARMED[0] = True
-        VersionedDocument.commit = after(  # type: ignore[method-assign]
-            VersionedDocument.commit,
-            lambda doc, *args: doc.directory.parent.name.startswith("creating-"),
-        )
+        kill_at(lambda point, path: point == "rename" and path.parent.name == "topics")
     elif name == "torn-append":
         real_append = LogSegment.append
         appends = [0]
 
-        def torn_append(self: LogSegment, batch: bytes | bytearray, header: BatchHeader) -> None:
+        def torn_append(self: LogSegment, batch: bytes | bytearray, header: BatchHeader,
+                        sync: bool) -> None:
             appends[0] += 1
             if ARMED[0] and appends[0] == 5:
                 os.pwrite(self._fd, bytes(batch[: len(batch) // 2]), self.size)
                 die()
-            real_append(self, batch, header)
+            real_append(self, batch, header, sync)
 
         LogSegment.append = torn_append  # type: ignore[method-assign]
     elif name == "roll":
         Partition._roll = after(Partition._roll, always)  # type: ignore[method-assign]
     elif name == "seal-parquet-written":
-        partition.write_segment = after(partition.write_segment, always)
+        kill_at(lambda point, path: point == "rename" and path.parent.name == "segments")
     elif name == "seal-published":
-        fsutil.publish_replace = after(fsutil.publish_replace, always)
-    elif name in ("seal-manifest-temp", "alter-topic"):
-        # Before the put-if-absent link that publishes a new version of the document.
-        directory = "manifest" if name == "seal-manifest-temp" else "meta"
-        real_publish = fsutil.publish_exclusive
-
-        def publish(temp: Path, final: Path) -> bool:
-            if ARMED[0] and final.parent.name == directory:
-                die()
-            return real_publish(temp, final)
-
-        fsutil.publish_exclusive = publish
+        # Renamed into segments/; the manifest commit has not begun.
+        kill_at(lambda point, path: point == "commit.begin" and path.name == "manifest")
+    elif name == "seal-manifest-temp":
+        kill_at(is_current_manifest("manifest"))
+    elif name == "alter-topic":
+        kill_at(is_current_manifest("meta"))
     elif name == "seal-committed":
-        fsutil.publish_exclusive = after(
-            fsutil.publish_exclusive, lambda temp, final: final.parent.name == "manifest"
-        )
+        # The commit is done; the first covered log file is about to be deleted.
+        kill_at(lambda point, path: point == "unlink" and path.suffix == ".log")
     elif name == "seal-log-unlinked":
+        # The directory fsync that follows a log file's deletion (not a roll's).
+        unlinked = [False]
 
-        def drop_log(self: Partition, segment: LogSegment) -> None:
-            segment.path.unlink()
-            die()
+        def after_unlink(point: str, path: Path) -> bool:
+            if point == "unlink" and path.suffix == ".log":
+                unlinked[0] = True
+            return unlinked[0] and point == "fsync_dir" and path.name == "log"
 
-        Partition._drop_log = drop_log  # type: ignore[method-assign]
+        kill_at(after_unlink)
     else:
         raise SystemExit(f"unknown kill point {name!r}; known: {', '.join(KILL_POINTS)}")
 

@@ -652,18 +652,16 @@ MANIFEST_DAMAGE: dict[str, Callable[[Path], None]] = {
 }
 
 
-def newest(directory: Path) -> Path:
-    files = sorted(p for p in directory.glob("*.json"))
-    assert files, directory
-    return files[-1]
-
-
 @pytest.mark.parametrize("read_only", [False, True], ids=["writer", "read-only"])
 @pytest.mark.parametrize("damage", sorted(MANIFEST_DAMAGE))
 def test_damaged_partition_manifest(tmp_path: Path, damage: str, read_only: bool) -> None:
+    """Every copy of the manifest damaged (current.json and its audit copies; one damaged
+    copy alone falls back to another, test_durability_regressions.py)."""
     state = make_sealed_store(tmp_path)
-    manifest = newest(state.data / "topics" / "t" / "1" / "manifest")
-    MANIFEST_DAMAGE[damage](manifest)
+    directory = state.data / "topics" / "t" / "1" / "manifest"
+    manifest = directory / "current.json"
+    for path in directory.glob("*.json"):
+        MANIFEST_DAMAGE[damage](path)
     before = tree(state.data / "topics" / "t")
 
     with open_store(state.data, read_only=read_only) as store:
@@ -719,8 +717,9 @@ def test_missing_partition_manifest(tmp_path: Path, what: str, data: str) -> Non
 
 def test_damaged_topic_metadata(tmp_path: Path) -> None:
     state = make_sealed_store(tmp_path)
-    meta = newest(state.data / "topics" / "t" / "meta")
-    _garbage_byte(meta)
+    meta = state.data / "topics" / "t" / "meta" / "current.json"
+    for path in meta.parent.glob("*.json"):
+        _garbage_byte(path)
     with open_store(state.data) as store:
         with pytest.raises(CorruptionError) as error:
             store.topic("t")

@@ -43,9 +43,10 @@ from pathlib import Path
 
 import pytest
 
+from compactlog.storage.commit import LocalDocument
 from compactlog.storage.fsutil import TEMP_PREFIX
 from compactlog.storage.logfile import base_offset_of
-from compactlog.storage.manifest import PartitionManifest, VersionedDocument
+from compactlog.storage.manifest import PartitionManifest
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import Record
 from compactlog.storage.store import CREATING, DELETING, LogStore
@@ -175,10 +176,9 @@ def inspect_partition(directory: Path) -> Leftovers:
         for path in (directory / sub).iterdir()
         if path.name.startswith(TEMP_PREFIX)
     }
-    loaded = VersionedDocument(directory / "manifest").load()
+    loaded = LocalDocument(directory / "manifest").load()
     assert loaded is not None, f"{directory}: no manifest"
-    version, body = loaded
-    manifest = PartitionManifest.from_json(body, directory / "manifest" / str(version))
+    manifest = PartitionManifest.from_json(loaded.body, directory / "manifest")
     listed = {segment.file for segment in manifest.segments}
     unlisted = {p for p in (directory / "segments").glob("*.parquet") if p.name not in listed}
     logs = sorted(
@@ -305,7 +305,7 @@ def check_files(partition: Partition, where: str) -> None:
     )
     assert len(partition.logs) == 1, f"{where}: rolled segments left unsealed after open"
     manifest_temps = [
-        p.name for p in partition.manifest_doc.directory.iterdir()
+        p.name for p in partition.document.directory.iterdir()
         if p.name.startswith(TEMP_PREFIX)
     ]
     assert not manifest_temps, f"{where}: temp files left in manifest/: {manifest_temps}"

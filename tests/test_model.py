@@ -442,8 +442,12 @@ class LogStoreModel(RuleBasedStateMachine):
                 position = log.next_offset
             assert position == model.end
             event(f"sealed segments: {min(len(segments), 3)}{'+' if len(segments) >= 3 else ''}")
+            # Every listed file is there; besides them only retired ones, which wait for
+            # file.delete.delay.ms before the sweep deletes them.
             on_disk = {p.name for p in partition.segment_dir.glob("*.parquet")}
-            assert on_disk == {s.file for s in segments}
+            listed = {s.file for s in segments}
+            retired = {item.path.rpartition("/")[2] for item in partition.manifest.retired}
+            assert listed <= on_disk <= listed | retired
             for info in segments:
                 assert (partition.segment_dir / info.file).stat().st_size == info.size_bytes
 

@@ -24,7 +24,6 @@ from compactlog.spark import register
 from compactlog.spark.options import parse_read_options
 from compactlog.spark.plan import TailPart, plan_read
 from compactlog.spark.read import read_part
-from compactlog.storage.compacted import ledger_infos
 from compactlog.storage.logfile import log_file_name
 from compactlog.storage.partitioner import partition_for_key
 from compactlog.storage.records import ProducerRecord
@@ -96,8 +95,8 @@ def test_the_fixture_has_every_kind_of_data(data_dir: Path) -> None:
     with LogStore.open(data_dir, read_only=True) as store:
         for partition in store.topic(TOPIC).partitions:
             manifest = partition.manifest
-            horizon = manifest.compaction["horizon"] if manifest.compaction else None
-            assert horizon is not None and ledger_infos(manifest)
+            horizon = manifest.horizon
+            assert horizon is not None and manifest.ledger
             assert any(s.base_offset > horizon for s in manifest.segments)
             assert len(partition.logs) > 1  # rolled, unsealed, and the active segment
             assert partition.log_end_offset > manifest.sealed_end_offset
@@ -120,7 +119,7 @@ def test_the_compacted_view_keeps_one_record_per_key_up_to_the_horizon(
 ) -> None:
     frame = load(spark, data_dir, view="compacted")
     with LogStore.open(data_dir, read_only=True) as store:
-        horizons = [p.manifest.compaction["horizon"]  # type: ignore[index]
+        horizons = [p.manifest.horizon
                     for p in store.topic(TOPIC).partitions]
     clean = frame_rows(frame)
     for index, horizon in enumerate(horizons):

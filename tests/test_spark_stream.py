@@ -174,7 +174,7 @@ def compact(path: Path) -> dict[int, int]:
         for partition in store.topic(TOPIC).partitions:
             partition.roll()
         factory.new_service(store, TOPIC, {}).compact()
-        return {p.index: p.manifest.compaction["horizon"]  # type: ignore[index]
+        return {p.index: p.manifest.horizon
                 for p in store.topic(TOPIC).partitions}
 
 

@@ -551,7 +551,17 @@ def check_after_retention(partition: Partition, before: list[Record]) -> None:
     )
     assert read_all(partition) == [r for r in before if r.offset >= start]
     assert read_all(partition, 0) == read_all(partition, start)
-    assert segment_files(partition) == {s.file for s in partition.manifest.segments}
+    # Retired files stay for file.delete.delay.ms (readers in other processes may hold
+    # the older manifest), then the sweep deletes them.
+    listed = {s.file for s in partition.manifest.segments}
+    retired = {Path(item.path).name for item in partition.manifest.retired}
+    assert segment_files(partition) == listed | retired
+    clock = partition.clock
+    assert isinstance(clock, FakeClock)
+    clock.advance_ms(partition.config["file.delete.delay.ms"])
+    assert partition.sweep_due
+    partition.sweep()
+    assert segment_files(partition) == listed
 
 
 def test_retention_by_bytes(store: LogStore, clock: FakeClock, tmp_path: Path) -> None:

@@ -551,7 +551,8 @@ def test_random_histories(tmp_path: Path, clock: FakeClock, row_groups: str) -> 
 def test_a_file_deleted_under_the_read_is_retried_on_the_new_manifest(
     store: LogStore, clock: FakeClock, tmp_path: Path
 ) -> None:
-    store.create_topic("t", config=COMPACT)
+    # No delay: the compaction's own sweep deletes the files it retires at once.
+    store.create_topic("t", config={**COMPACT, "file.delete.delay.ms": "0"})
     produce_batches(store, "t", [[(b"k%d" % (i % 4), b"v%d" % i)] for i in range(12)], clock)
     partition = store.topic("t").partitions[0]
     partition.roll()
@@ -669,3 +670,26 @@ def test_records_missing_from_the_raw_log_stop_the_read(
     assert read.next_offset == 3
     with pytest.raises(CorruptionError, match=f"offset {min(gone)} is missing"):
         read_batches(partition, 3, BIG)
+
+
+def test_a_reader_of_the_previous_manifest_reads_retired_files_until_the_delay(
+    store: LogStore, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Retired ledger files stay file.delete.delay.ms, so a reader that loaded the older
+    manifest reads its whole, older view rather than failing or mixing two."""
+    store.create_topic("t", config=COMPACT)
+    produce_batches(store, "t", [[(b"k%d" % (i % 4), b"v%d" % i)] for i in range(12)], clock)
+    partition = store.topic("t").partitions[0]
+    partition.roll()
+    compact(store, "t", clock)
+    old_view = expected_compacted(partition)
+    reader = LogStore.open(tmp_path / "data", read_only=True)
+    stale = reader.topic("t").partitions[0]
+    stale_version = stale.manifest_version
+    produce_batches(store, "t", [[(b"k1", b"new")]], clock)
+    partition.roll()
+    compact(store, "t", clock)
+    read = read_batches(stale, 0, BIG, compacted=True)
+    assert stale.manifest_version == stale_version
+    assert records_of(read.records)[: len(old_view)] == old_view
+    reader.close()

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from compactlog.compaction.strategies import ALLOWED as STRATEGIES
-from compactlog.compaction.strategies import validate_strategy
 from compactlog.errors import InvalidConfigError, UnknownConfigError, UserError
+from compactlog.strategy import ALLOWED as STRATEGIES
+from compactlog.strategy import validate_strategy
 
 LONG_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
@@ -139,9 +139,11 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "segment.ms",
         "long",
         24 * 3600 * 1000,
-        "The active segment is rolled once its first record is this old, even if it is small. "
-        "Kafka's default is 7 days; compactlog uses 1 day so that quiet partitions still "
-        "reach compaction (a known Kafka pitfall).",
+        "The active segment is rolled once it has been open this long, even if it is small. The "
+        "time counts from when the segment was opened (by this process), not from its records' "
+        "timestamps, so a backfill of old records makes segments of segment.bytes rather than "
+        "one per append. Kafka's default is 7 days; compactlog uses 1 day so that quiet "
+        "partitions still reach compaction (a known Kafka pitfall).",
         minimum=1,
         maximum=LONG_MAX,
         kafka_default=604800000,
@@ -150,8 +152,12 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "retention.ms",
         "long",
         7 * 24 * 3600 * 1000,
-        "With cleanup.policy=delete, sealed segments whose newest record is older than this "
-        "are deleted. -1 keeps them forever.",
+        "Sealed segments whose newest record is older than this leave the raw log (the log "
+        "start moves past them). With cleanup.policy=delete that is all. With `compact`, only "
+        "segments wholly at or below the compaction horizon may go, and the compacted view "
+        "keeps their surviving records, so a key survives until a tombstone removes it. With "
+        "`compact,delete`, records older than this also leave the compacted view at the next "
+        "compaction, as in Kafka. -1 keeps segments forever.",
         minimum=0,
         maximum=LONG_MAX,
         allow_minus_one=True,
@@ -161,14 +167,28 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "retention.bytes",
         "long",
         -1,
-        "With cleanup.policy=delete, the oldest sealed segments are deleted while the partition "
-        "holds more than this many bytes, counting its log segments too (as Kafka counts the "
-        "whole log). Log segments are never deleted, so a partition may stay above the limit "
-        "until they are sealed. -1 means no size limit.",
+        "The oldest sealed segments leave the raw log while the partition holds more than this "
+        "many bytes, counting its log segments too (as Kafka counts the whole log). Log "
+        "segments are never deleted, so a partition may stay above the limit until they are "
+        "sealed. On compacted topics (`compact`, `compact,delete`) only segments wholly at or "
+        "below the compaction horizon may go, and the compacted view keeps their surviving "
+        "records; the ledger is not counted. -1 means no size limit.",
         minimum=0,
         maximum=LONG_MAX,
         allow_minus_one=True,
         kafka_default=-1,
+    ),
+    ConfigKey(
+        "file.delete.delay.ms",
+        "long",
+        60_000,
+        "How long a sealed segment or ledger file stays on disk after a commit stopped listing "
+        "it (retention, or a compaction that replaced the ledger), so that readers which loaded "
+        "the older manifest, here or in another process, can finish with it. A reader that "
+        "takes longer reads again from the newer manifest.",
+        minimum=0,
+        maximum=LONG_MAX,
+        kafka_default=60000,
     ),
     ConfigKey(
         "min.compaction.lag.ms",

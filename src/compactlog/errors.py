@@ -9,7 +9,9 @@ caller can do about it:
 - `CorruptionError`: stored data failed a check; the message names the file and the
   offset range, and the rest of the data stays readable.
 - `ConflictError`: an optimistic-concurrency commit lost to another writer.
-- `RetryableError`: a transient condition; the same call may succeed later.
+- `RetryableError`: a transient condition; the same call may succeed later. Its
+  `StorageError` branch is a failed write, fsync or file operation (disk full, I/O
+  error, out of file handles): Kafka's KAFKA_STORAGE_ERROR.
 """
 
 from __future__ import annotations
@@ -112,3 +114,15 @@ class ConflictError(CompactlogError):
 
 class RetryableError(CompactlogError):
     """A transient condition; the same call may succeed later."""
+
+
+class StorageError(RetryableError):
+    """A write, fsync or other file operation failed (disk full, I/O error, too many
+    open files). Nothing the failed call was doing took effect; what was acknowledged
+    before stays. Kafka's KAFKA_STORAGE_ERROR: a client retries."""
+
+
+class PartitionFailedError(StorageError):
+    """A partition stopped taking writes after an fsync failed: the page cache can no
+    longer be trusted to hold what was written (PostgreSQL's "fsyncgate"). Reads go on;
+    writes resume once the partition is reopened and recovered."""

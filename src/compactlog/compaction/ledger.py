@@ -33,7 +33,6 @@ from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer, verify_file
 
 LEDGER_SCHEMA = SCHEMA.append(pa.field("tombstone_since_ms", pa.int64()))
-LEDGER_DIR = "ledger"
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,11 @@ def is_tombstone_mask(table: pa.Table, empty_value_is_tombstone: bool) -> pa.Arr
 
 def _row_groups(path: str) -> Iterator[pa.Table]:
     handle = pq.ParquetFile(path, page_checksum_verification=True)
-    for index in range(handle.metadata.num_row_groups):
-        yield handle.read_row_group(index)
+    try:
+        for index in range(handle.metadata.num_row_groups):
+            yield handle.read_row_group(index)
+    finally:
+        handle.close()  # at once, not when the collector finds it (bounded open files)
 
 
 def _as_ledger_table(table: pa.Table) -> pa.Table:
@@ -170,8 +172,7 @@ def write_ledger_piece(
         oldest = counts.pop("oldest_tombstone_ms", None)
         writer.close()
         writer = None
-        with open(temp, "rb+") as handle:
-            os.fsync(handle.fileno())
+        fsutil.fsync_path(temp)
         final = out_dir / file_name
         fsutil.publish_replace(temp, final)
     except BaseException:

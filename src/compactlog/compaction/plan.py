@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from compactlog.compaction.ledger import LEDGER_DIR, PieceInput, TombstoneRules
+from compactlog.compaction.ledger import PieceInput, TombstoneRules
 from compactlog.compaction.strategies import Strategy, parse_strategy
 from compactlog.config import TopicConfig
-from compactlog.storage.manifest import PartitionManifest, SegmentInfo
+from compactlog.storage.manifest import LEDGER_DIR, PartitionManifest, SegmentInfo
 
 MAX_LEDGER_FILE_BYTES = 256 * 1024 * 1024
 
@@ -96,12 +96,8 @@ def plan_partition(
     config: TopicConfig,
     now_ms: int,
 ) -> PartitionPlan:
-    compaction = manifest.compaction or {}
-    old_horizon: int | None = compaction.get("horizon")
-    clean = [
-        InputFile(SegmentInfo.from_json(info), directory / LEDGER_DIR / info["file"], True)
-        for info in compaction.get("ledger", [])
-    ]
+    old_horizon = manifest.horizon
+    clean = [InputFile(info, directory / LEDGER_DIR / info.file, True) for info in manifest.ledger]
     lag = config["min.compaction.lag.ms"]
     dirty: list[InputFile] = []
     for info in manifest.segments:
@@ -136,7 +132,8 @@ def plan_partition(
         strategy=parse_strategy(config["compaction.strategy"]),
         target_file_bytes=min(config["segment.bytes"], MAX_LEDGER_FILE_BYTES),
         compression=config["parquet.compression"],
-        oldest_tombstone_ms=compaction.get("oldest_tombstone_ms"),
+        oldest_tombstone_ms=(None if manifest.compaction is None
+                             else manifest.compaction.oldest_tombstone_ms),
     )
 
 

@@ -6,7 +6,6 @@ the partition manifest), so reading it is the same too.
 
 from __future__ import annotations
 
-from compactlog.storage.compacted import horizon_of
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import Record
 from compactlog.storage.store import LogStore
@@ -29,4 +28,4 @@ class LedgerReads:
         return self._partition(partition).compacted.last_ledger_record()
 
     def get_last_compacted_position(self, partition: int) -> int | None:
-        return horizon_of(self._partition(partition).manifest)
+        return self._partition(partition).manifest.horizon

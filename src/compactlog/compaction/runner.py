@@ -1,19 +1,27 @@
 """One compaction run over some partitions of a topic, whatever engine does the work.
 
-Protocol for each partition (a crash after any step leaves the old pair in force, or
-the new one, and never a reader-visible half-written file):
-  1. take the partition's compaction lock; remove ledger files no manifest lists
-     (left by a run that died) and write status RUNNING;
+Invariant: a run that fails, however and wherever, leaves every partition at the
+(horizon, ledger) pair it last committed: a partition whose commit happened keeps its
+new pair and ledger files, the others keep their old ones, and no file a committed
+manifest lists is deleted. Files are deleted by reachability (storage/sweep.py), never
+because a step failed.
+
+Protocol for each partition (tests/test_compaction_crash.py kills at each step;
+tests/test_fault_steps.py fails or stalls each one):
+  1. take the partition's compaction lock; sweep ledger/ (orphans of runs that died,
+     retired files whose delay has passed) and write status RUNNING;
   2. plan from the current manifest: previous ledger + cleanable dirty segments;
   3. phase 1 (engine): surviving offsets per partition;
   4. phase 2 (engine): new ledger files, each written under a temporary name, fsynced,
      then renamed into ledger/; their names carry the run id;
-  5. commit the new (horizon, ledger) pair in one manifest version, provided the
-     manifest's pair is still the one planned from (another compactor may not have
-     won meanwhile); the writer's own commits (sealing, retention) merge in;
-  6. delete the previous ledger files, now unreferenced; write status SUCCESS.
-On failure in 3-5 the run's files are deleted and the status says ERROR, with the error.
-Readers that loaded the old manifest and find a ledger file gone reload and retry.
+  5. commit the new (horizon, ledger) pair in one manifest version by compare-and-swap,
+     provided the manifest's pair is still the one planned from; the writer's commits
+     (sealing, retention) merge in, and the previous ledger's files are retired by it;
+  6. sweep ledger/ again and write each partition's status: SUCCESS where step 5
+     committed; ERROR, with the error, where the run failed before it. The sweep after
+     a failure deletes exactly the files of this run that no commit took.
+Readers that loaded an older manifest keep reading the previous ledger's files for
+file.delete.delay.ms; one that takes longer reloads and reads again.
 """
 
 from __future__ import annotations
@@ -23,12 +31,12 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from compactlog.compaction import CompactionReport, PartitionSummary
-from compactlog.compaction.ledger import LEDGER_DIR, PieceResult
+from compactlog.compaction.ledger import PieceResult
 from compactlog.compaction.plan import PartitionPlan, plan_partition
 from compactlog.compaction.status import (
     CompactionStatus,
@@ -37,10 +45,10 @@ from compactlog.compaction.status import (
     write_status,
 )
 from compactlog.errors import ConflictError, UserError
-from compactlog.storage import fsutil
-from compactlog.storage.manifest import PartitionManifest
+from compactlog.storage.manifest import LEDGER_DIR, CompactionState, PartitionManifest
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
+from compactlog.storage.sweep import sweep
 
 log = logging.getLogger(__name__)
 
@@ -81,38 +89,43 @@ def run_compaction(
         progress("plan", 0, len(chosen))
         plans: list[PartitionPlan] = []
         for partition in chosen:
-            _prepare(partition, run_id, now_ms)
-            partition.refresh()
-            plans.append(plan_partition(
+            _prepare(partition, run_id, now_ms)  # 1.
+            plans.append(plan_partition(  # 2.
                 topic_name, partition.index, partition.directory, partition.manifest,
                 partition.manifest_version, topic.config, now_ms,
             ))
         work = [plan for plan in plans if plan.has_work]
         summaries = {plan.partition: _summary(plan) for plan in plans}
+        committed: set[int] = set()
         stage_started = _lap(report, "plan", started)
         try:
             progress("phase 1: find survivors", 0, 1)
-            engine.find_survivors(work)
+            engine.find_survivors(work)  # 3.
             stage_started = _lap(report, "phase 1", stage_started)
             progress("phase 1: find survivors", 1, 1)
             progress("phase 2: write ledgers", 0, 1)
-            results = engine.write_ledgers(work, run_id)
+            results = engine.write_ledgers(work, run_id)  # 4.
             stage_started = _lap(report, "phase 2", stage_started)
             progress("phase 2: write ledgers", 1, 1)
             for done, plan in enumerate(work):
                 progress("commit", done, len(work))
                 partition = topic.partition(plan.partition)
                 _commit(partition, plan, results.get(plan.partition, []), run_id, now_ms,
-                        summaries[plan.partition])
+                        summaries[plan.partition])  # 5.
+                committed.add(plan.partition)
             _lap(report, "commit", stage_started)
         except BaseException as error:
-            for plan in work:
-                _remove_run_files(plan.directory / LEDGER_DIR, run_id)
-                _finish(plan.directory, run_id, now_ms, clock, error=error)
+            for plan in plans:  # 6. after a failure
+                partition = topic.partition(plan.partition)
+                _sweep(partition)
+                failed = plan.partition not in committed and plan in work
+                _finish(plan.directory, run_id, now_ms, clock,
+                        summary=None if failed else summaries[plan.partition],
+                        error=error if failed else None)
             raise
-        for plan in plans:
-            summary = summaries[plan.partition]
-            _finish(plan.directory, run_id, now_ms, clock, summary=summary)
+        for plan in plans:  # 6.
+            _sweep(topic.partition(plan.partition))
+            _finish(plan.directory, run_id, now_ms, clock, summary=summaries[plan.partition])
         report.partitions = [summaries[plan.partition] for plan in plans]
     report.duration_s = time.monotonic() - started
     progress("done", 1, 1)
@@ -145,20 +158,27 @@ def _lap(report: CompactionReport, stage: str, since: float) -> float:
 
 
 def _prepare(partition: Partition, run_id: str, now_ms: int) -> None:
-    ledger_dir = partition.directory / LEDGER_DIR
-    ledger_dir.mkdir(exist_ok=True)
-    fsutil.remove_temp_files(ledger_dir)
-    partition.refresh()
-    listed = {info["file"] for info in (partition.manifest.compaction or {}).get("ledger", [])}
-    for path in ledger_dir.glob("*.parquet"):
-        if path.name not in listed:  # left by a run that died before its commit
-            path.unlink()
-            log.info("%s: removed %s, written by a compaction that never committed",
-                     partition.name, path.name)
+    partition.ledger_dir.mkdir(exist_ok=True)
+    _sweep(partition)
     status = read_status(partition.directory)
     status.state, status.run_id, status.started_ms = "RUNNING", run_id, now_ms
     status.finished_ms, status.error = None, None
     write_status(partition.directory, status)
+
+
+def _sweep(partition: Partition) -> None:
+    """Sweep ledger/ as the holder of the compaction lock (storage/sweep.py), from the
+    manifest as it is now: whatever a failed commit did or did not do, the manifest
+    says which files are reachable. A sweep that fails is logged: it deletes nothing it
+    should keep, and the next run or the writer sweeps again."""
+    try:
+        partition.refresh()
+        sweep(partition.directory, partition.manifest, partition.now_ms(),
+              partition.config["file.delete.delay.ms"], [LEDGER_DIR],
+              partition.files.retire, partition.name)
+    except Exception as error:
+        log.warning("%s: the ledger sweep failed (retried by the next run): %s",
+                    partition.name, error)
 
 
 def _summary(plan: PartitionPlan) -> PartitionSummary:
@@ -195,34 +215,26 @@ def _commit(
     summary.horizon = plan.new_horizon
     oldest = [p.oldest_tombstone_ms for p in pieces if p.oldest_tombstone_ms is not None]
     planned_files = [item.info.file for item in plan.clean]
-    compaction: dict[str, Any] = {
-        "horizon": plan.new_horizon,
-        "ledger": [asdict(info) for info in new_ledger],
-        "oldest_tombstone_ms": min(oldest) if oldest else None,
-        "run_id": run_id,
-        "compacted_at_ms": now_ms,
-        "strategy": plan.strategy.spec,
-    }
+    assert plan.new_horizon is not None, "a plan with work has a horizon"
+    compaction = CompactionState(
+        horizon=plan.new_horizon,
+        ledger=tuple(new_ledger),
+        oldest_tombstone_ms=min(oldest) if oldest else None,
+        run_id=run_id,
+        compacted_at_ms=now_ms,
+        strategy=plan.strategy.spec,
+    )
 
     def swap(manifest: PartitionManifest) -> PartitionManifest:
-        current = manifest.compaction or {}
-        if (current.get("horizon") != plan.old_horizon
-                or [info["file"] for info in current.get("ledger", [])] != planned_files):
+        current = manifest.compaction
+        if (manifest.horizon != plan.old_horizon
+                or (current.ledger_files if current else []) != planned_files):
             raise ConflictError(
                 f"{partition.name}: another compaction committed while this one ran"
             )
         return replace(manifest, compaction=compaction)
 
     partition.commit_manifest(swap)
-    for item in plan.clean:
-        item.path.unlink(missing_ok=True)
-    fsutil.fsync_dir(plan.directory / LEDGER_DIR)
-
-
-def _remove_run_files(ledger_dir: Path, run_id: str) -> None:
-    for path in ledger_dir.glob(f"*-{run_id}-*.parquet"):
-        path.unlink(missing_ok=True)
-    fsutil.remove_temp_files(ledger_dir)
 
 
 def _finish(
@@ -232,6 +244,20 @@ def _finish(
     clock: Callable[[], float],
     summary: PartitionSummary | None = None,
     error: BaseException | None = None,
+) -> None:
+    try:
+        _write_finish(directory, run_id, now_ms, clock, summary, error)
+    except Exception as failure:  # the run's outcome stands; only its record is lost
+        log.warning("%s: could not write the compaction status: %s", directory, failure)
+
+
+def _write_finish(
+    directory: Path,
+    run_id: str,
+    now_ms: int,
+    clock: Callable[[], float],
+    summary: PartitionSummary | None,
+    error: BaseException | None,
 ) -> None:
     status: CompactionStatus = read_status(directory)
     status.run_id = run_id

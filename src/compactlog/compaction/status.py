@@ -6,28 +6,26 @@ when a compacted ledger exists; here it is a file next to the partition's manife
 compaction lock its state is RUNNING; a RUNNING file whose lock is free was left by a
 compactor that died, and reads as ERROR.
 
-Also here: the per-partition compaction lock (an flock on `compaction.lock`), which
-makes runs on one partition exclusive across processes, and which the store's open
-respects before removing ledger files that no manifest lists.
+The per-partition compaction lock, which makes runs on one partition exclusive across
+processes, is in storage/locks.py (the store's writer respects it before it deletes
+ledger files that no manifest lists); it is re-exported here.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from compactlog.errors import ConflictError
 from compactlog.storage import fsutil
+from compactlog.storage.locks import CompactionRunningError, compaction_lock, is_locked
+
+__all__ = ["CompactionRunningError", "CompactionStatus", "compaction_lock", "is_locked",
+           "read_status", "write_status"]
 
 State = Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR"]
 STATUS_FILE = "compaction-status.json"
-LOCK_FILE = "compaction.lock"
 
 
 @dataclass
@@ -43,10 +41,6 @@ class CompactionStatus:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class CompactionRunningError(ConflictError):
-    """A compaction of this partition is already running (in this or another process)."""
 
 
 def read_status(partition_dir: Path) -> CompactionStatus:
@@ -71,33 +65,3 @@ def write_status(partition_dir: Path, status: CompactionStatus) -> None:
     temp = fsutil.temp_path(partition_dir, "status")
     fsutil.write_file_durably(temp, json.dumps(status.to_json(), sort_keys=True).encode())
     fsutil.publish_replace(temp, partition_dir / STATUS_FILE)
-
-
-def is_locked(partition_dir: Path) -> bool:
-    path = partition_dir / LOCK_FILE
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-@contextmanager
-def compaction_lock(partition_dir: Path, name: str) -> Iterator[None]:
-    """Hold the partition's compaction lock, or raise CompactionRunningError."""
-    fd = os.open(partition_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CompactionRunningError(
-                f"{name}: a compaction is already running on this partition"
-            ) from None
-        yield
-    finally:
-        os.close(fd)

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import (
@@ -453,8 +454,13 @@ def _sealed_batches(partition: Partition,
                     info: SegmentInfo) -> Iterator[tuple[int, int, int, int, int]]:
     """(producer id, epoch, base sequence, base offset, last offset) of each batch with
     a producer id in a sealed segment, from its batch columns (one row per record)."""
+    with partition.files.lease(partition.segment_dir / info.file, info) as segment:
+        yield from _batches_of(segment.iter_tables(info.base_offset, _SEALED_COLUMNS))
+
+
+def _batches_of(tables: Iterator[pa.Table]) -> Iterator[tuple[int, int, int, int, int]]:
     previous_base = -1
-    for table in partition.sealed_segment(info).iter_tables(info.base_offset, _SEALED_COLUMNS):
+    for table in tables:
         if not table.num_rows:
             continue
         bases = table.column("batch_base_offset").to_numpy()

@@ -36,10 +36,10 @@ whole Arrow columns with numpy; per record there is only the call into the build
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,11 +49,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from aiokafka.record._crecords import DefaultRecordBatchBuilder
 
-from compactlog.errors import ConflictError, CorruptionError
-from compactlog.storage.compacted import horizon_of, ledger_infos
+from compactlog.errors import CorruptionError
 from compactlog.storage.gcpause import gc_paused
-from compactlog.storage.logfile import LogSegment
-from compactlog.storage.manifest import PartitionManifest
+from compactlog.storage.reads import ledger_tables, sealed_tables, view_start, with_view
 from compactlog.storage.records import (
     CONTROL_MASK,
     CRC_START,
@@ -68,7 +66,7 @@ from compactlog.storage.records import (
 from compactlog.storage.sealed import SegmentMissingError
 
 if TYPE_CHECKING:
-    from compactlog.storage.partition import Partition
+    from compactlog.storage.partition import Partition, View
 
 __all__ = ["WIRE_COLUMNS", "WireRead", "empty_batch", "read_batches", "view_start_offset"]
 
@@ -78,7 +76,6 @@ WIRE_COLUMNS = [
     "batch_base_offset", "batch_last_offset", "batch_attributes",
     "producer_id", "producer_epoch", "base_sequence",
 ]
-READ_ATTEMPTS = 5
 # Attribute bits a rebuilt batch keeps. The codec bits go (rebuilt batches are
 # uncompressed), and so does bit 6, KIP-534's "base timestamp is a delete horizon",
 # because a rebuilt batch's base timestamp is its first record's timestamp.
@@ -134,29 +131,19 @@ def read_batches(
     before damage is returned, and the next read fails on it), ConflictError when
     files kept being replaced under the read.
     """
-    for _ in range(READ_ATTEMPTS):
+
+    def read(view: View) -> WireRead:
         # One consistent view: the manifest, the log segments and the high watermark.
-        with partition._lock:
-            manifest, version = partition.manifest, partition.manifest_version
-            logs = list(partition.logs)
-            high_watermark = partition.log_end_offset
-        reader = _BatchReader(partition, manifest, logs, high_watermark, max_bytes)
-        try:
-            reader.run(offset, compacted)
-        except SegmentMissingError:
-            # Retention or a compaction in another process (or thread) deleted a file
-            # after this view of the manifest was taken: look again, as Partition.read.
-            partition.refresh()
-            if partition.manifest_version == version:
-                raise
-            continue
+        reader = _BatchReader(partition, view, max_bytes)
+        reader.run(offset, compacted)
         return WireRead(
             records=bytes(reader.out),
             next_offset=reader.next_offset,
-            high_watermark=high_watermark,
+            high_watermark=view.log_end_offset,
             log_start_offset=reader.view_start,
         )
-    raise ConflictError(f"{partition.name}: segments kept changing under a fetch")
+
+    return with_view(partition, read)
 
 
 def view_start_offset(partition: Partition, compacted: bool = False) -> int:
@@ -167,10 +154,7 @@ def view_start_offset(partition: Partition, compacted: bool = False) -> int:
     their surviving records stay in the ledger (docs/design.md, Retention), and
     `read_compacted` still serves them; so does a compacted read here.
     """
-    with partition._lock:
-        manifest = partition.manifest
-    horizon = horizon_of(manifest) if compacted else None
-    return _view_start(manifest, horizon)
+    return view_start(partition.view().manifest, compacted)
 
 
 def empty_batch(base_offset: int, last_offset: int) -> bytearray:
@@ -199,28 +183,21 @@ class _BatchReader:
     before it (or fails, when nothing came before it), as Partition.read does.
     """
 
-    def __init__(
-        self,
-        partition: Partition,
-        manifest: PartitionManifest,
-        logs: list[LogSegment],
-        high_watermark: int,
-        max_bytes: int,
-    ) -> None:
+    def __init__(self, partition: Partition, view: View, max_bytes: int) -> None:
         self.partition = partition
-        self.manifest = manifest
-        self.logs = logs
-        self.high_watermark = high_watermark
+        self.manifest = view.manifest
+        self.logs = view.logs
+        self.high_watermark = view.log_end_offset
         self.max_bytes = max_bytes
         self.out = bytearray()
         self.next_offset = 0
         self.expected = 0
         self.stopped = False  # the budget is spent, or the raw log has a gap
-        self.view_start = manifest.log_start_offset
+        self.view_start = view.manifest.log_start_offset
 
     def run(self, offset: int, compacted: bool) -> None:
-        horizon = horizon_of(self.manifest) if compacted else None
-        self.view_start = _view_start(self.manifest, horizon)
+        horizon = self.manifest.horizon if compacted else None
+        self.view_start = view_start(self.manifest, compacted)
         start = max(offset, self.view_start)
         self.next_offset = start
         if start >= self.high_watermark:
@@ -230,31 +207,27 @@ class _BatchReader:
                 self._raw(start)
             else:
                 self._compacted(start, horizon)
+        except SegmentMissingError:
+            raise  # a file went under this view: the caller retries on a new one
         except CorruptionError:
-            # As Partition.read: what precedes damage is served, and the consumer's
-            # next read, starting at the damage, gets the error.
+            # As the record reads (storage/reads.py): what precedes damage is served,
+            # and the consumer's next read, starting at the damage, gets the error.
             if not self.out:
                 raise
 
     # -- the two views ----------------------------------------------------------------
 
     def _compacted(self, start: int, horizon: int) -> None:
-        infos = ledger_infos(self.manifest)
-        first = bisect.bisect_left([info.last_offset for info in infos], start)
-        ledger = self.partition.compacted
-
-        def tables() -> Iterator[pa.Table]:
-            for info in infos[first:]:
-                yield from ledger._ledger_file(info).iter_tables(start, WIRE_COLUMNS)
-
-        self._emit_tables(tables(), dense=False)
+        tables = ledger_tables(self.partition, self.manifest, start, WIRE_COLUMNS)
+        with closing(tables):
+            self._emit_tables(tables, dense=False)
         if self.stopped:
             return
         before_raw = len(self.out)
         try:
             self._raw(horizon + 1)
         except SegmentMissingError:
-            raise  # a file went under this view: the caller retries on a new one
+            raise
         except CorruptionError:
             if len(self.out) > before_raw or self.next_offset > horizon:
                 raise
@@ -267,29 +240,14 @@ class _BatchReader:
 
     def _raw(self, start: int) -> None:
         self.expected = start
-        self._emit_tables(self._sealed_tables(start), dense=True)
+        tables = sealed_tables(self.partition, self.manifest, start, WIRE_COLUMNS)
+        with closing(tables):
+            self._emit_tables(tables, dense=True)
         if self.stopped:
             return
         self._log_segments()
 
     # -- sealed segments and ledger files ---------------------------------------------
-
-    def _sealed_tables(self, offset: int) -> Iterator[pa.Table]:
-        """As Partition._sealed_tables, with the batch columns as well."""
-        segments = self.manifest.segments
-        first = bisect.bisect_left([s.last_offset for s in segments], offset)
-        for info in segments[first:]:
-            hole = info.missing_range_at(offset)
-            if hole is not None:
-                raise CorruptionError(
-                    self.partition.segment_dir / info.file,
-                    f"offsets {hole[0]}..{hole[1]} were lost to a corrupt range in the log "
-                    "before this segment was sealed",
-                )
-            for table in self.partition.sealed_segment(info).iter_tables(offset, WIRE_COLUMNS):
-                yield table
-                if table.num_rows:
-                    offset = table.column("offset")[-1].as_py() + 1
 
     def _emit_tables(self, tables: Iterable[pa.Table], dense: bool) -> None:
         # A ledger row group may end in the middle of a batch; its rows wait for the
@@ -489,14 +447,6 @@ class _BatchReader:
         raise CorruptionError(
             self.partition.directory, f"offset {missing} is missing from the log"
         )
-
-
-def _view_start(manifest: PartitionManifest, horizon: int | None) -> int:
-    log_start = manifest.log_start_offset
-    if horizon is None:
-        return log_start
-    infos = ledger_infos(manifest)
-    return min(log_start, infos[0].base_offset) if infos else log_start
 
 
 def _first_missing(offsets: np.ndarray[Any, Any], expected: int) -> int:

@@ -35,7 +35,7 @@ from compactlog.spark.options import VIEWS, ReadOptions
 from compactlog.spark.plan import FilePart, TailPart, plan_read
 from compactlog.spark.read import read_tail
 from compactlog.spark.schema import SPARK_SCHEMA
-from compactlog.storage.compacted import LEDGER_DIR
+from compactlog.storage.manifest import LEDGER_DIR
 from compactlog.storage.sealed import RECORD_COLUMNS
 from compactlog.storage.store import LogStore
 

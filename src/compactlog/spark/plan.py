@@ -34,8 +34,7 @@ from pyspark.sql.datasource import InputPartition
 from compactlog.config import TopicConfig
 from compactlog.errors import CorruptionError
 from compactlog.spark.options import ReadOptions
-from compactlog.storage.compacted import LEDGER_DIR, horizon_of, ledger_infos
-from compactlog.storage.manifest import SegmentInfo
+from compactlog.storage.manifest import LEDGER_DIR, SegmentInfo
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
 
@@ -95,9 +94,9 @@ def plan_range(partition: Partition, config: TopicConfig, view: str, start: int,
     manifest = partition.manifest
     raw_start = max(start, manifest.log_start_offset)
     if view == "compacted":
-        horizon = horizon_of(manifest)
+        horizon = manifest.horizon
         if horizon is not None:
-            for info in ledger_infos(manifest):
+            for info in manifest.ledger:
                 if info.last_offset >= start and info.base_offset < end:
                     yield _file_part(partition, partition.directory / LEDGER_DIR, info,
                                      start, end)

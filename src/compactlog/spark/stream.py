@@ -56,7 +56,6 @@ from compactlog.errors import UserError
 from compactlog.spark.options import EARLIEST, LATEST, StreamOptions, parse_stream_options
 from compactlog.spark.plan import FilePart, TailPart, plan_range
 from compactlog.spark.read import read_part
-from compactlog.storage.compacted import horizon_of
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore, Topic
 
@@ -178,7 +177,7 @@ class CompactlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return {str(p.index): p.log_end_offset for p in self._partitions()}
 
     def _earliest(self, partition: Partition) -> int:
-        if self.options.read.view == "compacted" and horizon_of(partition.manifest) is not None:
+        if self.options.read.view == "compacted" and partition.manifest.horizon is not None:
             return 0  # the ledger holds the view below the horizon, whatever retention did
         return partition.log_start_offset
 
@@ -189,7 +188,7 @@ class CompactlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Fail (or warn, with failOnDataLoss false) when retention deleted raw records
         of [begin, stop) before they were read. plan_range reads on from the log start."""
         first_raw = begin
-        horizon = horizon_of(partition.manifest)
+        horizon = partition.manifest.horizon
         if self.options.read.view == "compacted" and horizon is not None:
             first_raw = max(begin, horizon + 1)
         log_start = partition.log_start_offset

@@ -1,9 +1,13 @@
 """Crash-safe file primitives.
 
-Every file a reader may open is created whole: written under a temporary name that
-starts with TEMP_PREFIX, fsynced, then published by an atomic rename or link, and
-the directory fsynced so that the new name survives power loss. A crash leaves at
-worst a temporary file, which `remove_temp_files` deletes on the next open.
+Invariant: every file a reader may open is created whole. It is written under a
+temporary name that starts with TEMP_PREFIX, fsynced, then published by an atomic
+rename or link, and the directory is fsynced so that the new name survives power loss.
+A crash leaves at worst a temporary file, which `remove_temp_files` deletes on the next
+open.
+
+Every step passes a fault point (storage/faults.py) named by its kind, so that tests
+can fail, stall or kill at exactly that step.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import os
 import uuid
 from pathlib import Path
 
+from compactlog.storage import faults
+
 TEMP_PREFIX = ".tmp-"
 
 
@@ -21,7 +27,18 @@ def temp_path(directory: Path, hint: str) -> Path:
 
 
 def fsync_dir(directory: Path) -> None:
+    faults.point("fsync_dir", directory)
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file written through another handle (a Parquet writer's)."""
+    faults.point("fsync", path)
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -30,9 +47,11 @@ def fsync_dir(directory: Path) -> None:
 
 def write_file_durably(path: Path, data: bytes) -> None:
     """Write `data` to `path` (a temporary name) and fsync it."""
+    faults.point("write", path)
     with open(path, "wb") as handle:
         handle.write(data)
         handle.flush()
+        faults.point("fsync", path)
         os.fsync(handle.fileno())
 
 
@@ -42,6 +61,7 @@ def publish_exclusive(temp: Path, final: Path) -> bool:
     Returns False, and removes `temp`, when another writer already published `final`.
     A hard link is atomic and fails on an existing name, which a rename would overwrite.
     """
+    faults.point("rename", final)
     try:
         os.link(temp, final)
     except FileExistsError:
@@ -65,10 +85,27 @@ def publish_exclusive(temp: Path, final: Path) -> bool:
     return True
 
 
+def rename(temp: Path, final: Path) -> None:
+    """Give `temp` the name `final`, replacing any file of that name, atomically; the
+    caller fsyncs the directory (one fsync may cover several renames)."""
+    faults.point("rename", final)
+    os.replace(temp, final)
+
+
 def publish_replace(temp: Path, final: Path) -> None:
     """Give `temp` the name `final`, replacing any file of that name, atomically."""
-    os.replace(temp, final)
+    rename(temp, final)
     fsync_dir(final.parent)
+
+
+def remove(path: Path) -> bool:
+    """Delete `path` if it exists; True when it did. The caller fsyncs the directory."""
+    faults.point("unlink", path)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def remove_temp_files(directory: Path) -> list[Path]:
@@ -76,8 +113,7 @@ def remove_temp_files(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return removed
     for entry in directory.iterdir():
-        if entry.name.startswith(TEMP_PREFIX):
-            entry.unlink(missing_ok=True)
+        if entry.name.startswith(TEMP_PREFIX) and remove(entry):
             removed.append(entry)
     if removed:
         fsync_dir(directory)

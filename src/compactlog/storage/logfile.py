@@ -17,6 +17,7 @@ scan finds that is not a whole, checksum-valid batch is classified:
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 from array import array
@@ -24,7 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from compactlog.errors import CorruptionError
+from compactlog.errors import CorruptionError, PartitionFailedError, StorageError
+from compactlog.storage import faults
 from compactlog.storage.records import (
     CRC_START,
     HEADER,
@@ -81,10 +83,14 @@ class TornTail:
 class LogSegment:
     """One log file and the index of its batches."""
 
-    def __init__(self, path: Path, base_offset: int, writable: bool) -> None:
+    def __init__(self, path: Path, base_offset: int, writable: bool,
+                 created_ms: int = 0) -> None:
         self.path = path
         self.base_offset = base_offset
         self.writable = writable
+        # When this process opened the segment: segment.ms counts from here (a record's
+        # timestamp says when it was made, not how long the segment has been filling).
+        self.created_ms = created_ms
         flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
         self._fd = -1
         self._fd = os.open(path, flags, 0o644)
@@ -197,15 +203,49 @@ class LogSegment:
 
     # -- writing --------------------------------------------------------------------
 
-    def append(self, batch: bytes | bytearray, header: BatchHeader) -> None:
-        """Append one whole batch at the end of the indexed data."""
-        written = os.pwrite(self._fd, batch, self.size)
-        if written != len(batch):
-            raise OSError(f"{self.path}: short write ({written} of {len(batch)} bytes)")
-        self._index(self.size, header)
-        self.size += len(batch)
+    def append(self, batch: bytes | bytearray, header: BatchHeader, sync: bool) -> None:
+        """Append one whole batch after the indexed data, fsync it when `sync`, and only
+        then index it, so that no reader sees a batch whose append failed.
+
+        A failed or short write is cut off again and raised as StorageError. A failed
+        fsync cuts the batch off too and raises PartitionFailedError: the caller must
+        stop writing (the page cache may have dropped what it could not write).
+        """
+        start = self.size
+        try:
+            faults.point("write", self.path)
+            written = os.pwrite(self._fd, batch, start)
+            if written != len(batch):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(batch)} bytes)")
+        except OSError as error:
+            self._cut(start, error)
+            raise StorageError(f"{self.path}: append of offsets {header.base_offset}.."
+                               f"{header.last_offset} failed: {error}") from error
+        if sync:
+            try:
+                faults.point("fsync", self.path)
+                os.fsync(self._fd)
+            except OSError as error:
+                self._cut(start, error)
+                raise PartitionFailedError(
+                    f"{self.path}: fsync after appending offsets {header.base_offset}.."
+                    f"{header.last_offset} failed: {error}") from error
+        self._index(start, header)
+        self.size = start + len(batch)
+
+    def _cut(self, size: int, cause: OSError) -> None:
+        """Cut the file back to `size` after a failed append; if even that fails, the
+        bytes left behind are after the indexed data, where the next open's scan finds
+        them a torn tail, and the partition must stop writing."""
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as error:
+            raise PartitionFailedError(
+                f"{self.path}: could not cut a failed append ({cause}) back to {size} "
+                f"bytes: {error}") from error
 
     def flush(self) -> None:
+        faults.point("fsync", self.path)
         os.fsync(self._fd)
         self.unflushed_records = 0
         self.first_unflushed_ms = None
@@ -229,10 +269,6 @@ class LogSegment:
     @property
     def next_offset(self) -> int:
         return self.last_offsets[-1] + 1 if self.last_offsets else self.base_offset
-
-    @property
-    def first_batch_max_timestamp(self) -> int | None:
-        return self.max_timestamps[0] if self.max_timestamps else None
 
     def _batch_index(self, offset: int) -> int:
         return bisect.bisect_left(self.last_offsets, offset)

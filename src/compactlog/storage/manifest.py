@@ -1,121 +1,20 @@
-"""Versioned metadata documents with atomic, optimistic-concurrency commits.
+"""What a partition's manifest holds: its sealed segments, its compaction pair and the
+files it has retired, as typed values. (How a manifest is committed: storage/commit.py.)
 
-A document lives in its own directory as numbered files, `00000000000000000007.json`,
-each holding one whole version and a checksum of it. The highest number is current.
-
-Commit protocol (one version, N = expected + 1):
-  1. write the new document to a temporary file and fsync it;
-  2. publish it as version N with put-if-absent (hard link): if version N exists,
-     another writer won, the temporary file is removed and ConflictError is raised;
-  3. fsync the directory, so the new name survives power loss;
-  4. prune versions older than the last `keep`.
-A crash before step 2 leaves a temporary file (removed on the next open); after it,
-version N is complete and current. A commit based on a stale version changes nothing.
-
-The same put-if-absent step maps onto object stores with conditional writes
-(If-None-Match: *), so this layout can move there unchanged.
+Invariant: a manifest is one value, committed whole. The sealed segments, the
+(horizon, ledger) pair and the retired files change together in one commit, so a
+reader that loaded one version sees a consistent partition: every file it lists is
+there until a later version retires it and `file.delete.delay.ms` has passed
+(storage/sweep.py).
 """
 
 from __future__ import annotations
 
-import json
-import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from compactlog.errors import ConflictError, CorruptionError
-from compactlog.storage import fsutil
-
-SUFFIX = ".json"
-FORMAT = 1
-
-
-def _version_of(name: str) -> int | None:
-    if not name.endswith(SUFFIX) or name.startswith("."):
-        return None
-    stem = name[: -len(SUFFIX)]
-    return int(stem) if stem.isdigit() else None
-
-
-class VersionedDocument:
-    """A JSON document in `directory`, committed version by version."""
-
-    def __init__(self, directory: Path, keep: int = 8) -> None:
-        self.directory = directory
-        self.keep = keep
-
-    def path_of(self, version: int) -> Path:
-        return self.directory / f"{version:020d}{SUFFIX}"
-
-    def versions(self) -> list[int]:
-        if not self.directory.is_dir():
-            return []
-        found = (_version_of(entry.name) for entry in self.directory.iterdir())
-        return sorted(v for v in found if v is not None)
-
-    def latest_version(self) -> int:
-        versions = self.versions()
-        return versions[-1] if versions else 0
-
-    def load(self) -> tuple[int, dict[str, Any]] | None:
-        """The current (version, body), or None when nothing was ever committed."""
-        for _ in range(10):
-            version = self.latest_version()
-            if version == 0:
-                return None
-            try:
-                return version, self.load_version(version)
-            except FileNotFoundError:
-                continue  # pruned by a concurrent commit between listing and reading
-        raise ConflictError(f"{self.directory}: versions kept changing while reading")
-
-    def load_version(self, version: int) -> dict[str, Any]:
-        path = self.path_of(version)
-        raw = path.read_bytes()
-        try:
-            envelope = json.loads(raw)
-            body = envelope["body"]
-            stored = envelope["crc32"]
-        except (ValueError, KeyError, TypeError) as error:
-            raise CorruptionError(path, f"unreadable metadata version {version}: {error}") from None
-        if _checksum(body) != stored or envelope.get("version") != version:
-            raise CorruptionError(path, f"metadata version {version} fails its checksum")
-        if not isinstance(body, dict):
-            raise CorruptionError(path, f"metadata version {version} is not an object")
-        return body
-
-    def commit(self, expected_version: int, body: dict[str, Any]) -> int:
-        """Publish `body` as version expected_version + 1, or raise ConflictError."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        current = self.latest_version()
-        if current != expected_version:
-            raise ConflictError(
-                f"{self.directory}: commit based on version {expected_version}, "
-                f"but version {current} is current"
-            )
-        version = expected_version + 1
-        envelope = {"format": FORMAT, "version": version, "crc32": _checksum(body), "body": body}
-        temp = fsutil.temp_path(self.directory, f"v{version}")
-        fsutil.write_file_durably(temp, json.dumps(envelope, sort_keys=True).encode())
-        if not fsutil.publish_exclusive(temp, self.path_of(version)):
-            raise ConflictError(
-                f"{self.directory}: version {version} was committed by another writer"
-            )
-        self._prune(version)
-        return version
-
-    def _prune(self, current: int) -> None:
-        for version in self.versions():
-            if version <= current - self.keep:
-                self.path_of(version).unlink(missing_ok=True)
-
-    def recover(self) -> list[Path]:
-        return fsutil.remove_temp_files(self.directory)
-
-
-def _checksum(body: Any) -> int:
-    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+from compactlog.errors import CorruptionError
 
 
 @dataclass(frozen=True)
@@ -152,34 +51,85 @@ class SegmentInfo:
         return None
 
 
+LEDGER_DIR = "ledger"
+SEGMENT_DIR = "segments"
+
+
+@dataclass(frozen=True)
+class CompactionState:
+    """The (horizon, ledger) pair of the last compaction that committed, and what it
+    recorded about itself. `ledger` holds the surviving records of offsets <= horizon,
+    in offset order, as Parquet files in ledger/."""
+
+    horizon: int
+    ledger: tuple[SegmentInfo, ...] = ()
+    # When the oldest tombstone kept in the ledger was first kept (delete.retention.ms
+    # counts from there); None when the ledger holds no tombstone.
+    oldest_tombstone_ms: int | None = None
+    run_id: str = ""
+    compacted_at_ms: int = 0
+    strategy: str = "latest"
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["ledger"] = [asdict(info) for info in self.ledger]
+        return body
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> CompactionState:
+        return cls(
+            horizon=int(body["horizon"]),
+            ledger=tuple(SegmentInfo.from_json(info) for info in body.get("ledger") or ()),
+            oldest_tombstone_ms=body.get("oldest_tombstone_ms"),
+            run_id=str(body.get("run_id") or ""),
+            compacted_at_ms=int(body.get("compacted_at_ms") or 0),
+            strategy=str(body.get("strategy") or "latest"),
+        )
+
+    @property
+    def ledger_files(self) -> list[str]:
+        return [info.file for info in self.ledger]
+
+
+@dataclass(frozen=True)
+class RetiredFile:
+    """A data file that a commit stopped listing. It stays on disk for readers that
+    loaded an older manifest until `retired_ms` + file.delete.delay.ms; then the sweep
+    deletes it, and a later commit forgets it."""
+
+    path: str  # relative to the partition directory: "segments/…" or "ledger/…"
+    retired_ms: int
+
+
 @dataclass(frozen=True)
 class PartitionManifest:
-    """What a partition holds besides its active log: committed as one document.
-
-    `compaction` will carry the (horizon, ledger) pair of the compaction pipeline; the
-    pair and the segment list are committed together, so they never drift apart.
-    """
+    """What a partition holds besides its active log: committed as one document."""
 
     log_start_offset: int = 0
     segments: tuple[SegmentInfo, ...] = ()
-    compaction: dict[str, Any] | None = None
+    compaction: CompactionState | None = None
+    retired: tuple[RetiredFile, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "log_start_offset": self.log_start_offset,
             "segments": [asdict(segment) for segment in self.segments],
-            "compaction": self.compaction,
+            "compaction": None if self.compaction is None else self.compaction.to_json(),
+            "retired": [asdict(item) for item in self.retired],
             "extra": self.extra,
         }
 
     @classmethod
     def from_json(cls, body: dict[str, Any], path: Path) -> PartitionManifest:
         try:
+            compaction = body.get("compaction")
             return cls(
                 log_start_offset=int(body["log_start_offset"]),
                 segments=tuple(SegmentInfo.from_json(segment) for segment in body["segments"]),
-                compaction=body.get("compaction"),
+                compaction=None if compaction is None else CompactionState.from_json(compaction),
+                retired=tuple(RetiredFile(str(item["path"]), int(item["retired_ms"]))
+                              for item in body.get("retired") or ()),
                 extra=dict(body.get("extra") or {}),
             )
         except (KeyError, TypeError, ValueError) as error:
@@ -189,3 +139,27 @@ class PartitionManifest:
     def sealed_end_offset(self) -> int:
         """One past the last sealed offset (log_start_offset when nothing is sealed)."""
         return self.segments[-1].last_offset + 1 if self.segments else self.log_start_offset
+
+    @property
+    def horizon(self) -> int | None:
+        return None if self.compaction is None else self.compaction.horizon
+
+    @property
+    def ledger(self) -> tuple[SegmentInfo, ...]:
+        return () if self.compaction is None else self.compaction.ledger
+
+    def live_files(self) -> set[str]:
+        """The data files this version lists, relative to the partition directory."""
+        files = {f"{SEGMENT_DIR}/{info.file}" for info in self.segments}
+        files.update(f"{LEDGER_DIR}/{info.file}" for info in self.ledger)
+        return files
+
+    def retiring(self, dropped: set[str], now_ms: int, delay_ms: int) -> PartitionManifest:
+        """This manifest with `dropped` (relative paths it listed, now unlisted by the
+        caller's change) added to the retired files, and retired files whose delay has
+        passed forgotten (the sweep deletes them before or after; either is safe: a file
+        no manifest mentions is an orphan, and orphans are deleted too)."""
+        kept = tuple(item for item in self.retired
+                     if now_ms - item.retired_ms < delay_ms and item.path not in dropped)
+        added = tuple(RetiredFile(path, now_ms) for path in sorted(dropped))
+        return replace(self, retired=kept + added)

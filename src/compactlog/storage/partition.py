@@ -1,55 +1,60 @@
 """A partition: sealed Parquet segments, rolled log segments and one active log segment.
 
 Directory layout:
-  manifest/   versioned PartitionManifest documents (see manifest.py)
+  manifest/   the partition's manifest, committed by compare-and-swap (commit.py)
   log/        <base offset>.log files of v2 record batches; the last is the active one
   segments/   <base offset>-<id>.parquet sealed segments, listed by the manifest
+  ledger/     the compacted ledger's Parquet files, listed by the manifest (compaction)
 
 Invariants:
 - Offsets are assigned here, densely, and never reused; sealing and retention keep them.
-- A sealed segment exists for readers only once the manifest lists it. A log file is
-  deleted only after a manifest listing its sealed form is committed.
+- An append is all or nothing as its caller sees it: if it returns, its records are
+  written (and fsynced, when the flush policy says so) and visible; if it raises, no
+  reader ever sees them. After a failed fsync the partition takes no more writes until
+  it is reopened (`failed`), and reads go on.
+- A data file exists for readers only once a committed manifest lists it, and is deleted
+  only by reachability (sweep.py). A log file is deleted only once a committed manifest's
+  sealed segments cover it.
 - One process writes a partition (the store's writer lock); others open it read-only
-  and `refresh` to see new data. Compaction commits to the manifest concurrently, so
-  the writer's manifest commits retry on conflict by re-applying their change.
+  and `refresh`. Compaction commits to the same manifest from its own process, so every
+  commit here re-applies its change to the current manifest after a conflict.
 
-Sealing protocol for a rolled log segment (a crash after any step is recovered on open):
-  1. write the Parquet file under a temporary name and fsync it;
-  2. rename it to its final name in segments/ and fsync the directory;
-  3. commit a manifest version that lists it;
-  4. delete the log file.
-Recovery removes temporary files (crash in 1), Parquet files no manifest lists (crash
-after 2), and log files wholly covered by sealed segments (crash after 3).
+This module keeps the partition's state, appends and rolls. Opening and recovery are in
+recovery.py, sealing in sealing.py, retention in retention.py, reads in reads.py.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import logging
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from compactlog.config import TopicConfig
 from compactlog.errors import (
     ConflictError,
-    CorruptionError,
     CorruptRecordError,
     InvalidRecordError,
+    PartitionFailedError,
     ReadOnlyStoreError,
+    StorageError,
 )
-from compactlog.storage import fsutil
-from compactlog.storage.compacted import CompactedView, horizon_of, ledger_infos, trim_to_bytes
-from compactlog.storage.logfile import LogSegment, TornTail, base_offset_of, log_file_name
-from compactlog.storage.manifest import PartitionManifest, SegmentInfo, VersionedDocument
+from compactlog.storage import fsutil, reads, recovery, retention, sealing
+from compactlog.storage.commit import CommitOutcomeUnknown, LocalDocument, Snapshot
+from compactlog.storage.compacted import CompactedView
+from compactlog.storage.filecache import OpenFiles
+from compactlog.storage.logfile import LogSegment, TornTail, log_file_name
+from compactlog.storage.manifest import (
+    LEDGER_DIR,
+    SEGMENT_DIR,
+    PartitionManifest,
+    SegmentInfo,
+)
 from compactlog.storage.records import (
     BatchError,
     BatchHeader,
@@ -62,23 +67,12 @@ from compactlog.storage.records import (
     set_base_offset,
     validate_records,
 )
-from compactlog.storage.sealed import (
-    RECORD_COLUMNS,
-    SealedSegment,
-    SegmentMissingError,
-    WriteOptions,
-    record_bytes,
-    records_to_table,
-    table_to_records,
-    write_segment,
-)
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 DEFAULT_MAX_RECORDS = 500
 DEFAULT_MAX_BYTES = 1024 * 1024
-READ_ATTEMPTS = 5
 
 
 @dataclass
@@ -101,6 +95,17 @@ class AppendResult:
     last_offset: int
 
 
+@dataclass(frozen=True)
+class View:
+    """One consistent view of a partition for a read: a manifest and the log segments
+    and log end offset that went with it."""
+
+    manifest: PartitionManifest
+    version: int
+    logs: tuple[LogSegment, ...]
+    log_end_offset: int
+
+
 class Partition:
     def __init__(
         self,
@@ -110,6 +115,7 @@ class Partition:
         config: Callable[[], TopicConfig],
         writable: bool,
         clock: Clock = time.time,
+        files: OpenFiles | None = None,
     ) -> None:
         self.directory = directory
         self.topic = topic
@@ -117,18 +123,25 @@ class Partition:
         self._config = config
         self.writable = writable
         self.clock = clock
-        self.manifest_doc = VersionedDocument(directory / "manifest")
+        self.files = files if files is not None else OpenFiles()
+        self.document = LocalDocument(directory / "manifest")
         self.log_dir = directory / "log"
-        self.segment_dir = directory / "segments"
+        self.segment_dir = directory / SEGMENT_DIR
+        self.ledger_dir = directory / LEDGER_DIR
+        self.snapshot: Snapshot | None = None
         self.manifest = PartitionManifest()
         self.manifest_version = 0
         self.logs: list[LogSegment] = []  # rolled segments, then the active one last
-        self._sealed: dict[str, SealedSegment] = {}
         self._lock = threading.RLock()
-        self._seal_lock = threading.Lock()
+        self.seal_lock = threading.Lock()
         self._appended = threading.Condition(self._lock)
         self.recovery = RecoveryReport()
         self.auto_seal = True
+        # Set when an fsync failed: no more writes until the partition is reopened.
+        self.failed: BaseException | None = None
+        # When a sweep may next find something to delete: a retired file's delay ends,
+        # or at once after a failure that may have left an orphan. None: nothing waits.
+        self.sweep_at_ms: int | None = None
         self.compacted = CompactedView(self)
 
     @property
@@ -139,101 +152,163 @@ class Partition:
     def config(self) -> TopicConfig:
         return self._config()
 
-    # -- opening and recovery -------------------------------------------------------
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # -- opening ----------------------------------------------------------------------
 
     @classmethod
     def create(cls, directory: Path, topic: str, index: int, config: Callable[[], TopicConfig],
                clock: Clock = time.time) -> None:
         """Lay out a new, empty partition: an empty manifest and an active segment at 0."""
-        for sub in ("manifest", "log", "segments"):
+        for sub in ("manifest", "log", SEGMENT_DIR):
             (directory / sub).mkdir(parents=True, exist_ok=True)
-        VersionedDocument(directory / "manifest").commit(0, PartitionManifest().to_json())
+        LocalDocument(directory / "manifest").commit(0, PartitionManifest().to_json())
         (directory / "log" / log_file_name(0)).touch()
 
     def open(self) -> Partition:
-        with self._lock:
-            self._load_manifest(initial=True)
-            if self.writable:
-                self._recover_files()
-            self._open_logs()
-            if self.writable:
-                for segment in self.logs:
-                    if segment.torn_tail:
-                        self.recovery.torn_tails.append(segment.torn_tail)
-                    self.recovery.corrupt_ranges.extend(
-                        hole.describe() for hole in segment.corrupt.values()
-                    )
-                if self.auto_seal:
-                    self.seal_rolled()
+        recovery.open_partition(self)
         return self
 
-    def _load_manifest(self, initial: bool = False) -> None:
-        loaded = self.manifest_doc.load()
-        if loaded is None:
-            has_data = any(self.segment_dir.glob("*.parquet")) or any(
-                p.stat().st_size > 0 for p in self.log_dir.glob("*.log")
-            )
-            if has_data or not initial:
-                raise CorruptionError(
-                    self.manifest_doc.directory,
-                    f"partition {self.name} holds data files but its manifest is missing",
-                )
-            if not self.writable:
+    def reopen(self) -> None:
+        """Close and open again with recovery (recovery.py): how a failed partition
+        takes writes again. The log files are scanned afresh, so a batch whose fsync
+        failed and could not be cut off is found and cut as a torn tail; what was
+        acknowledged is on disk or was never acknowledged. If recovery fails too, the
+        partition stays failed with the new error."""
+        with self._lock:
+            for segment in self.logs:
+                segment.close()
+            self.logs = []
+            self.failed = None
+            self.recovery = RecoveryReport()
+            try:
+                recovery.open_partition(self)
+            except Exception as error:
+                self.fail(error)
+
+    def view(self) -> View:
+        with self._lock:
+            return View(self.manifest, self.manifest_version, tuple(self.logs),
+                        self.log_end_offset)
+
+    # -- the manifest -----------------------------------------------------------------
+
+    def load_manifest(self) -> None:
+        """Read the current manifest (commit.py falls back past a damaged current.json)."""
+        snapshot = self.document.load()
+        if snapshot is None:
+            raise FileNotFoundError(self.document.current_path)
+        self._install(snapshot, PartitionManifest.from_json(
+            snapshot.body, self.document.current_path))
+
+    def _install(self, snapshot: Snapshot, manifest: PartitionManifest) -> None:
+        with self._lock:
+            gone = self.manifest.live_files() - manifest.live_files()
+            self.snapshot = snapshot
+            self.manifest = manifest
+            self.manifest_version = snapshot.version
+            self._schedule_sweep(manifest)
+        for relative in gone:
+            # Readers holding the file finish with it; then it closes (filecache.py).
+            self.files.retire(self.directory / relative)
+
+    def commit_manifest(
+        self, change: Callable[[PartitionManifest], PartitionManifest], attempts: int = 20
+    ) -> PartitionManifest:
+        """Apply `change` to the current manifest and commit it by compare-and-swap,
+        re-applying it to the newer manifest after a conflict.
+
+        Files that the change stops listing are retired (manifest.RetiredFile), not
+        deleted: the sweep deletes them after file.delete.delay.ms. `change` may raise
+        ConflictError itself to give up (a compaction whose pair was replaced).
+        """
+        delay_ms = self.config["file.delete.delay.ms"]
+        for _ in range(attempts):
+            with self._lock:
+                base, version = self.manifest, self.manifest_version
+            updated = change(base)
+            dropped = base.live_files() - updated.live_files()
+            updated = updated.retiring(dropped, self.now_ms(), delay_ms)
+            try:
+                snapshot = self.document.commit(version, updated.to_json())
+            except ConflictError:
+                self.load_manifest()
+                continue
+            except CommitOutcomeUnknown as error:
+                # Published, maybe not durable: what is visible is what counts, and a
+                # writer whose directory fsync failed stops writing (see `fail`).
+                self.load_manifest()
+                if self.writable:
+                    self.fail(error)
+                raise
+            self._install(snapshot, updated)
+            self._delete_forgotten(base, updated)
+            return updated
+        raise ConflictError(f"{self.name}: manifest kept changing; gave up after {attempts} tries")
+
+    def _delete_forgotten(self, base: PartitionManifest, updated: PartitionManifest) -> None:
+        """Delete the retired files whose delay had passed and that this commit stopped
+        mentioning: no manifest names them any more, so they go now (a failure leaves
+        an orphan for the next sweep)."""
+        kept = {item.path for item in updated.retired}
+        forgotten = [item.path for item in base.retired if item.path not in kept]
+        try:
+            for relative in forgotten:
+                path = self.directory / relative
+                self.files.retire(path)
+                if fsutil.remove(path):
+                    log.info("%s: deleted %s, retired by an earlier commit", self.name,
+                             relative)
+        except OSError as error:
+            log.warning("%s: could not delete a retired file (the sweep retries): %s",
+                        self.name, error)
+            self.sweep_soon()
+
+    def refresh(self) -> None:
+        """Pick up what other processes committed or appended."""
+        with self._lock:
+            if self.document.changed_since(self.snapshot):
+                self.load_manifest()
+            if self.writable:
                 return
-            self.manifest_doc.directory.mkdir(parents=True, exist_ok=True)
-            self.manifest_version = self.manifest_doc.commit(0, PartitionManifest().to_json())
-            self.manifest = PartitionManifest()
-            return
-        version, body = loaded
-        self.manifest = PartitionManifest.from_json(body, self.manifest_doc.path_of(version))
-        self.manifest_version = version
+            known = {segment.base_offset for segment in self.logs}
+            for base, path in recovery.log_files(self.log_dir):
+                if base not in known:
+                    try:
+                        segment = LogSegment(path, base, writable=False,
+                                             created_ms=self.now_ms())
+                    except FileNotFoundError:
+                        continue
+                    self.logs.append(segment)
+            self.logs.sort(key=lambda s: s.base_offset)
+            for segment in self.logs:
+                segment.scan(repair=False)
+            sealed_end = self.manifest.sealed_end_offset
+            while len(self.logs) > 1 and self.logs[0].next_offset <= sealed_end:
+                self.logs.pop(0).close()
 
-    def _recover_files(self) -> None:
-        removed = self.recovery.removed_files
-        for directory in (self.log_dir, self.segment_dir, self.manifest_doc.directory):
-            directory.mkdir(parents=True, exist_ok=True)
-            removed.extend(fsutil.remove_temp_files(directory))
-        listed = {segment.file for segment in self.manifest.segments}
-        for path in self.segment_dir.glob("*.parquet"):
-            if path.name not in listed:
-                path.unlink()
-                removed.append(path)
-                log.info("%s: removed %s, sealed but never committed", self.name, path.name)
-        sealed_end = self.manifest.sealed_end_offset
-        log_files = sorted(self._log_files())
-        for (_, path), (next_base, _) in itertools.pairwise(log_files):
-            if next_base <= sealed_end:
-                path.unlink()  # sealed and committed; the crash came before its deletion
-                removed.append(path)
-                log.info("%s: removed %s, already sealed", self.name, path.name)
-        if removed:
-            fsutil.fsync_dir(self.log_dir)
+    def _schedule_sweep(self, manifest: PartitionManifest) -> None:
+        if manifest.retired:
+            due = min(item.retired_ms for item in manifest.retired) + \
+                self.config["file.delete.delay.ms"]
+            self.sweep_at_ms = due if self.sweep_at_ms is None else min(self.sweep_at_ms, due)
 
-    def _log_files(self) -> list[tuple[int, Path]]:
-        found = []
-        for path in self.log_dir.glob("*.log"):
-            base = base_offset_of(path)
-            if base is not None:
-                found.append((base, path))
-        return found
+    def sweep_soon(self) -> None:
+        """A failure may have left an orphan: sweep at the next chance."""
+        self.sweep_at_ms = self.now_ms()
 
-    def _open_logs(self) -> None:
-        sealed_end = self.manifest.sealed_end_offset
-        files = sorted(self._log_files())
-        if not files:
-            if not self.writable:
-                return
-            path = self.log_dir / log_file_name(sealed_end)
-            path.touch()
-            fsutil.fsync_dir(self.log_dir)
-            files = [(sealed_end, path)]
-        for base, path in files:
-            if self.writable or base >= sealed_end or base == files[-1][0]:
-                segment = LogSegment(path, base, writable=self.writable)
-                segment.scan(repair=self.writable)
-                self.logs.append(segment)
+    @property
+    def sweep_due(self) -> bool:
+        return self.sweep_at_ms is not None and self.now_ms() >= self.sweep_at_ms
 
-    # -- appending ------------------------------------------------------------------
+    def sweep(self) -> list[Path]:
+        """Delete what the manifest made unreachable (sweep.py), as the writer: retired
+        files past their delay, orphans in segments/ (no seal runs meanwhile), and
+        orphans in ledger/ when no compaction holds the partition."""
+        return recovery.sweep_as_writer(self).deleted
+
+    # -- appending --------------------------------------------------------------------
 
     @property
     def active(self) -> LogSegment:
@@ -260,11 +335,11 @@ class Partition:
         A multi-partition append prepares every partition's batch first, so that a refused
         record leaves nothing appended anywhere.
         """
-        self._require_writable()
+        self.require_writable()
         if not records:
             raise InvalidRecordError(f"{self.name}: nothing to append")
         self.check_keys(records)
-        batch = encode_batch(records, 0, int(self.clock() * 1000))
+        batch = encode_batch(records, 0, self.now_ms())
         self.check_size(len(batch))
         return batch
 
@@ -272,7 +347,7 @@ class Partition:
         """Append a batch from `prepare`, giving it the next offsets."""
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
-            return self._append_encoded(batch, parse_header(batch), int(self.clock() * 1000))
+            return self._append_encoded(batch, parse_header(batch))
 
     def check_keys(self, records: Sequence[ProducerRecord | Record]) -> None:
         """Refuse null keys on a compacted topic whose null.key.policy is reject."""
@@ -289,7 +364,7 @@ class Partition:
 
     def append_batch(self, batch: bytearray) -> AppendResult:
         """Append a v2 batch built elsewhere (a Kafka producer): validated, offsets assigned."""
-        self._require_writable()
+        self.require_writable()
         try:
             header = check_batch(batch, 0, len(batch))
             if header.size != len(batch):
@@ -303,7 +378,7 @@ class Partition:
         self.check_size(len(batch))
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
-            return self._append_encoded(batch, parse_header(batch), int(self.clock() * 1000))
+            return self._append_encoded(batch, parse_header(batch))
 
     def check_size(self, batch_bytes: int) -> None:
         limit = self.config["max.message.bytes"]
@@ -313,293 +388,171 @@ class Partition:
                 f"max.message.bytes={limit}"
             )
 
-    def _append_encoded(self, batch: bytearray, header: BatchHeader, now_ms: int) -> AppendResult:
+    def _append_encoded(self, batch: bytearray, header: BatchHeader) -> AppendResult:
+        """Append protocol (called with the lock held; tests/test_append_faults.py):
+          1. roll first if the active segment is due (a failure here writes nothing);
+          2. write the batch after the active segment's indexed bytes; a failed or short
+             write is cut off again and raised as StorageError (the partition goes on);
+          3. fsync if the flush policy says so; a failed fsync cuts the batch off, marks
+             the partition failed and raises PartitionFailedError;
+          4. index the batch: from here readers see it, and the append returns;
+          5. seal rolled segments (auto_seal); a failed seal is logged and retried later,
+             never reported as a failed append.
+        """
+        self.require_writable()
+        now_ms = self.now_ms()
         config = self.config
         self.check_size(len(batch))
         if self._should_roll(len(batch), now_ms):
             self._roll()
         active = self.active
-        active.append(batch, header)
-        active.unflushed_records += header.record_count
-        if active.first_unflushed_ms is None:
-            active.first_unflushed_ms = now_ms
-        if (
-            active.unflushed_records >= config["flush.messages"]
-            or now_ms - active.first_unflushed_ms >= config["flush.ms"]
-        ):
-            active.flush()
+        pending = active.unflushed_records + header.record_count
+        first_unflushed = active.first_unflushed_ms if active.first_unflushed_ms is not None \
+            else now_ms
+        sync = (pending >= config["flush.messages"]
+                or now_ms - first_unflushed >= config["flush.ms"])
+        try:
+            active.append(batch, header, sync=sync)
+        except PartitionFailedError as error:
+            self.fail(error)
+            raise
+        if sync:
+            active.unflushed_records, active.first_unflushed_ms = 0, None
+        else:
+            active.unflushed_records, active.first_unflushed_ms = pending, first_unflushed
         self._appended.notify_all()
         result = AppendResult(self.index, header.base_offset, header.last_offset)
         if self.auto_seal and len(self.logs) > 1:
-            self.seal_rolled()
+            self.seal_rolled_quietly()
         return result
 
     def _should_roll(self, incoming: int, now_ms: int) -> bool:
+        """Roll by size, and by the time the active segment was opened: a record's own
+        timestamp says when it was made, not how long the segment has been filling (a
+        backfill of week-old records must not roll a segment per append)."""
         active = self.active
         if active.is_empty:
             return False
         if active.size + incoming > self.config["segment.bytes"]:
             return True
-        first_ts = active.first_batch_max_timestamp
         # As Kafka's LogConfig.maxSegmentMs (KIP-354): a compacted topic rolls by
         # max.compaction.lag.ms too, or records in the active segment could wait up to
-        # segment.ms (7 days) for the compaction that lag promises.
-        roll_ms = self.config["segment.ms"]
+        # segment.ms for the compaction that lag promises.
+        roll_ms: int = self.config["segment.ms"]
         if self.config.compacted:
             roll_ms = min(roll_ms, self.config["max.compaction.lag.ms"])
-        return first_ts is not None and now_ms - first_ts >= roll_ms
+        return now_ms - active.created_ms >= roll_ms
 
     def _roll(self) -> None:
         """Start a new active segment; the old one waits to be sealed."""
         old = self.active
-        old.flush()
+        self._flush_segment(old)
         path = self.log_dir / log_file_name(old.next_offset)
-        segment = LogSegment(path, old.next_offset, writable=True)
-        fsutil.fsync_dir(self.log_dir)
+        try:
+            segment = LogSegment(path, old.next_offset, writable=True, created_ms=self.now_ms())
+        except OSError as error:
+            raise StorageError(f"{self.name}: cannot start a log segment: {error}") from error
+        try:
+            fsutil.fsync_dir(self.log_dir)
+        except OSError as error:
+            segment.close()
+            self.fail(error)
+            raise PartitionFailedError(f"{self.name}: fsync of {self.log_dir} failed: "
+                                       f"{error}") from error
         self.logs.append(segment)
         log.debug("%s: rolled segment at offset %d", self.name, old.next_offset)
 
     def roll(self) -> bool:
         """Roll the active segment now if it holds anything, and seal it (when auto_seal)."""
-        self._require_writable()
+        self.require_writable()
         with self._lock:
             if self.active.is_empty:
                 return False
             self._roll()
-            if self.auto_seal:
-                self.seal_rolled()
-            return True
+        if self.auto_seal:
+            self.seal_rolled()
+        return True
 
     def roll_if_due(self) -> bool:
         """Roll an idle active segment that has passed segment.ms (appends alone never would)."""
-        self._require_writable()
+        self.require_writable()
         with self._lock:
-            if self._should_roll(0, int(self.clock() * 1000)):
-                self._roll()
-                if self.auto_seal:
-                    self.seal_rolled()
-                return True
-        return False
+            if not self._should_roll(0, self.now_ms()):
+                return False
+            self._roll()
+        if self.auto_seal:
+            self.seal_rolled_quietly()
+        return True
 
     def flush_if_due(self) -> None:
         """fsync unflushed records that have waited flush.ms (appends alone may not come)."""
-        now_ms = int(self.clock() * 1000)
+        now_ms = self.now_ms()
         with self._lock:
             for segment in self.logs:
                 first = segment.first_unflushed_ms
                 if first is not None and now_ms - first >= self.config["flush.ms"]:
-                    segment.flush()
+                    self._flush_segment(segment)
 
     def flush(self) -> None:
         with self._lock:
             for segment in self.logs:
                 if segment.unflushed_records:
-                    segment.flush()
+                    self._flush_segment(segment)
 
-    def _require_writable(self) -> None:
+    def _flush_segment(self, segment: LogSegment) -> None:
+        try:
+            segment.flush()
+        except OSError as error:
+            self.fail(error)
+            raise PartitionFailedError(f"{self.name}: fsync of {segment.path} failed: "
+                                       f"{error}") from error
+
+    def fail(self, error: BaseException) -> None:
+        """Stop taking writes: an fsync failed, so what the page cache holds can no longer
+        be trusted to reach the disk. Reopening the partition recovers it."""
+        if self.failed is None:
+            self.failed = error
+            log.error("%s: stopped taking writes until it is reopened: %s", self.name, error)
+
+    def require_writable(self) -> None:
         if not self.writable:
             raise ReadOnlyStoreError(f"{self.name} is open read-only")
+        if self.failed is not None:
+            raise PartitionFailedError(
+                f"{self.name} takes no writes since an fsync failed ({self.failed}); "
+                "it is retried when the partition is reopened")
 
-    # -- sealing --------------------------------------------------------------------
+    # -- sealing, retention and reads (in their own modules) --------------------------
 
     def seal_rolled(self) -> list[SegmentInfo]:
-        """Seal every rolled log segment into Parquet, oldest first.
+        return sealing.seal_rolled(self)
 
-        A rolled segment never changes, so its Parquet file is written without the
-        partition's lock: appends and reads go on meanwhile (unless the caller holds the
-        lock, as an append that seals at once does). Only the manifest commit and the
-        removal of the log file take the lock.
-
-        One sealer runs at a time. A call that finds another at work returns at once:
-        that one seals every rolled segment before it stops, this call's included, and
-        waiting for it while holding the partition's lock would deadlock.
-        """
-        self._require_writable()
-        sealed: list[SegmentInfo] = []
-        if not self._seal_lock.acquire(blocking=False):
-            return sealed
+    def seal_rolled_quietly(self) -> None:
+        """Seal now if possible; a failure is logged and the rolled segments stay logs,
+        to be sealed by a later call (they are readable meanwhile)."""
         try:
-            while True:
-                with self._lock:
-                    if len(self.logs) <= 1:
-                        break
-                    segment = self.logs[0]
-                    if segment.is_empty:
-                        self._drop_log(segment)
-                        continue
-                sealed.append(self._seal(segment))
-        finally:
-            self._seal_lock.release()
-        return sealed
+            self.seal_rolled()
+        except Exception as error:  # a seal is retried; the caller's work is done
+            log.warning("%s: sealing failed, retried later: %s", self.name, error)
 
-    def _seal(self, segment: LogSegment) -> SegmentInfo:
-        config = self.config
-        options = WriteOptions(config["parquet.row.group.bytes"], config["parquet.compression"])
-        name = f"{segment.base_offset:020d}-{uuid.uuid4().hex[:8]}.parquet"
-        temp = fsutil.temp_path(self.segment_dir, name)
-        try:
-            info = write_segment(segment.iter_batches(), temp, name, options)
-            fsutil.publish_replace(temp, self.segment_dir / name)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        missing = tuple(
-            (hole.first_offset, hole.last_offset if hole.last_offset is not None else -1)
-            for hole in segment.corrupt.values()
-        )
-        for hole in segment.corrupt.values():
-            log.error("%s: sealing %s without %s", self.name, segment.path.name, hole.describe())
-        if missing:
-            # The manifest keeps the holes, so reads of them fail as they did from the log.
-            info = replace(
-                info, base_offset=min(info.base_offset, segment.base_offset), missing=missing
-            )
+    def apply_retention(self) -> list[SegmentInfo]:
+        return retention.apply_retention(self)
 
-        def add_segment(manifest: PartitionManifest) -> PartitionManifest:
-            return replace(manifest, segments=(*manifest.segments, info))
+    def read(self, offset: int, max_records: int = DEFAULT_MAX_RECORDS,
+             max_bytes: int = DEFAULT_MAX_BYTES) -> list[Record]:
+        """Records from `offset` on, in offset order (reads.py)."""
+        return reads.read_records(self, offset, max_records, max_bytes, compacted=False)
 
-        with self._lock:
-            self.commit_manifest(add_segment)
-            self._drop_log(segment)
-        log.info(
-            "%s: sealed offsets %d..%d (%d records, %d bytes) into %s",
-            self.name, info.base_offset, info.last_offset, info.record_count,
-            info.size_bytes, name,
-        )
-        return info
-
-    def _drop_log(self, segment: LogSegment) -> None:
-        # Not closed here: a concurrent read may still be using it (see LogSegment.__del__).
-        segment.path.unlink(missing_ok=True)
-        fsutil.fsync_dir(self.log_dir)
-        self.logs.remove(segment)
-
-    def commit_manifest(
-        self, change: Callable[[PartitionManifest], PartitionManifest], attempts: int = 20
-    ) -> PartitionManifest:
-        """Apply `change` to the current manifest and commit it, re-applying on conflict."""
-        for _ in range(attempts):
-            updated = change(self.manifest)
-            try:
-                version = self.manifest_doc.commit(self.manifest_version, updated.to_json())
-            except ConflictError:
-                self._load_manifest()
-                continue
-            self.manifest = updated
-            self.manifest_version = version
-            return updated
-        raise ConflictError(f"{self.name}: manifest kept changing; gave up after {attempts} tries")
-
-    # -- reading --------------------------------------------------------------------
-
-    def refresh(self) -> None:
-        """Pick up what other processes committed or appended (read-only instances)."""
-        with self._lock:
-            if self.manifest_doc.latest_version() != self.manifest_version:
-                self._load_manifest()
-            if self.writable:
-                return
-            known = {segment.base_offset for segment in self.logs}
-            for base, path in sorted(self._log_files()):
-                if base not in known:
-                    try:
-                        segment = LogSegment(path, base, writable=False)
-                    except FileNotFoundError:
-                        continue
-                    self.logs.append(segment)
-            self.logs.sort(key=lambda s: s.base_offset)
-            for segment in self.logs:
-                segment.scan(repair=False)
-            sealed_end = self.manifest.sealed_end_offset
-            while len(self.logs) > 1 and self.logs[0].next_offset <= sealed_end:
-                self.logs.pop(0).close()
-
-    def sealed_segment(self, info: SegmentInfo) -> SealedSegment:
-        segment = self._sealed.get(info.file)
-        if segment is None:
-            segment = SealedSegment(self.segment_dir / info.file, info)
-            self._sealed[info.file] = segment
-        return segment
-
-    def read(
-        self,
-        offset: int,
-        max_records: int = DEFAULT_MAX_RECORDS,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-    ) -> list[Record]:
-        """Records from `offset` on, across sealed and log segments, in offset order.
-
-        Returns at least one record when any exists at or after `offset`, then stops at
-        max_records or once max_bytes are reached. Offsets below the log start are
-        served from the log start, as a consumer resetting to earliest expects.
-        """
-        records: list[Record] = []
-        for part in self._read_parts(offset, max_records, max_bytes):
-            records.extend(table_to_records(part) if isinstance(part, pa.Table) else part)
-        return records
-
-    def read_compacted(
-        self,
-        offset: int,
-        max_records: int = DEFAULT_MAX_RECORDS,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-    ) -> list[Record]:
+    def read_compacted(self, offset: int, max_records: int = DEFAULT_MAX_RECORDS,
+                       max_bytes: int = DEFAULT_MAX_BYTES) -> list[Record]:
         """As `read`, from the compacted view: the ledger up to the horizon, then the
         raw log. Offsets have gaps where compaction removed records."""
-        return self.compacted.read(offset, max_records, max_bytes)
+        return reads.read_records(self, offset, max_records, max_bytes, compacted=True)
 
-    def read_table(
-        self,
-        offset: int,
-        max_records: int = DEFAULT_MAX_RECORDS,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-    ) -> pa.Table:
-        """As `read`, but columnar: an Arrow table with offset, timestamp, key, value, headers.
-
-        Sealed data comes straight from Parquet without building Python objects, which
-        is what bulk readers (table views, the Spark source, analytics) want.
-        """
-        parts = [
-            part if isinstance(part, pa.Table) else records_to_table(part)
-            for part in self._read_parts(offset, max_records, max_bytes)
-        ]
-        if not parts:
-            return records_to_table([])
-        return pa.concat_tables(parts)
-
-    def _read_parts(
-        self, offset: int, max_records: int, max_bytes: int
-    ) -> list[pa.Table | list[Record]]:
-        for _ in range(READ_ATTEMPTS):
-            with self._lock:
-                manifest, version, logs = self.manifest, self.manifest_version, list(self.logs)
-            try:
-                return _PartRead(self, manifest, logs, max_records, max_bytes).run(offset)
-            except SegmentMissingError:
-                # Retention or compaction in another process (or thread) may have deleted
-                # the file after this view of the manifest was loaded: look again.
-                self.refresh()
-                if self.manifest_version == version:
-                    raise
-        raise ConflictError(f"{self.name}: segments kept changing under a read")
-
-    def _sealed_tables(
-        self, manifest: PartitionManifest, offset: int
-    ) -> Iterator[tuple[SegmentInfo, pa.Table]]:
-        segments = manifest.segments
-        start = bisect.bisect_left([s.last_offset for s in segments], offset)
-        for info in segments[start:]:
-            hole = info.missing_range_at(offset)
-            if hole is not None:
-                raise CorruptionError(
-                    self.segment_dir / info.file,
-                    f"offsets {hole[0]}..{hole[1]} were lost to a corrupt range in the log "
-                    "before this segment was sealed",
-                )
-            for table in self.sealed_segment(info).iter_tables(offset, RECORD_COLUMNS):
-                yield info, table
-                if table.num_rows:
-                    offset = table.column("offset")[-1].as_py() + 1
+    def read_table(self, offset: int, max_records: int = DEFAULT_MAX_RECORDS,
+                   max_bytes: int = DEFAULT_MAX_BYTES, compacted: bool = False) -> pa.Table:
+        """As `read`, but columnar: offset, timestamp, key, value, headers."""
+        return reads.read_table(self, offset, max_records, max_bytes, compacted)
 
     def wait_for_data(self, offset: int, timeout: float) -> bool:
         """Block until a record at or after `offset` may exist, or `timeout` passes."""
@@ -619,68 +572,17 @@ class Partition:
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """The first offset whose record timestamp is >= `timestamp` (Kafka's ListOffsets)."""
-        with self._lock:
-            manifest = self.manifest
-            logs = list(self.logs)
-        for info in manifest.segments:
-            if info.max_timestamp >= timestamp and info.last_offset >= manifest.log_start_offset:
-                found = self.sealed_segment(info).offset_for_timestamp(timestamp)
-                if found is not None and found >= manifest.log_start_offset:
-                    return found
-        for segment in logs:
-            found = segment.offset_for_timestamp(timestamp)
-            if found is not None:
-                return found
-        return None
+        return reads.offset_for_timestamp(self, timestamp)
 
-    # -- retention ------------------------------------------------------------------
-
-    def apply_retention(self) -> list[SegmentInfo]:
-        """Delete whole sealed segments past retention.ms or retention.bytes.
-
-        The active and rolled log segments are never deleted. On compacted topics only
-        segments at or below the compaction horizon may go (none before a compaction).
-        """
-        self._require_writable()
-        config = self.config
-        horizon = (self.manifest.compaction or {}).get("horizon")
-        now_ms = int(self.clock() * 1000)
-        with self._lock:
-            log_bytes = sum(segment.size for segment in self.logs)
-            doomed = _expired_segments(self.manifest, config, now_ms, horizon, log_bytes)
-            if not doomed:
-                return []
-            doomed_files = {info.file for info in doomed}
-
-            def drop(manifest: PartitionManifest) -> PartitionManifest:
-                kept = tuple(s for s in manifest.segments if s.file not in doomed_files)
-                new_start = kept[0].base_offset if kept else manifest.sealed_end_offset
-                return replace(
-                    manifest,
-                    segments=kept,
-                    log_start_offset=max(manifest.log_start_offset, new_start),
-                )
-
-            self.commit_manifest(drop)
-            for info in doomed:
-                self._sealed.pop(info.file, None)
-                (self.segment_dir / info.file).unlink(missing_ok=True)
-                log.info(
-                    "%s: retention deleted %s (offsets %d..%d)",
-                    self.name, info.file, info.base_offset, info.last_offset,
-                )
-            fsutil.fsync_dir(self.segment_dir)
-            return doomed
-
-    # -- lifecycle ------------------------------------------------------------------
+    # -- lifecycle --------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
             manifest = self.manifest
             sealed_bytes = sum(s.size_bytes for s in manifest.segments)
             log_bytes = sum(s.size for s in self.logs)
-            horizon = horizon_of(manifest)
-            ledger = ledger_infos(manifest)
+            horizon = manifest.horizon
+            ledger = manifest.ledger
             ledger_bytes = sum(info.size_bytes for info in ledger)
             # Kafka's dirty ratio: dirty bytes over clean plus dirty bytes, where the clean
             # part is the compacted ledger and the dirty part the sealed data after it.
@@ -702,152 +604,21 @@ class Partition:
                 "ledger_bytes": ledger_bytes,
                 "dirty_bytes": dirty_bytes,
                 "dirty_ratio": dirty_bytes / total if total else 0.0,
+                "failed": None if self.failed is None else str(self.failed),
             }
 
     def close(self) -> None:
         with self._lock:
-            if self.writable:
-                self.flush()
+            if self.writable and self.failed is None:
+                self._close_flush()
             for segment in self.logs:
                 segment.close()
             self.logs = []
-            self._sealed.clear()
+            for relative in self.manifest.live_files():
+                self.files.retire(self.directory / relative)
 
-
-class _PartRead:
-    """One bounded read over a fixed view (manifest and log segments) of a partition.
-
-    Offsets in the raw log are dense from the log start, so every part must begin where
-    the one before ended. A read stops at the first gap or damage after it has records
-    (the caller gets what precedes the damage, as a consumer needs to get past it), and
-    fails with CorruptionError only when the damage is where the read starts.
-    """
-
-    def __init__(
-        self,
-        partition: Partition,
-        manifest: PartitionManifest,
-        logs: list[LogSegment],
-        max_records: int,
-        max_bytes: int,
-    ) -> None:
-        self.partition = partition
-        self.manifest = manifest
-        self.logs = logs
-        self.max_records = max_records
-        self.max_bytes = max_bytes
-        self.parts: list[pa.Table | list[Record]] = []
-        self.count = 0
-        self.taken = 0
-
-    @property
-    def full(self) -> bool:
-        return self.count >= self.max_records or (self.count > 0 and self.taken >= self.max_bytes)
-
-    def run(self, offset: int) -> list[pa.Table | list[Record]]:
-        offset = max(offset, self.manifest.log_start_offset)
+    def _close_flush(self) -> None:
         try:
-            self._read(offset)
-        except CorruptionError:
-            if self.count:
-                return self.parts
-            raise
-        return self.parts
-
-    def _read(self, offset: int) -> None:
-        expected = offset
-        for _info, table in self.partition._sealed_tables(self.manifest, offset):
-            if not table.num_rows:
-                continue
-            wanted = table.slice(0, self.max_records - self.count)
-            kept = trim_to_bytes(wanted, self.max_bytes - self.taken)
-            dense = _dense_prefix(kept, expected)
-            if dense.num_rows:
-                self.parts.append(dense)
-                self.count += dense.num_rows
-                self.taken += record_bytes(dense)
-                expected += dense.num_rows
-            if dense.num_rows < kept.num_rows:
-                self._gap(expected)
-                return
-            # Stop before the generator reads another row group that would go unused.
-            if kept.num_rows < wanted.num_rows or self.full:
-                return
-        for segment in self.logs:
-            if self.full:
-                return
-            if segment.next_offset <= expected:
-                continue
-            more = segment.read(expected, self.max_records - self.count,
-                                max(self.max_bytes - self.taken, 1))
-            if not more:
-                continue
-            if more[0].offset != expected:
-                self._gap(expected)
-                return
-            self.parts.append(more)
-            self.count += len(more)
-            self.taken += sum(16 + len(r.key or b"") + len(r.value or b"") for r in more)
-            expected = more[-1].offset + 1
-            if expected < segment.next_offset and not self.full:
-                return  # the segment stopped before a corrupt range
-
-    def _gap(self, expected: int) -> None:
-        if not self.count:
-            raise CorruptionError(
-                self.partition.directory, f"offset {expected} is missing from the log"
-            )
-
-
-def _dense_prefix(table: pa.Table, expected: int) -> pa.Table:
-    """The leading rows of `table` whose offsets run expected, expected + 1, ..."""
-    offsets = table.column("offset")
-    rows = table.num_rows
-    if not rows or offsets[0].as_py() != expected:
-        return table.slice(0, 0)
-    if offsets[rows - 1].as_py() == expected + rows - 1:
-        return table  # sorted and unique, so first and last prove it dense
-    gaps = np.flatnonzero(offsets.to_numpy() != np.arange(expected, expected + rows))
-    return table.slice(0, int(gaps[0]))
-
-
-def _expired_segments(
-    manifest: PartitionManifest,
-    config: TopicConfig,
-    now_ms: int,
-    horizon: int | None,
-    log_bytes: int,
-) -> list[SegmentInfo]:
-    """The prefix of sealed segments that retention deletes now.
-
-    retention.bytes counts the whole partition, log segments included, as Kafka does;
-    only sealed segments can be deleted to bring it under the limit.
-
-    Under `compact` and `compact,delete` only segments wholly at or below the compaction
-    horizon are candidates: the compacted view must not lose what it has not covered.
-    """
-    candidates = list(manifest.segments)
-    if config.compacted:
-        if horizon is None:
-            return []
-        candidates = [s for s in candidates if s.last_offset <= horizon]
-    doomed: list[SegmentInfo] = []
-    retention_ms = config["retention.ms"]
-    if retention_ms >= 0:
-        for info in candidates:
-            if now_ms - info.max_timestamp <= retention_ms:
-                break  # a prefix only, so the log stays contiguous from its start
-            doomed.append(info)
-    retention_bytes = config["retention.bytes"]
-    if retention_bytes >= 0:
-        total = (
-            log_bytes
-            + sum(s.size_bytes for s in manifest.segments)
-            - sum(s.size_bytes for s in doomed)
-        )
-        for info in candidates[len(doomed):]:
-            if total <= retention_bytes:
-                break
-            doomed.append(info)
-            total -= info.size_bytes
-    return doomed
+            self.flush()
+        except Exception as error:  # the failure is logged by fail(); close goes on
+            log.error("%s: the final flush failed: %s", self.name, error)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import crc32c
 import pyarrow as pa
@@ -32,9 +32,13 @@ import pyarrow.parquet as pq
 from aiokafka.record._crecords import DefaultRecordBatch
 
 from compactlog.errors import CorruptionError
+from compactlog.storage import faults, fsutil
 from compactlog.storage.gcpause import gc_paused
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.records import BatchHeader, Headers, Record
+
+if TYPE_CHECKING:
+    from compactlog.storage.filecache import RowGroupCache, VerifiedFiles
 
 FORMAT_VERSION = "1"
 HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -119,6 +123,7 @@ class WriteOptions:
 def open_writer(path: Path, schema: pa.Schema, compression: str) -> pq.ParquetWriter:
     """A Parquet writer with the layout of sealed data (segments and ledger files alike):
     offset statistics for seeking, delta-encoded offsets, page checksums."""
+    faults.point("write", path)
     return pq.ParquetWriter(
         path,
         schema,
@@ -174,8 +179,7 @@ def write_segment(
         )
     finally:
         writer.close()
-    with open(path, "rb+") as handle:
-        os.fsync(handle.fileno())
+    fsutil.fsync_path(path)
     checksum = file_crc32c(path)
     if record_count == 0:
         min_ts = max_ts = 0
@@ -219,17 +223,25 @@ class SegmentMissingError(CorruptionError):
 
 
 class SealedSegment:
-    """Reads one sealed segment, seeking by the offset statistics of its row groups."""
+    """Reads one sealed segment (or ledger file), seeking by the offset statistics of
+    its row groups. Opened lazily; `close` releases the file (the store's open-file
+    cache, storage/filecache.py, decides when)."""
 
-    def __init__(self, path: Path, info: SegmentInfo) -> None:
+    def __init__(self, path: Path, info: SegmentInfo, row_groups: RowGroupCache | None = None,
+                 verified: VerifiedFiles | None = None) -> None:
         self.path = path
         self.info = info
+        self._row_groups = row_groups
+        self._verified = verified
         self._file: pq.ParquetFile | None = None
         self._group_first: list[int] = []
         self._group_last: list[int] = []
         self._group_min_ts: list[int] = []
         self._group_max_ts: list[int] = []
-        self._cached: tuple[tuple[int, tuple[str, ...] | None], pa.Table] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._file is not None
 
     def _corrupt(self, detail: str) -> CorruptionError:
         return CorruptionError(
@@ -239,14 +251,20 @@ class SealedSegment:
         )
 
     def _verify(self) -> None:
-        """Check size and CRC32C once per open segment (verify_file)."""
+        """Check size and CRC32C (verify_file), once per file while it is remembered."""
+        key = (self.path, self.info.size_bytes, self.info.crc32c)
+        if self._verified is not None and key in self._verified:
+            return
         verify_file(self.path, self.info.size_bytes, self.info.crc32c,
                     f"sealed segment with offsets {self.info.base_offset}.."
                     f"{self.info.last_offset}")
+        if self._verified is not None:
+            self._verified.add(key)
 
     def _open(self) -> pq.ParquetFile:
         if self._file is not None:
             return self._file
+        handle: pq.ParquetFile | None = None
         try:
             self._verify()
             handle = pq.ParquetFile(self.path, page_checksum_verification=True)
@@ -257,40 +275,51 @@ class SealedSegment:
                 raise self._corrupt(f"not a sealed segment: no column {', '.join(absent)}")
             offset_col = schema.get_field_index("offset")
             ts_col = schema.get_field_index("timestamp")
+            firsts, lasts, min_ts, max_ts = [], [], [], []
             for i in range(meta.num_row_groups):
                 group = meta.row_group(i)
                 stats = group.column(offset_col).statistics
                 ts_stats = group.column(ts_col).statistics
                 if stats is None or not stats.has_min_max:
                     raise self._corrupt(f"row group {i} has no offset statistics")
-                self._group_first.append(stats.min)
-                self._group_last.append(stats.max)
-                self._group_min_ts.append(ts_stats.min if ts_stats is not None else 0)
-                self._group_max_ts.append(ts_stats.max if ts_stats is not None else 2**63 - 1)
+                firsts.append(stats.min)
+                lasts.append(stats.max)
+                min_ts.append(ts_stats.min if ts_stats is not None else 0)
+                max_ts.append(ts_stats.max if ts_stats is not None else 2**63 - 1)
         except FileNotFoundError:
             raise SegmentMissingError(
                 self.path,
                 f"sealed segment with offsets {self.info.base_offset}..{self.info.last_offset}:"
                 " the file is missing",
             ) from None
-        except CorruptionError:
-            raise
-        except Exception as error:  # pyarrow raises many types for damaged files
+        except BaseException as error:
+            if handle is not None:
+                handle.close()
+            if isinstance(error, CorruptionError | OSError) or not isinstance(error, Exception):
+                raise
+            # pyarrow raises many types for damaged files
             raise self._corrupt(f"unreadable Parquet: {error}") from None
+        self._group_first, self._group_last = firsts, lasts
+        self._group_min_ts, self._group_max_ts = min_ts, max_ts
         self._file = handle
         return handle
 
     def _read_group(self, index: int, columns: list[str] | None) -> pa.Table:
-        cache_key = (index, tuple(columns) if columns is not None else None)
-        if self._cached is not None and self._cached[0] == cache_key:
-            return self._cached[1]
+        key = (self.path, index, tuple(columns) if columns is not None else None)
+        if self._row_groups is not None:
+            cached = self._row_groups.get(key)
+            if cached is not None:
+                return cached
         handle = self._open()
         try:
             table = handle.read_row_group(index, columns=columns)
+        except OSError:
+            raise
         except Exception as error:  # pyarrow raises many types for damaged pages
             raise self._corrupt(f"row group {index} unreadable: {error}") from None
         # Sequential readers ask for the same row group many times in small steps.
-        self._cached = (cache_key, table)
+        if self._row_groups is not None:
+            self._row_groups.put(key, table)
         return table
 
     def iter_tables(
@@ -309,8 +338,9 @@ class SealedSegment:
             yield table
 
     def close(self) -> None:
-        self._file = None
-        self._cached = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """The first offset whose timestamp is >= `timestamp`, or None."""

@@ -39,8 +39,9 @@ from compactlog.errors import (
     UnknownTopicError,
     UserError,
 )
-from compactlog.storage import fsutil
-from compactlog.storage.manifest import VersionedDocument
+from compactlog.storage import faults, fsutil
+from compactlog.storage.commit import LocalDocument, Snapshot
+from compactlog.storage.filecache import OpenFiles
 from compactlog.storage.partition import AppendResult, Clock, Partition, RecoveryReport
 from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
 from compactlog.storage.records import ProducerRecord
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
+DEFAULT_MAX_OPEN_FILES = 128
 CREATING = "creating-"
 DELETING = "deleting-"
 
@@ -94,12 +96,18 @@ class TopicMeta:
 
 
 class Topic:
-    def __init__(self, store: LogStore, directory: Path, meta: TopicMeta, version: int) -> None:
+    def __init__(self, store: LogStore, directory: Path, meta: TopicMeta,
+                 snapshot: Snapshot) -> None:
         self.store = store
         self.directory = directory
+        self.document = LocalDocument(directory / "meta")
         self.meta = meta
-        self.meta_version = version
+        self.meta_snapshot = snapshot
         self.partitions: list[Partition] = []
+
+    @property
+    def meta_version(self) -> int:
+        return self.meta_snapshot.version
 
     @property
     def name(self) -> str:
@@ -124,6 +132,7 @@ class Topic:
                     lambda: self.meta.config,
                     writable=not self.store.read_only,
                     clock=self.store.clock,
+                    files=self.store.files,
                 )
                 partition.auto_seal = self.store.auto_seal
                 self.partitions.append(partition.open())
@@ -140,8 +149,11 @@ class Topic:
 class LogStore:
     """Topics in a data directory. One writer process at a time; any number of readers."""
 
-    def __init__(self, data_dir: Path, read_only: bool, clock: Clock) -> None:
+    def __init__(self, data_dir: Path, read_only: bool, clock: Clock,
+                 max_open_files: int = DEFAULT_MAX_OPEN_FILES) -> None:
         self.data_dir = data_dir
+        # Parquet files open at once, for every partition of the store (filecache.py).
+        self.files = OpenFiles(max_open_files)
         self.topics_dir = data_dir / "topics"
         self.staging_dir = data_dir / "staging"
         self.read_only = read_only
@@ -150,6 +162,10 @@ class LogStore:
         self._lock = threading.RLock()
         self._lock_fd: int | None = None
         self._null_keys = NullKeyPartitioner()
+        # Upkeep: failed partitions' next reopen, and when each failure was last logged.
+        self._reopen_at: dict[str, float] = {}
+        self._reopen_delay: dict[str, float] = {}
+        self._reported: dict[tuple[str, str], float] = {}
         # True: a rolled segment is sealed into Parquet at once, by the append that
         # rolled it. A server sets False so that appends never wait for a seal, and
         # seals in tick() instead.
@@ -157,10 +173,11 @@ class LogStore:
 
     @classmethod
     def open(
-        cls, data_dir: str | os.PathLike[str], read_only: bool = False, clock: Clock = time.time
+        cls, data_dir: str | os.PathLike[str], read_only: bool = False, clock: Clock = time.time,
+        max_open_files: int = DEFAULT_MAX_OPEN_FILES,
     ) -> LogStore:
         path = Path(data_dir)
-        store = cls(path, read_only, clock)
+        store = cls(path, read_only, clock, max_open_files)
         if read_only:
             if not store.topics_dir.is_dir():
                 raise UserError(f"no compactlog data directory at {path}")
@@ -196,7 +213,7 @@ class LogStore:
             log.info("removed %s, left by an interrupted create or delete", entry.name)
         for entry in self.topics_dir.iterdir():
             if entry.is_dir():
-                for temp in VersionedDocument(entry / "meta").recover():
+                for temp in LocalDocument(entry / "meta").recover():
                     log.info("removed %s, left by an interrupted topic change", temp)
 
     def close(self) -> None:
@@ -204,6 +221,7 @@ class LogStore:
             for topic in self._topics.values():
                 topic.close()
             self._topics.clear()
+            self.files.close_all()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
@@ -233,8 +251,9 @@ class LogStore:
             staging.mkdir()
             for index in range(partitions):
                 Partition.create(staging / str(index), name, index, lambda: topic_config)
-            VersionedDocument(staging / "meta").commit(0, meta.to_json())
+            LocalDocument(staging / "meta").commit(0, meta.to_json())
             try:
+                faults.point("rename", final)
                 os.rename(staging, final)
             except OSError:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -261,26 +280,24 @@ class LogStore:
             directory = self.topics_dir / name
             if not is_topic_name(name) or not directory.is_dir():
                 raise UnknownTopicError(name)
-            loaded = VersionedDocument(directory / "meta").load()
+            loaded = LocalDocument(directory / "meta").load()
             if loaded is None:
                 # create renames a complete topic into place, so no crash leaves this.
                 raise CorruptionError(
                     directory / "meta", f"topic {name!r} exists but its metadata is missing"
                 )
-            version, body = loaded
-            topic = Topic(self, directory, TopicMeta.from_json(body), version)
+            topic = Topic(self, directory, TopicMeta.from_json(loaded.body), loaded)
             topic.open_partitions()
             self._topics[name] = topic
             return topic
 
     def _refresh_meta(self, topic: Topic) -> None:
-        document = VersionedDocument(topic.directory / "meta")
-        if document.latest_version() != topic.meta_version:
-            loaded = document.load()
+        if topic.document.changed_since(topic.meta_snapshot):
+            loaded = topic.document.load()
             if loaded is None:
                 raise UnknownTopicError(topic.name)
-            topic.meta_version, body = loaded
-            topic.meta = TopicMeta.from_json(body)
+            topic.meta_snapshot = loaded
+            topic.meta = TopicMeta.from_json(loaded.body)
 
     def alter_topic(
         self, name: str, set_values: Mapping[str, object], delete: Iterable[str] = ()
@@ -293,9 +310,7 @@ class LogStore:
                 topic.meta.name, topic.meta.topic_id, topic.meta.partitions, new_config,
                 topic.meta.created_ms,
             )
-            topic.meta_version = VersionedDocument(topic.directory / "meta").commit(
-                topic.meta_version, meta.to_json()
-            )
+            topic.meta_snapshot = topic.document.commit(topic.meta_version, meta.to_json())
             topic.meta = meta
             log.info("altered topic %s: set %s, deleted %s", name, dict(set_values), list(delete))
             return new_config
@@ -310,6 +325,7 @@ class LogStore:
             if topic is not None:
                 topic.close()
             doomed = self.staging_dir / f"{DELETING}{uuid.uuid4().hex}"
+            faults.point("rename", doomed)
             os.rename(directory, doomed)
             fsutil.fsync_dir(self.topics_dir)
             fsutil.fsync_dir(self.staging_dir)
@@ -360,12 +376,49 @@ class LogStore:
                     partition.flush()
 
     def tick(self) -> None:
-        """Periodic upkeep for a long-running writer: flush, roll idle segments, retention."""
+        """Periodic upkeep for a long-running writer: flush by flush.ms, roll idle
+        segments, seal, apply retention, sweep unreachable files, and reopen partitions
+        that failed. One partition's failure is logged and never stops the others'."""
         self._require_writable()
         for name in self.list_topics():
-            for partition in self.topic(name).partitions:
-                partition.flush_if_due()
-                partition.roll_if_due()
-                if not partition.auto_seal:
-                    partition.seal_rolled()
-                partition.apply_retention()
+            try:
+                partitions = self.topic(name).partitions
+            except Exception as error:  # a topic deleted meanwhile, or damaged metadata
+                self._report(name, error)
+                continue
+            for partition in partitions:
+                try:
+                    self._tick_partition(partition)
+                except Exception as error:  # logged; the next tick tries again
+                    self._report(partition.name, error)
+
+    def _tick_partition(self, partition: Partition) -> None:
+        if partition.failed is not None:
+            now = time.monotonic()
+            if now < self._reopen_at.get(partition.name, 0.0):
+                return
+            delay = min(2 * self._reopen_delay.get(partition.name, 2.5), 300.0)
+            self._reopen_delay[partition.name] = delay
+            self._reopen_at[partition.name] = now + delay
+            partition.reopen()
+            if partition.failed is None:
+                log.info("%s: reopened after a failure; it takes writes again", partition.name)
+                self._reopen_delay.pop(partition.name, None)
+            return
+        partition.flush_if_due()
+        partition.roll_if_due()
+        if not partition.auto_seal:
+            partition.seal_rolled()
+        partition.apply_retention()
+        if partition.sweep_due:
+            partition.sweep()
+
+    def _report(self, where: str, error: Exception) -> None:
+        """Log an upkeep failure once a minute per place and message, not every tick."""
+        key = (where, str(error))
+        now = time.monotonic()
+        if now - self._reported.get(key, -1e9) >= 60.0:
+            self._reported[key] = now
+            log.warning("upkeep of %s failed (retried every tick): %s", where, error)
+        if len(self._reported) > 10_000:
+            self._reported.clear()

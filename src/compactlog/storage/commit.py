@@ -1,0 +1,289 @@
+"""The commit primitive: compare-and-swap of a metadata document's current version.
+
+Invariant: a commit succeeds only if the version it was based on is still the current
+one when it replaces it, however long it stalled before; otherwise it fails with
+ConflictError and changes nothing. Every writer of a partition's manifest (sealing,
+compaction, retention) and of a topic's metadata (config changes) commits through here.
+
+A document lives in one directory:
+  current.json              the committed document: {"format", "version", "crc32", "body"}
+  00000000000000000007.json  audit copies of the last `keep` committed versions
+  .lock                     flock'd by a committer between compare and replace
+  .tmp-*                    a commit's files before they are published
+Versions count up from 1. The audit copies are written after the commit point and
+pruned freely: no commit depends on them. They are what a torn or corrupt current.json
+falls back to (a separate copy, so one damaged file never loses a version).
+
+Commit protocol (LocalDocument.commit; the test of each step in tests/test_commit.py):
+  1. take the document's lock (an flock; waits up to lock_timeout_s, then conflicts);
+     test_commits_from_threads_and_processes_never_lose_one
+  2. read the current version and compare it with the expected one; unequal: release,
+     ConflictError; test_a_stale_commit_conflicts_and_changes_nothing,
+     test_a_commit_stalled_before_its_compare_conflicts
+  3. write the new document to a temporary file and fsync it;
+     test_a_failed_write_or_fsync_leaves_the_old_version
+  4. rename it over current.json and fsync the directory: the commit point;
+     test_a_failed_directory_fsync_after_the_rename_is_an_unknown_outcome
+  5. write the audit copy of the new version (a temp file, fsync, rename), prune audit
+     copies older than `keep`; a failure here is logged, the commit stands;
+     test_audit_copies_are_pruned_and_a_failed_copy_is_harmless
+  6. release the lock.
+A crash before 4 leaves the old version current and at most a temporary file (removed
+by `recover`); after 4, the new version is current. Loading prefers current.json; if it
+is missing or fails its checksum, the newest intact audit copy is used and a warning
+names the damaged file (test_a_torn_current_falls_back_to_the_newest_intact_copy); the
+next commit replaces it.
+
+On an object store the same primitive is a conditional PUT of current.json (If-Match on
+the ETag read at load, If-None-Match: * for the first version); the audit copies are
+plain PUTs.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compactlog.errors import ConflictError, CorruptionError, StorageError
+from compactlog.storage import faults, fsutil
+
+log = logging.getLogger(__name__)
+
+CURRENT = "current.json"
+LOCK = ".lock"
+SUFFIX = ".json"
+FORMAT = 2
+DEFAULT_KEEP = 8
+DEFAULT_LOCK_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One committed version of a document, as loaded."""
+
+    version: int
+    body: dict[str, Any]
+    # What current.json looked like when this was read (inode, mtime, size), so that
+    # `changed_since` can tell without reading it; None when it came from an audit copy.
+    stamp: tuple[int, int, int] | None
+
+
+class CommitOutcomeUnknown(StorageError):
+    """The commit's rename happened but a later step (the directory fsync) failed: the
+    new version is visible but may not survive power loss. The caller must reload
+    rather than assume either outcome."""
+
+
+def _version_of(name: str) -> int | None:
+    if not name.endswith(SUFFIX) or name.startswith("."):
+        return None
+    stem = name[: -len(SUFFIX)]
+    return int(stem) if stem.isdigit() else None
+
+
+def _checksum(body: Any) -> int:
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+
+
+def _encode(version: int, body: dict[str, Any]) -> bytes:
+    envelope = {"format": FORMAT, "version": version, "crc32": _checksum(body), "body": body}
+    return json.dumps(envelope, sort_keys=True).encode()
+
+
+def _decode(path: Path, raw: bytes) -> tuple[int, dict[str, Any]]:
+    try:
+        envelope = json.loads(raw)
+        body = envelope["body"]
+        version = int(envelope["version"])
+        stored = envelope["crc32"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CorruptionError(path, f"unreadable metadata: {error}") from None
+    if _checksum(body) != stored:
+        raise CorruptionError(path, f"metadata version {version} fails its checksum")
+    if not isinstance(body, dict):
+        raise CorruptionError(path, f"metadata version {version} is not an object")
+    return version, body
+
+
+def _stamp(stat: os.stat_result) -> tuple[int, int, int]:
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+class LocalDocument:
+    """A metadata document on a local filesystem, committed by compare-and-swap."""
+
+    def __init__(self, directory: Path, keep: int = DEFAULT_KEEP,
+                 lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> None:
+        self.directory = directory
+        self.keep = keep
+        self.lock_timeout_s = lock_timeout_s
+
+    @property
+    def current_path(self) -> Path:
+        return self.directory / CURRENT
+
+    def path_of(self, version: int) -> Path:
+        """The audit copy of `version`."""
+        return self.directory / f"{version:020d}{SUFFIX}"
+
+    def history(self) -> list[int]:
+        """The versions whose audit copies are kept, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = (_version_of(entry.name) for entry in self.directory.iterdir())
+        return sorted(v for v in found if v is not None)
+
+    # -- reading ----------------------------------------------------------------------
+
+    def load(self) -> Snapshot | None:
+        """The current version, or None when nothing was ever committed."""
+        current = self._load_current()
+        if isinstance(current, Snapshot):
+            return current
+        fallback = self._newest_intact_copy()
+        if current is not None:  # current.json is damaged
+            if fallback is None:
+                raise current
+            log.warning("%s; using the audit copy of version %d (%s) until the next "
+                        "commit replaces it", current, fallback.version,
+                        self.path_of(fallback.version).name)
+        elif fallback is not None:
+            # No current.json: a directory written before it existed (format 1), or one
+            # whose current.json was deleted.
+            log.info("%s: no %s; the newest committed version is %d",
+                     self.directory, CURRENT, fallback.version)
+        return fallback
+
+    def _load_current(self) -> Snapshot | CorruptionError | None:
+        path = self.current_path
+        try:
+            with open(path, "rb") as handle:
+                stat = os.fstat(handle.fileno())
+                raw = handle.read()
+        except FileNotFoundError:
+            return None
+        try:
+            version, body = _decode(path, raw)
+        except CorruptionError as error:
+            return error
+        return Snapshot(version, body, _stamp(stat))
+
+    def _newest_intact_copy(self) -> Snapshot | None:
+        for version in reversed(self.history()):
+            path = self.path_of(version)
+            try:
+                stored, body = _decode(path, path.read_bytes())
+            except FileNotFoundError:
+                continue  # pruned meanwhile
+            except CorruptionError as error:
+                log.warning("%s", error)
+                continue
+            if stored == version:
+                return Snapshot(version, body, None)
+        return None
+
+    def load_version(self, version: int) -> dict[str, Any]:
+        """An audit copy's body (for inspection; commits never need them)."""
+        path = self.path_of(version)
+        stored, body = _decode(path, path.read_bytes())
+        if stored != version:
+            raise CorruptionError(path, f"holds version {stored}, not {version}")
+        return body
+
+    def changed_since(self, snapshot: Snapshot | None) -> bool:
+        """Whether the current version may differ from `snapshot` (one stat, no read)."""
+        try:
+            stat = os.stat(self.current_path)
+        except FileNotFoundError:
+            return snapshot is None or snapshot.stamp is not None or bool(self.history())
+        return snapshot is None or snapshot.stamp != _stamp(stat)
+
+    # -- committing -------------------------------------------------------------------
+
+    def commit(self, expected_version: int, body: dict[str, Any]) -> Snapshot:
+        """Publish `body` as version expected_version + 1 if expected_version is still
+        current (0: nothing committed yet); else raise ConflictError."""
+        faults.point("commit.begin", self.directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        lock_fd = self._lock()
+        try:
+            current = self.load()  # 2. compare
+            current_version = current.version if current is not None else 0
+            if current_version != expected_version:
+                raise ConflictError(
+                    f"{self.directory}: commit based on version {expected_version}, "
+                    f"but version {current_version} is current"
+                )
+            faults.point("commit.compared", self.directory)
+            version = expected_version + 1
+            data = _encode(version, body)
+            temp = fsutil.temp_path(self.directory, f"v{version}")
+            try:
+                fsutil.write_file_durably(temp, data)  # 3.
+                fsutil.rename(temp, self.current_path)  # 4. the commit point
+            except BaseException:
+                temp.unlink(missing_ok=True)
+                raise
+            try:
+                fsutil.fsync_dir(self.directory)
+            except OSError as error:
+                raise CommitOutcomeUnknown(
+                    f"{self.directory}: version {version} was published but the "
+                    f"directory fsync failed ({error}); it may not survive a power loss"
+                ) from error
+            stat = os.stat(self.current_path)
+            self._write_audit_copy(version, data)  # 5.
+            return Snapshot(version, body, _stamp(stat))
+        finally:
+            os.close(lock_fd)  # 6. (closing the descriptor releases the flock)
+
+    def _lock(self) -> int:
+        fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.lock_timeout_s
+        pause = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise ConflictError(
+                        f"{self.directory}: another committer has held the commit lock "
+                        f"for {self.lock_timeout_s:g} s"
+                    ) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+            except BaseException:
+                os.close(fd)
+                raise
+
+    def _write_audit_copy(self, version: int, data: bytes) -> None:
+        temp = fsutil.temp_path(self.directory, f"a{version}")
+        try:
+            fsutil.write_file_durably(temp, data)
+            fsutil.publish_replace(temp, self.path_of(version))
+            for old in self.history():
+                if old <= version - self.keep:
+                    fsutil.remove(self.path_of(old))
+        except OSError as error:
+            temp.unlink(missing_ok=True)
+            log.warning("%s: version %d is committed, but its audit copy was not written: "
+                        "%s", self.directory, version, error)
+
+    def recover(self) -> list[Path]:
+        """Remove temporary files left by commits that crashed (before their commit point,
+        or while writing an audit copy)."""
+        return fsutil.remove_temp_files(self.directory)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -1,0 +1,153 @@
+"""Opening a partition: load its manifest, repair what a crash or a failure left, and
+find its log segments.
+
+Invariant: after `open_partition` a writable partition holds only what some committed
+manifest reaches, whole log segments (a torn tail cut back to the last whole batch),
+and no temporary file; nothing that a committed manifest lists has been deleted.
+
+Recovery steps for a writer (each repairs one crash point of a protocol in sealing.py,
+commit.py or the compaction runner; the crash tests name them):
+  1. remove temporary files in manifest/, log/ and segments/ (a crash before a rename);
+  2. sweep (sweep.py): orphans in segments/ (a seal that crashed after its rename but
+     before its commit), orphans in ledger/ if no compaction holds the partition, and
+     retired files whose delay has passed;
+  3. delete log files wholly covered by the manifest's sealed segments (a seal that
+     crashed after its commit but before deleting its log file);
+  4. scan every log segment, cutting a torn tail (a crash in the middle of an append)
+     and recording corrupt ranges;
+  5. seal the rolled segments (auto_seal), which may have waited for a seal that
+     never came.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from compactlog.errors import CorruptionError
+from compactlog.storage import fsutil, locks
+from compactlog.storage.logfile import LogSegment, base_offset_of, log_file_name
+from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
+from compactlog.storage.sweep import SweepResult, sweep
+
+if TYPE_CHECKING:
+    from compactlog.storage.partition import Partition
+
+log = logging.getLogger(__name__)
+
+
+def log_files(log_dir: Path) -> list[tuple[int, Path]]:
+    """The log files of a partition, by base offset."""
+    found: list[tuple[int, Path]] = []
+    if not log_dir.is_dir():
+        return found
+    for path in log_dir.glob("*.log"):
+        base = base_offset_of(path)
+        if base is not None:
+            found.append((base, path))
+    return sorted(found)
+
+
+def open_partition(partition: Partition) -> None:
+    with partition._lock:
+        _load_or_create_manifest(partition)
+        if partition.writable:
+            _recover_files(partition)
+        _open_logs(partition)
+        if partition.writable:
+            for segment in partition.logs:
+                if segment.torn_tail:
+                    partition.recovery.torn_tails.append(segment.torn_tail)
+                partition.recovery.corrupt_ranges.extend(
+                    hole.describe() for hole in segment.corrupt.values()
+                )
+    if partition.writable and partition.auto_seal:
+        partition.seal_rolled_quietly()
+
+
+def _load_or_create_manifest(partition: Partition) -> None:
+    document = partition.document
+    if document.load() is not None:
+        partition.load_manifest()
+        return
+    has_data = any(partition.segment_dir.glob("*.parquet")) or any(
+        path.stat().st_size > 0 for _, path in log_files(partition.log_dir))
+    if has_data:
+        raise CorruptionError(
+            document.directory,
+            f"partition {partition.name} holds data files but its manifest is missing",
+        )
+    if not partition.writable:
+        return
+    document.commit(0, PartitionManifest().to_json())
+    partition.load_manifest()
+
+
+def _recover_files(partition: Partition) -> None:
+    removed = partition.recovery.removed_files
+    for directory in (partition.log_dir, partition.segment_dir, partition.document.directory):
+        directory.mkdir(parents=True, exist_ok=True)
+    for directory in (partition.log_dir, partition.segment_dir):
+        removed.extend(fsutil.remove_temp_files(directory))
+    removed.extend(partition.document.recover())
+    # Orphans are what a crash left; retired files past their delay are housekeeping.
+    removed.extend(sweep_as_writer(partition).orphans)
+    sealed_end = partition.manifest.sealed_end_offset
+    found = log_files(partition.log_dir)
+    deleted = False
+    for (_, path), (next_base, _) in itertools.pairwise(found):
+        if next_base <= sealed_end and fsutil.remove(path):
+            # Sealed and committed; the crash came before its deletion.
+            removed.append(path)
+            deleted = True
+            log.info("%s: removed %s, already sealed", partition.name, path.name)
+    if deleted:
+        fsutil.fsync_dir(partition.log_dir)
+
+
+def sweep_as_writer(partition: Partition) -> SweepResult:
+    """The writer's sweep (sweep.py): it excludes sealers by holding the seal lock, and
+    compactions by taking the compaction lock without waiting (else ledger orphans wait
+    for the compaction run, which sweeps them itself)."""
+    orphan_dirs = [SEGMENT_DIR]
+    with partition.seal_lock:
+        lock_fd = locks.try_lock(partition.directory) if partition.ledger_dir.is_dir() else None
+        try:
+            if lock_fd is not None:
+                orphan_dirs.append(LEDGER_DIR)
+                # What another process committed before we took the lock counts.
+                partition.refresh()
+            result = sweep(partition.directory, partition.manifest, partition.now_ms(),
+                           partition.config["file.delete.delay.ms"], orphan_dirs,
+                           partition.files.retire, partition.name)
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
+    partition.sweep_at_ms = None
+    partition._schedule_sweep(partition.manifest)
+    return result
+
+
+def _open_logs(partition: Partition) -> None:
+    sealed_end = partition.manifest.sealed_end_offset
+    files = log_files(partition.log_dir)
+    now_ms = partition.now_ms()
+    if not files:
+        if not partition.writable:
+            return
+        path = partition.log_dir / log_file_name(sealed_end)
+        path.touch()
+        fsutil.fsync_dir(partition.log_dir)
+        files = [(sealed_end, path)]
+    for base, path in files:
+        if partition.writable or base >= sealed_end or base == files[-1][0]:
+            try:
+                segment = LogSegment(path, base, writable=partition.writable,
+                                     created_ms=now_ms)
+            except FileNotFoundError:
+                continue  # sealed and deleted by the writer since it was listed
+            segment.scan(repair=partition.writable)
+            partition.logs.append(segment)

@@ -1,0 +1,96 @@
+"""Retention: which sealed segments leave the raw log, by time and by size.
+
+Invariant: retention removes a prefix of the sealed segments (so the raw log stays
+contiguous from its start), never a log segment, and on a compacted topic only segments
+wholly at or below the compaction horizon: the compacted view is never changed by
+retention, because the ledger keeps the surviving records of what it removes.
+
+Protocol: 1. pick the expired prefix from the current manifest; 2. commit a manifest
+without it and with the log start moved past it (commit.py; the dropped files are
+retired by the commit, not deleted); 3. the sweep deletes them once
+file.delete.delay.ms has passed (sweep.py), so readers that loaded the older manifest
+can finish. A failure before 2 changes nothing; after it, the sweep runs later.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from compactlog.config import TopicConfig
+from compactlog.storage.manifest import PartitionManifest, SegmentInfo
+
+if TYPE_CHECKING:
+    from compactlog.storage.partition import Partition
+
+log = logging.getLogger(__name__)
+
+
+def apply_retention(partition: Partition) -> list[SegmentInfo]:
+    """Retire whole sealed segments past retention.ms or retention.bytes."""
+    partition.require_writable()
+    config = partition.config
+    now_ms = partition.now_ms()
+    with partition._lock:
+        log_bytes = sum(segment.size for segment in partition.logs)
+        doomed = expired_segments(partition.manifest, config, now_ms, log_bytes)
+    if not doomed:
+        return []
+    doomed_files = {info.file for info in doomed}
+
+    def drop(manifest: PartitionManifest) -> PartitionManifest:
+        kept = tuple(s for s in manifest.segments if s.file not in doomed_files)
+        new_start = kept[0].base_offset if kept else manifest.sealed_end_offset
+        return replace(manifest, segments=kept,
+                       log_start_offset=max(manifest.log_start_offset, new_start))
+
+    partition.commit_manifest(drop)
+    for info in doomed:
+        log.info("%s: retention removed %s (offsets %d..%d) from the log", partition.name,
+                 info.file, info.base_offset, info.last_offset)
+    if partition.sweep_due:
+        partition.sweep()
+    return doomed
+
+
+def expired_segments(
+    manifest: PartitionManifest,
+    config: TopicConfig,
+    now_ms: int,
+    log_bytes: int,
+) -> list[SegmentInfo]:
+    """The prefix of sealed segments that retention removes now.
+
+    retention.bytes counts the whole partition, log segments included, as Kafka does;
+    only sealed segments can be removed to bring it under the limit.
+
+    Under `compact` and `compact,delete` only segments wholly at or below the compaction
+    horizon are candidates: the compacted view must not lose what it has not covered.
+    """
+    candidates = list(manifest.segments)
+    if config.compacted:
+        horizon = manifest.horizon
+        if horizon is None:
+            return []
+        candidates = [s for s in candidates if s.last_offset <= horizon]
+    doomed: list[SegmentInfo] = []
+    retention_ms = config["retention.ms"]
+    if retention_ms >= 0:
+        for info in candidates:
+            if now_ms - info.max_timestamp <= retention_ms:
+                break  # a prefix only, so the log stays contiguous from its start
+            doomed.append(info)
+    retention_bytes = config["retention.bytes"]
+    if retention_bytes >= 0:
+        total = (
+            log_bytes
+            + sum(s.size_bytes for s in manifest.segments)
+            - sum(s.size_bytes for s in doomed)
+        )
+        for info in candidates[len(doomed):]:
+            if total <= retention_bytes:
+                break
+            doomed.append(info)
+            total -= info.size_bytes
+    return doomed

@@ -1,0 +1,147 @@
+"""Sealing: a rolled log segment becomes an immutable Parquet file listed by the manifest.
+
+Invariant: a rolled segment's records are readable throughout, from the log file until
+the commit that lists its sealed form and from the Parquet file after; the log file is
+deleted only after that commit, and a sealed file that no commit lists is never read.
+
+Sealing protocol for a rolled log segment (tests/test_fault_steps.py covers a fault at
+every step, and tests/test_crash.py a kill):
+  1. write the Parquet file under a temporary name in segments/ and fsync it;
+  2. rename it to its final name and fsync the directory;
+  3. commit a manifest version that lists it (compare-and-swap, commit.py);
+  4. delete the log files that the committed manifest's sealed segments cover.
+A failure in 1-3 leaves the log file in force; the file of 1-2, if any, is an orphan
+that the sweep deletes (at once here: the seal lock keeps other sealers out). A crash
+is repaired at the next open (recovery.py): a temporary file (1), an orphan (2), a log
+file already covered (after 3).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from compactlog.errors import StorageError
+from compactlog.storage import fsutil
+from compactlog.storage.logfile import LogSegment
+from compactlog.storage.manifest import PartitionManifest, SegmentInfo
+from compactlog.storage.sealed import WriteOptions, write_segment
+
+if TYPE_CHECKING:
+    from compactlog.storage.partition import Partition
+
+log = logging.getLogger(__name__)
+
+
+def seal_rolled(partition: Partition) -> list[SegmentInfo]:
+    """Seal every rolled log segment into Parquet, oldest first.
+
+    A rolled segment never changes, so its Parquet file is written without the
+    partition's lock: appends and reads go on meanwhile. Only the manifest commit and
+    the removal of the log file take the lock.
+
+    One sealer runs at a time. A call that finds another at work returns at once: that
+    one seals every rolled segment before it stops, this call's included, and waiting
+    for it while holding the partition's lock would deadlock.
+    """
+    partition.require_writable()
+    sealed: list[SegmentInfo] = []
+    if not partition.seal_lock.acquire(blocking=False):
+        return sealed
+    try:
+        while True:
+            with partition._lock:
+                if len(partition.logs) <= 1:
+                    break
+                segment = partition.logs[0]
+                if segment.is_empty:
+                    _drop_covered_logs(partition, force=segment)
+                    continue
+            sealed.append(_seal(partition, segment))
+    finally:
+        partition.seal_lock.release()
+    return sealed
+
+
+def _seal(partition: Partition, segment: LogSegment) -> SegmentInfo:
+    config = partition.config
+    options = WriteOptions(config["parquet.row.group.bytes"], config["parquet.compression"])
+    name = f"{segment.base_offset:020d}-{uuid.uuid4().hex[:8]}.parquet"
+    temp = fsutil.temp_path(partition.segment_dir, name)
+    try:
+        info = write_segment(segment.iter_batches(), temp, name, options)  # 1.
+        fsutil.publish_replace(temp, partition.segment_dir / name)  # 2.
+        missing = tuple(
+            (hole.first_offset, hole.last_offset if hole.last_offset is not None else -1)
+            for hole in segment.corrupt.values()
+        )
+        for hole in segment.corrupt.values():
+            log.error("%s: sealing %s without %s", partition.name, segment.path.name,
+                      hole.describe())
+        if missing:
+            # The manifest keeps the holes, so reads of them fail as they did from the log.
+            info = replace(info, base_offset=min(info.base_offset, segment.base_offset),
+                           missing=missing)
+
+        def add_segment(manifest: PartitionManifest) -> PartitionManifest:
+            return replace(manifest, segments=(*manifest.segments, info))
+
+        partition.commit_manifest(add_segment)  # 3.
+    except BaseException as error:
+        temp.unlink(missing_ok=True)
+        _remove_orphan(partition, name)
+        if isinstance(error, OSError):
+            raise StorageError(f"{partition.name}: sealing {segment.path.name} failed: "
+                               f"{error}") from error
+        raise
+    with partition._lock:
+        _drop_covered_logs(partition)  # 4.
+    log.info(
+        "%s: sealed offsets %d..%d (%d records, %d bytes) into %s",
+        partition.name, info.base_offset, info.last_offset, info.record_count,
+        info.size_bytes, name,
+    )
+    return info
+
+
+def _remove_orphan(partition: Partition, name: str) -> None:
+    """The sealed file of a failed seal goes if no committed manifest lists it. The
+    outcome of a failed commit may be unknown, so the manifest decides, not the error."""
+    try:
+        partition.load_manifest()
+        if name not in {info.file for info in partition.manifest.segments}:
+            path = partition.segment_dir / name
+            if fsutil.remove(path):
+                fsutil.fsync_dir(partition.segment_dir)
+                log.info("%s: removed %s, sealed but not committed", partition.name, name)
+    except Exception as error:  # the next sweep finds it; the seal's own error matters
+        partition.sweep_soon()
+        log.warning("%s: could not remove %s after a failed seal: %s", partition.name,
+                    name, error)
+
+
+def _drop_covered_logs(partition: Partition, force: LogSegment | None = None) -> None:
+    """Delete the rolled log files that the committed manifest's sealed segments cover
+    (called with the partition's lock held). The active segment always stays."""
+    sealed_end = partition.manifest.sealed_end_offset
+    doomed = [segment for segment in partition.logs[:-1]
+              if segment is force or segment.next_offset <= sealed_end]
+    if not doomed:
+        return
+    try:
+        for segment in doomed:
+            # Not closed here: a concurrent read may still be using it; its descriptor
+            # closes when the last reader lets go (LogSegment.__del__).
+            fsutil.remove(segment.path)
+        fsutil.fsync_dir(partition.log_dir)
+    except OSError as error:
+        # The commit stands and the records are read from the sealed file; a log file
+        # left behind (or brought back by a crash) is covered and goes at the next open.
+        log.warning("%s: deleting sealed log files failed (removed at the next open): %s",
+                    partition.name, error)
+    finally:
+        for segment in doomed:
+            if segment in partition.logs:
+                partition.logs.remove(segment)

@@ -1,0 +1,99 @@
+"""Deleting data files by reachability, never by guesswork.
+
+Invariant: a sealed segment or ledger file is deleted only when the current manifest
+does not list it, no reader in this process holds it (the open-file cache closes it
+first), and either a committed manifest retired it at least file.delete.delay.ms ago
+(so readers in other processes that loaded an older manifest have had that long to
+finish), or no manifest mentions it at all and no writer can still be about to commit
+it (an orphan: a seal or compaction that crashed or failed before its commit).
+
+Who may write uncommitted files where decides who may call an orphan an orphan:
+- segments/: only the store's writer process seals, one seal at a time under the
+  partition's seal lock; the writer sweeps segments/ while holding that lock.
+- ledger/: only a compaction run writes, under the partition's compaction lock; ledger
+  orphans are swept only by whoever holds that lock (the run itself at its start and
+  end, or the writer when it can take the lock without waiting).
+Retired files past their delay may be deleted by either; a file that is already gone
+is fine. The sweep is idempotent: running it twice, or after a crash midway, deletes
+nothing that the first run would have kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from compactlog.storage import fsutil
+from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    retired: list[Path]  # deleted after their delay
+    orphans: list[Path]  # deleted as never committed
+
+    @property
+    def deleted(self) -> list[Path]:
+        return self.retired + self.orphans
+
+
+def sweep(
+    partition_dir: Path,
+    manifest: PartitionManifest,
+    now_ms: int,
+    delay_ms: int,
+    orphan_dirs: Iterable[str] = (),
+    release: Callable[[Path], None] = lambda path: None,
+    name: str = "",
+) -> SweepResult:
+    """Delete what `manifest` (the current one) makes unreachable.
+
+    `orphan_dirs` are the directories (SEGMENT_DIR, LEDGER_DIR) whose writers the caller
+    has excluded (see the module invariant); only there are orphans deleted. `release`
+    closes a path in the caller's open-file cache before it goes.
+    """
+    live = manifest.live_files()
+    mentioned = live | {item.path for item in manifest.retired}
+    retired: list[Path] = []
+    touched: set[Path] = set()
+    for item in manifest.retired:
+        if item.path in live or now_ms - item.retired_ms < delay_ms:
+            continue
+        path = partition_dir / item.path
+        release(path)
+        if fsutil.remove(path):
+            retired.append(path)
+            touched.add(path.parent)
+    orphans: list[Path] = []
+    for directory in orphan_dirs:
+        assert directory in (SEGMENT_DIR, LEDGER_DIR), directory
+        folder = partition_dir / directory
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            if path.name.startswith(fsutil.TEMP_PREFIX):
+                # A writer's file before its rename: the caller excluded writers here.
+                fsutil.remove(path)
+                touched.add(folder)
+                continue
+            if not path.name.endswith(".parquet"):
+                continue
+            if f"{directory}/{path.name}" in mentioned:
+                continue
+            release(path)
+            if fsutil.remove(path):
+                orphans.append(path)
+                touched.add(folder)
+    for folder in touched:
+        fsutil.fsync_dir(folder)
+    for path in retired:
+        log.info("%s: deleted %s/%s, retired by an earlier commit", name or partition_dir,
+                 path.parent.name, path.name)
+    for path in orphans:
+        log.info("%s: deleted %s/%s, written but never committed", name or partition_dir,
+                 path.parent.name, path.name)
+    return SweepResult(retired, orphans)
