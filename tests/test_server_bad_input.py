@@ -511,7 +511,8 @@ def test_fetch_of_an_unknown_topic(server: LoggedServer, mark: int, version: int
         results = {(t.topic, p.partition_index): p for t in body.responses
                    for p in t.partitions}
         assert results["no-such-topic", 0].error_code is ErrorCode.unknown_topic_or_partition
-        assert results["no-such-topic", 0].records is None
+        # An empty record set, as Kafka sends: librdkafka cannot parse a null one.
+        assert results["no-such-topic", 0].records == b""
         assert results[PLAIN, 99].error_code is ErrorCode.unknown_topic_or_partition
         # The good partition in the same request is served as usual.
         assert results[PLAIN, 0].error_code is ErrorCode.none

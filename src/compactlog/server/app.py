@@ -27,6 +27,7 @@ from compactlog.server.cleaner import Cleaner, CleanerConfig
 from compactlog.server.handlers import register_all
 from compactlog.server.metrics import ServerMetrics, StateCollector
 from compactlog.server.protocol import (
+    API_NAMES,
     API_VERSIONS_KEY,
     ProtocolError,
     UnsupportedVersion,
@@ -91,6 +92,8 @@ class Server:
                              initial_rebalance_delay_s=self.config.group_initial_rebalance_delay_s)
         self.broker.metrics = self.metrics
         register_all(self.broker)
+        for key in self.broker.apis:  # every API served shows, at 0 until used
+            self.metrics.requests.labels(API_NAMES.get(key, str(key)))
         self._cleaner = Cleaner(self.store, self.config.compaction, self.metrics,
                                 self.broker.run_io)
         self.metrics.watch(StateCollector(self.store, self.broker.groups, self._cleaner))
@@ -249,6 +252,7 @@ class Server:
                 f"(correlation id {request.correlation_id})"
             )
         api = broker.apis[request.api_key]
+        self.metrics.requests.labels(API_NAMES.get(request.api_key, str(request.api_key))).inc()
         response = await api.handler(broker, dataclasses.replace(
             request, client_host=client_host))
         if response is None:

@@ -40,6 +40,8 @@ class ServerMetrics:
                                    "responses.", ["topic"], registry=r)
         self.bytes_out = Counter("compactlog_topic_bytes_out", "Record-batch bytes sent in "
                                  "fetch responses.", ["topic"], registry=r)
+        self.requests = Counter("compactlog_server_requests", "Requests read and handled, by "
+                                "API.", ["api"], registry=r)
         self.compaction_runs = Counter(
             "compactlog_compaction_runs", "Compaction runs finished, by result (success, "
             "error) and by what started them (scheduler, request).",
