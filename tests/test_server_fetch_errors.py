@@ -1,4 +1,4 @@
-"""A partition the server cannot read.
+"""A partition the server cannot read, and upkeep that fails on one partition.
 
 Kafka answers a partition it cannot serve with the error code and an empty record set
 (MemoryRecords.EMPTY), never a null one: librdkafka takes a null record set for a
@@ -25,6 +25,7 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.errors import CorruptionError, UnknownTopicError
 from compactlog.server.errors import error_code
+from compactlog.server.upkeep import Upkeep
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 from kafka_server import LoggedServer, logged_server
@@ -153,3 +154,36 @@ def test_librdkafka_backs_off_on_a_partition_that_cannot_be_read(
     # it backs off (fetch.error.backoff.ms, 500 ms). A generous bound:
     assert fetches < 400, fetches
     server.assert_running()
+
+
+# -- upkeep survives one failing partition ---------------------------------------------
+
+
+def test_upkeep_goes_on_past_a_failing_partition(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with LogStore.open(tmp_path / "data") as store:
+        store.auto_seal = False
+        store.create_topic("a", 3)
+        store.create_topic("b", 1)
+        for name in ("a", "b"):
+            store.append(name, [ProducerRecord(b"k%d" % i, b"v") for i in range(30)])
+            for partition in store.topic(name).partitions:
+                partition.roll()  # rolled, not sealed: upkeep seals it
+        broken = store.topic("a").partition(0)
+
+        def fail() -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(broken, "seal_rolled", fail)
+        monkeypatch.setattr(broken, "refresh", fail)
+        upkeep = Upkeep(store)
+        with caplog.at_level(logging.WARNING, logger="compactlog.server"):
+            upkeep.run_once()
+            upkeep.run_once()  # a second failure within the minute is not logged
+        for name, index in [("a", 1), ("a", 2), ("b", 0)]:
+            stats = store.topic(name).partition(index).stats()
+            assert stats["sealed_segments"] == 1, (name, index, stats)
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 2, lines  # seal and refresh of a/0, once each
+        assert all("a/0" in line and "Input/output error" in line for line in lines), lines

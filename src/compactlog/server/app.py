@@ -35,6 +35,7 @@ from compactlog.server.protocol import (
     parse_request,
     unsupported_api_versions_response,
 )
+from compactlog.server.upkeep import Upkeep
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
@@ -71,6 +72,7 @@ class Server:
         self.store = LogStore.open(config.data_dir)
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
+        self._upkeep_rounds = Upkeep(self.store)
         self.broker: Broker | None = None
         self.metrics = ServerMetrics()
         self._cleaner: Cleaner | None = None
@@ -156,7 +158,8 @@ class Server:
             await asyncio.sleep(self.config.upkeep_interval_s)
             self.broker.groups.expire_sessions()
             try:
-                await self.broker.run_io(self._upkeep_once)
+                # One partition's failure is logged there and the round goes on.
+                await self.broker.run_io(self._upkeep_rounds.run_once)
             except Exception:
                 log.exception("upkeep failed; retrying in %.1fs", self.config.upkeep_interval_s)
             try:
@@ -164,14 +167,6 @@ class Server:
             except Exception:
                 log.exception("the cleaner's check failed; retrying in %.1fs",
                               self.config.upkeep_interval_s)
-
-    def _upkeep_once(self) -> None:
-        self.store.tick()
-        for name in self.store.list_topics():
-            for partition in self.store.topic(name).partitions:
-                # A compaction committed by `compactlog compact` in another process:
-                # reads from now on use the new (horizon, ledger) pair.
-                partition.refresh()
 
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
