@@ -67,8 +67,11 @@ def with_length(frame: bytes) -> bytes:
 class Wire:
     """One raw connection to the server."""
 
-    def __init__(self, address: tuple[str, int], timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection(address, timeout=timeout)
+    def __init__(self, address: tuple[str, int], timeout: float = 10.0,
+                 source: str | None = None) -> None:
+        """`source`: the local address to connect from (any 127.x works on loopback)."""
+        self.sock = socket.create_connection(
+            address, timeout=timeout, source_address=None if source is None else (source, 0))
         self.port = self.sock.getsockname()[1]
 
     def __enter__(self) -> Wire:

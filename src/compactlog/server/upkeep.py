@@ -29,7 +29,12 @@ class Upkeep:
         self.failures = Throttle(log_interval_s)
 
     def run_once(self) -> None:
-        for name in self.store.list_topics():
+        try:
+            names = self.store.list_topics()
+        except Exception as error:  # EMFILE: the next round tries again
+            self._failed("the data directory", "listing topics", error)
+            return
+        for name in names:
             try:
                 partitions = self.store.topic(name).partitions
             except Exception as error:
@@ -47,7 +52,7 @@ class Upkeep:
         if held is None:
             return
         expected = isinstance(error, OSError | CompactlogError)
-        log.error("upkeep of %s: %s failed: %s; the other partitions carry on%s", where,
+        log.error("upkeep of %s: %s failed: %s%s", where,
                   step, error_message(error), held_back(held),
                   exc_info=None if expected else error)
 
