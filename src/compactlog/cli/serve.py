@@ -19,7 +19,16 @@ from compactlog.server.cleaner import CleanerConfig
 #   listen = "127.0.0.1:9092"        # host:port of the Kafka listener
 #   admin_listen = "127.0.0.1:9093"  # host:port of the admin and metrics HTTP listener (off
 #                                    # unless set here or by --admin-listen)
-#   max_request_bytes = 104857600    # larger requests close the connection (Kafka's default)
+#   # Resource limits (docs/server.md, "Resource limits"); Kafka's names in brackets.
+#   max_connections = 4096           # connections at once, capped by the open-file limit
+#   max_connections_per_ip = 1024    # ... from one address [max.connections.per.ip]
+#   connections_max_idle_s = 600.0   # close connections silent this long
+#                                    # [connections.max.idle.ms]
+#   max_request_bytes = 104857600    # larger requests close the connection
+#                                    # [socket.request.max.bytes]
+#   queued_max_request_bytes = 268435456  # request bytes in flight, all connections; past
+#                                    # it reads pause [queued.max.request.bytes];
+#                                    # at least max_request_bytes
 #   upkeep_interval_s = 1.0          # flush.ms / segment.ms / retention checks, manifest pickup
 #   group_initial_rebalance_delay_s = 3.0  # a new group waits this long for more members
 #   shutdown_grace_s = 5.0           # on SIGTERM, time for requests in flight to be answered
@@ -37,7 +46,9 @@ from compactlog.server.cleaner import CleanerConfig
 #   spark_master = "local[*]"        # where compaction runs
 #   spark_conf = { "spark.driver.memory" = "2g" }   # Spark settings, passed through
 #   service = "module:factory"       # compaction service factory (default: Spark)
-SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_request_bytes": int,
+SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_connections": int,
+                             "max_connections_per_ip": int, "connections_max_idle_s": float,
+                             "max_request_bytes": int, "queued_max_request_bytes": int,
                              "upkeep_interval_s": float,
                              "group_initial_rebalance_delay_s": float,
                              "shutdown_grace_s": float, "compaction": dict}
@@ -131,6 +142,10 @@ def serve(ctx: Context, listen: str | None, admin_listen: str | None,
     admin = admin_listen or settings.get("admin_listen")
     if admin:
         config.admin_host, config.admin_port = parse_listen(admin, "--admin-listen")
+    try:
+        config.check()
+    except UserError as error:
+        raise UserError(f"{config_file}: {error}" if config_file else str(error)) from None
     config.compaction = CleanerConfig(**settings.get("compaction", {}))
     if auto_compaction is not None:
         config.compaction.enabled = auto_compaction

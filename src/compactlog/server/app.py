@@ -1,11 +1,10 @@
-"""The asyncio server: connections, framing, dispatch, upkeep and graceful shutdown.
+"""The asyncio server: configuration, start, dispatch, upkeep and graceful shutdown.
 
-Each connection handles its requests one at a time, in order, so responses go out in
-request order as Kafka clients require; a long-polling Fetch holds up the requests
-behind it on the same connection, as in Kafka. A frame that cannot be parsed, a negative
-or oversized length, an unsupported API version, or a client that closes the connection
-in the middle of a request closes that connection after a log line naming the peer and
-the problem; other connections carry on and nothing stored is touched.
+Connections (admission, framing under the request memory budget, idle timeout, ordered
+responses) are server/connections.py's. Each request frame is parsed here and handed to
+its API's handler. A frame that cannot be parsed, or an unsupported API version, closes
+that connection after a log line naming the peer and the problem; other connections
+carry on and nothing stored is touched.
 """
 
 from __future__ import annotations
@@ -15,18 +14,26 @@ import contextlib
 import dataclasses
 import logging
 import signal
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from compactlog.errors import UserError
 from compactlog.server.admin import AdminServer
 from compactlog.server.broker import Broker
 from compactlog.server.cleaner import Cleaner, CleanerConfig
+from compactlog.server.connections import (
+    STREAM_LIMIT,
+    Connections,
+    ConnectionSettings,
+    Frame,
+    connection_cap,
+)
 from compactlog.server.handlers import register_all
-from compactlog.server.metrics import ServerMetrics, StateCollector
+from compactlog.server.metrics import ConnectionCollector, ServerMetrics, StateCollector
 from compactlog.server.protocol import (
+    API_NAMES,
     API_VERSIONS_KEY,
     ProtocolError,
     UnsupportedVersion,
@@ -34,11 +41,13 @@ from compactlog.server.protocol import (
     parse_request,
     unsupported_api_versions_response,
 )
+from compactlog.server.request_budget import RequestBudget
+from compactlog.server.upkeep import Upkeep
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
-_LENGTH = struct.Struct(">i")
 T = TypeVar("T")
+MIB = 1 << 20
 
 
 @dataclass
@@ -46,8 +55,18 @@ class ServerConfig:
     data_dir: Path
     host: str = "127.0.0.1"
     port: int = 9092
+    # Resource limits (docs/server.md, "Resource limits"). Kafka's max.connections
+    # (default: unlimited) and max.connections.per.ip; max_connections is also capped by
+    # the open-file limit at start.
+    max_connections: int = 4096
+    max_connections_per_ip: int = 1024
+    # Kafka's connections.max.idle.ms (10 minutes).
+    connections_max_idle_s: float = 600.0
     # Kafka's socket.request.max.bytes default (100 MiB).
-    max_request_bytes: int = 104_857_600
+    max_request_bytes: int = 100 * MIB
+    # Kafka's queued.max.request.bytes: request bytes received and not yet answered,
+    # over all connections; past it the server stops reading from sockets.
+    queued_max_request_bytes: int = 256 * MIB
     # How often the broker flushes by flush.ms, rolls and seals by segment.ms and
     # applies retention, and picks up manifests committed by other processes.
     upkeep_interval_s: float = 1.0
@@ -63,34 +82,71 @@ class ServerConfig:
     # Automatic compaction (server/cleaner.py).
     compaction: CleanerConfig = field(default_factory=CleanerConfig)
 
+    def check(self) -> None:
+        """Raise UserError naming the first setting out of its range."""
+        for name in ("max_connections", "max_connections_per_ip", "max_request_bytes",
+                     "queued_max_request_bytes"):
+            value = getattr(self, name)
+            if value < 1:
+                raise UserError(f"{name} must be at least 1, got {value}")
+        for name in ("connections_max_idle_s", "upkeep_interval_s"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise UserError(f"{name} must be above 0, got {value}")
+        for name in ("group_initial_rebalance_delay_s", "shutdown_grace_s"):
+            value = getattr(self, name)
+            if value < 0:
+                raise UserError(f"{name} must be 0 or above, got {value}")
+        if self.queued_max_request_bytes < self.max_request_bytes:
+            # Else the largest request allowed could never be read.
+            raise UserError(
+                f"queued_max_request_bytes ({self.queued_max_request_bytes}) must be at "
+                f"least max_request_bytes ({self.max_request_bytes})")
+
 
 class Server:
     def __init__(self, config: ServerConfig) -> None:
+        config.check()
         self.config = config
         self.store = LogStore.open(config.data_dir)
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
+        self._upkeep_rounds = Upkeep(self.store)
         self.broker: Broker | None = None
         self.metrics = ServerMetrics()
         self._cleaner: Cleaner | None = None
         self.admin: AdminServer | None = None
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
-        self._busy: set[asyncio.Task[None]] = set()  # connections handling a request
-        self._stopping = False
+        self.connections: Connections | None = None
+        self._loop_handler: Any = None  # the event loop's exception handler before ours
         self._upkeep: asyncio.Task[None] | None = None
         self.port = config.port
 
     async def start(self) -> None:
+        config = self.config
+        max_connections, capped = connection_cap(config.max_connections)
+        if capped:
+            log.info("%s", capped)
+        # The oldest frame may go past the budget by up to one request (request_budget.py).
+        budget = RequestBudget(config.queued_max_request_bytes, config.max_request_bytes)
+        self.connections = Connections(
+            ConnectionSettings(max_connections, config.max_connections_per_ip,
+                               config.connections_max_idle_s, config.max_request_bytes),
+            budget, self.metrics, self._handle)
+        self.metrics.watch(ConnectionCollector(self.connections))
+        loop = asyncio.get_running_loop()
+        self._loop_handler = loop.get_exception_handler()
+        loop.set_exception_handler(self.connections.loop_exception)
+        # A small stream buffer: what a connection buffers beyond the budget's count.
         self._server = await asyncio.start_server(
-            self._serve_connection, self.config.host, self.config.port,
-            limit=1 << 20,
-        )
+            self.connections.serve, config.host, config.port, limit=STREAM_LIMIT)
         self.port = self._server.sockets[0].getsockname()[1]
         self.broker = Broker(self.store, self.config.host, self.port,
                              initial_rebalance_delay_s=self.config.group_initial_rebalance_delay_s)
         self.broker.metrics = self.metrics
         register_all(self.broker)
+        for key in self.broker.apis:  # every API served shows, at 0 until used
+            self.metrics.requests.labels(API_NAMES.get(key, str(key)))
         self._cleaner = Cleaner(self.store, self.config.compaction, self.metrics,
                                 self.broker.run_io)
         self.metrics.watch(StateCollector(self.store, self.broker.groups, self._cleaner))
@@ -114,7 +170,8 @@ class Server:
     async def stop(self) -> None:
         """Stop accepting; answer the requests in flight (for up to shutdown_grace_s),
         close every connection, and make everything acknowledged durable."""
-        self._stopping = True
+        if self.connections is not None:
+            self.connections.stopping = True  # each connection ends after its request
         if self._server is not None:
             self._server.close()
         if self._upkeep is not None:
@@ -125,16 +182,11 @@ class Server:
             await self.admin.stop()
         if self._cleaner is not None:
             await self._cleaner.stop()  # a run stopped midway leaves the old ledger
-        for task in list(self._connections - self._busy):
-            task.cancel()  # idle: waiting for a request that will not be served
-        if self._busy:
-            await asyncio.wait(set(self._busy), timeout=self.config.shutdown_grace_s)
-        for task in list(self._connections):
-            task.cancel()
-        if self._connections:
-            await asyncio.gather(*self._connections, return_exceptions=True)
+        if self.connections is not None:
+            await self.connections.close(self.config.shutdown_grace_s)
         if self._server is not None:
             await self._server.wait_closed()
+            asyncio.get_running_loop().set_exception_handler(self._loop_handler)
         if self.broker is not None:
             self.broker.close()  # waits for appends in flight
         self.store.flush()
@@ -153,7 +205,8 @@ class Server:
             await asyncio.sleep(self.config.upkeep_interval_s)
             self.broker.groups.expire_sessions()
             try:
-                await self.broker.run_io(self._upkeep_once)
+                # One partition's failure is logged there and the round goes on.
+                await self.broker.run_io(self._upkeep_rounds.run_once)
             except Exception:
                 log.exception("upkeep failed; retrying in %.1fs", self.config.upkeep_interval_s)
             try:
@@ -162,100 +215,28 @@ class Server:
                 log.exception("the cleaner's check failed; retrying in %.1fs",
                               self.config.upkeep_interval_s)
 
-    def _upkeep_once(self) -> None:
-        self.store.tick()
-        for name in self.store.list_topics():
-            for partition in self.store.topic(name).partitions:
-                # A compaction committed by `compactlog compact` in another process:
-                # reads from now on use the new (horizon, ledger) pair.
-                partition.refresh()
-
-    async def _serve_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        peer = writer.get_extra_info("peername")
-        host = peer[0] if isinstance(peer, tuple) else str(peer)
-        try:
-            await self._connection_loop(reader, writer, host)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the client went away
-        except ProtocolError as error:
-            log.warning("closing connection from %s: %s", peer, error)
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("closing connection from %s after an internal error", peer)
-        finally:
-            self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def _connection_loop(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client_host: str
-    ) -> None:
+    async def _handle(self, frame: Frame, client_host: str) -> bytes | None:
+        """The response frame to one request frame; None: no response (acks=0)."""
         broker = self.broker
         assert broker is not None
-        while True:
-            try:
-                prefix = await reader.readexactly(4)
-            except asyncio.IncompleteReadError as error:
-                if not error.partial:
-                    return  # the client closed the connection between requests
-                raise ProtocolError(
-                    f"the client closed the connection after {len(error.partial)} of the "
-                    f"4 bytes of a request's length"
-                ) from None
-            (size,) = _LENGTH.unpack(prefix)
-            if size < 0:
-                raise ProtocolError(f"negative request length {size}")
-            if size > self.config.max_request_bytes:
-                raise ProtocolError(
-                    f"request of {size} bytes is over the limit of "
-                    f"{self.config.max_request_bytes} (max_request_bytes)"
-                )
-            try:
-                frame = await reader.readexactly(size)
-            except asyncio.IncompleteReadError as error:
-                raise ProtocolError(
-                    f"the client closed the connection after {len(error.partial)} of the "
-                    f"{size} bytes of a request"
-                ) from None
-            task = asyncio.current_task()
-            assert task is not None
-            self._busy.add(task)
-            try:
-                await self._handle(frame, writer, client_host)
-            finally:
-                self._busy.discard(task)
-            if self._stopping:
-                return  # the request in flight is answered; take no more
-
-    async def _handle(self, frame: bytes, writer: asyncio.StreamWriter, client_host: str) -> None:
-        broker = self.broker
-        assert broker is not None
-        request = parse_request(frame, broker.versions)
+        # The frame is freed once parsed; the budget counts it until the answer is sent.
+        request = parse_request(frame.take(), broker.versions)
         if isinstance(request, UnsupportedVersion):
             if request.api_key == API_VERSIONS_KEY:
-                writer.write(unsupported_api_versions_response(
-                    request.correlation_id, broker.advertised))
-                await writer.drain()
-                return
+                return unsupported_api_versions_response(request.correlation_id,
+                                                         broker.advertised)
             raise ProtocolError(
                 f"unsupported API key {request.api_key} version {request.api_version} "
                 f"(correlation id {request.correlation_id})"
             )
         api = broker.apis[request.api_key]
+        self.metrics.requests.labels(API_NAMES.get(request.api_key, str(request.api_key))).inc()
         response = await api.handler(broker, dataclasses.replace(
             request, client_host=client_host))
         if response is None:
-            return
-        writer.write(encode_response(request.api_key, request.api_version,
-                                     request.correlation_id, response))
-        await writer.drain()
+            return None
+        return encode_response(request.api_key, request.api_version,
+                               request.correlation_id, response)
 
 
 async def serve_forever(config: ServerConfig) -> None:

@@ -22,6 +22,7 @@ from compactlog.server.groups import GroupCoordinator
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.producers import ProducerStates
 from compactlog.server.protocol import Request
+from compactlog.server.throttle import Throttle
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
@@ -57,6 +58,9 @@ class Broker:
         self.data_arrived = asyncio.Event()
         self.apis: dict[int, Api] = {}
         self.metrics = ServerMetrics()  # the server hands in the one it serves
+        # Failures that clients retry fast (a fetch of a damaged partition) are logged
+        # once per partition per minute.
+        self.failure_log = Throttle(60.0)
 
     def register(self, key: int, versions: tuple[int, int], handler: Handler,
                  advertised_min: int | None = None) -> None:

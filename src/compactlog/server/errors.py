@@ -42,6 +42,12 @@ _CODES: list[tuple[type[Exception], ErrorCode]] = [
     (ConflictError, ErrorCode.request_timed_out),  # a lost race: retriable
     (RetryableError, ErrorCode.request_timed_out),
     (UserError, ErrorCode.invalid_request),
+    # TimeoutError is an OSError in Python, but it is no fault of the disk.
+    (TimeoutError, ErrorCode.request_timed_out),
+    # Any other OSError from a store call is the disk or the process' files (EIO, ENOSPC,
+    # EMFILE, a file gone): Kafka's KAFKA_STORAGE_ERROR, which clients retry after a
+    # backoff. UNKNOWN_SERVER_ERROR would tell them nothing.
+    (OSError, ErrorCode.kafka_storage_error),
 ]
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from compactlog.server.wire import view_start_offset
@@ -40,6 +40,18 @@ class ServerMetrics:
                                    "responses.", ["topic"], registry=r)
         self.bytes_out = Counter("compactlog_topic_bytes_out", "Record-batch bytes sent in "
                                  "fetch responses.", ["topic"], registry=r)
+        self.requests = Counter("compactlog_server_requests", "Requests read and handled, by "
+                                "API.", ["api"], registry=r)
+        self.connections_refused = Counter(
+            "compactlog_server_connections_refused", "Connections closed as soon as accepted, "
+            "by the limit they were over: total (max_connections) or per_ip "
+            "(max_connections_per_ip).", ["reason"], registry=r)
+        for reason in ("total", "per_ip"):
+            self.connections_refused.labels(reason)
+        self.connections_closed_idle = Counter(
+            "compactlog_server_connections_closed_idle", "Connections closed because their "
+            "client sent nothing, or took none of a response, for connections_max_idle_s.",
+            registry=r)
         self.compaction_runs = Counter(
             "compactlog_compaction_runs", "Compaction runs finished, by result (success, "
             "error) and by what started them (scheduler, request).",
@@ -65,6 +77,47 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ConnectionState(Protocol):
+    """What the connection handler tells the metrics (server/connections.py)."""
+
+    @property
+    def open_count(self) -> int: ...
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def bytes_in_flight(self) -> int: ...
+    @property
+    def paused_s(self) -> float: ...
+
+
+class ConnectionCollector(Collector):
+    """Connection and request-memory figures, read at scrape time."""
+
+    def __init__(self, state: ConnectionState) -> None:
+        self.state = state
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        state = self.state
+        yield GaugeMetricFamily("compactlog_server_connections",
+                                "Client connections open on the Kafka listener.",
+                                value=state.open_count)
+        yield GaugeMetricFamily("compactlog_server_max_connections",
+                                "The connection limit in force: max_connections, capped by "
+                                "the open-file limit.", value=state.max_connections)
+        yield GaugeMetricFamily("compactlog_server_request_bytes_in_flight",
+                                "Request bytes received and not yet answered, counted "
+                                "against queued_max_request_bytes.",
+                                value=state.bytes_in_flight)
+        yield CounterMetricFamily("compactlog_server_read_paused_seconds",
+                                  "Seconds during which connections stopped reading from "
+                                  "their sockets because the request memory budget "
+                                  "(queued_max_request_bytes) was spent.",
+                                  value=state.paused_s)
 
 
 class StateCollector(Collector):

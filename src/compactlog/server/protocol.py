@@ -42,6 +42,8 @@ API_NAMES = {
     32: "DescribeConfigs", 44: "IncrementalAlterConfigs",
 }
 API_VERSIONS_KEY = 18
+# A request frame as read: bytes, or a read-only view of a frame read in chunks.
+FrameBytes = bytes | memoryview
 _FIXED_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 _LENGTH = struct.Struct(">i")
 
@@ -73,14 +75,14 @@ class UnsupportedVersion:
     correlation_id: int
 
 
-def peek_header(frame: bytes) -> tuple[int, int, int]:
+def peek_header(frame: FrameBytes) -> tuple[int, int, int]:
     if len(frame) < _FIXED_HEADER.size:
         raise ProtocolError(f"a request of {len(frame)} bytes is shorter than its header")
     api_key, api_version, correlation_id = _FIXED_HEADER.unpack_from(frame)
     return int(api_key), int(api_version), int(correlation_id)
 
 
-def parse_request(frame: bytes, versions: VersionTable) -> Request | UnsupportedVersion:
+def parse_request(frame: FrameBytes, versions: VersionTable) -> Request | UnsupportedVersion:
     """Decode one request frame (without its length prefix).
 
     The frame's layout is checked before kio decodes it (see `_skip`): kio reserves
@@ -344,7 +346,7 @@ def _header_layout(cls: type) -> _Layout:
     return _Struct(False, bool(cls.__flexible__), (8, _Sized(2, True)), {})  # type: ignore[attr-defined]
 
 
-def _cut(frame: bytes, cuts: _Cuts) -> bytes:
+def _cut(frame: FrameBytes, cuts: _Cuts) -> bytes:
     """`frame` with each range [start, stop) replaced; the ranges do not overlap."""
     parts, pos = [], 0
     for start, stop, replacement in sorted(cuts):
@@ -364,7 +366,7 @@ def encode_uvarint(value: int) -> bytes:
     return bytes(out)
 
 
-def _uvarint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+def _uvarint(data: FrameBytes, pos: int, end: int) -> tuple[int, int]:
     if pos < end and data[pos] < 0x80:
         return data[pos], pos + 1
     value = shift = 0
@@ -380,7 +382,7 @@ def _uvarint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     raise _Malformed(f"varint at byte {pos - 5} is longer than 5 bytes")
 
 
-def _skip(layout: _Layout, data: bytes, pos: int, end: int, cuts: _Cuts) -> int:
+def _skip(layout: _Layout, data: FrameBytes, pos: int, end: int, cuts: _Cuts) -> int:
     """The position after the value of `layout` at `pos`; _Malformed if it is not whole.
     Unknown tagged fields go to `cuts` as (start, stop, replacement)."""
     if isinstance(layout, int):
@@ -408,7 +410,7 @@ def _skip(layout: _Layout, data: bytes, pos: int, end: int, cuts: _Cuts) -> int:
     return pos + size
 
 
-def _skip_array(layout: _Array, data: bytes, pos: int, end: int, cuts: _Cuts) -> int:
+def _skip_array(layout: _Array, data: FrameBytes, pos: int, end: int, cuts: _Cuts) -> int:
     if layout.compact:
         count, pos = _uvarint(data, pos, end)
         count -= 1
@@ -433,7 +435,7 @@ def _skip_array(layout: _Array, data: bytes, pos: int, end: int, cuts: _Cuts) ->
     return pos
 
 
-def _skip_struct(layout: _Struct, data: bytes, pos: int, end: int, cuts: _Cuts) -> int:
+def _skip_struct(layout: _Struct, data: FrameBytes, pos: int, end: int, cuts: _Cuts) -> int:
     if layout.nullable:
         if pos >= end:
             raise _Malformed(f"truncated struct at byte {pos}")

@@ -5,6 +5,11 @@ answering empty at once, or clients spin. Fetch sessions (KIP-227) are declined 
 session id 0, and clients fall back to full requests. On a compacted topic every read
 is of the compacted view: the ledger up to the horizon, then the live log, with the
 original offsets, gaps included, as a Kafka consumer of a cleaned log sees it.
+
+A partition that cannot be served gets its error code and an empty record set, never a
+null one, as in Kafka (MemoryRecords.EMPTY): librdkafka takes a null record set for a
+parse failure and retries at once, in a tight loop. Storage failures are logged once
+per partition per minute, since consumers retry them many times a second.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from kio.schema.errors import ErrorCode
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code, error_message
 from compactlog.server.protocol import Request
+from compactlog.server.throttle import held_back
 from compactlog.server.wire import read_batches, view_start_offset
 from compactlog.storage.records import iter_batches
 
@@ -97,11 +103,10 @@ def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
             })
         except Exception as error:
             code = error_code(error)
-            if code is ErrorCode.unknown_server_error:
-                log.exception("fetch from %s/%d failed", name, index)
+            _log_failure(broker, name, index, code, error)
             results.append({"error_code": code, "high_watermark": -1,
                             "last_stable_offset": -1, "log_start_offset": -1,
-                            "preferred_read_replica": -1, "records": None,
+                            "preferred_read_replica": -1, "records": b"",
                             "error_message": error_message(error)})
     return results
 
@@ -109,7 +114,22 @@ def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
 def _out_of_range(start: int, end: int) -> dict[str, Any]:
     return {"error_code": ErrorCode.offset_out_of_range, "high_watermark": end,
             "last_stable_offset": end, "log_start_offset": start,
-            "preferred_read_replica": -1, "records": None}
+            "preferred_read_replica": -1, "records": b""}
+
+
+def _log_failure(broker: Broker, name: str, index: int, code: ErrorCode,
+                 error: Exception) -> None:
+    """Failures of the server or its disk are logged (the client's own mistakes, such
+    as an unknown topic, are not), once per partition per minute."""
+    if code not in (ErrorCode.kafka_storage_error, ErrorCode.unknown_server_error):
+        return
+    held = broker.failure_log.allow(("fetch", name, index))
+    if held is None:
+        return
+    # A bug gets its traceback; a storage error's message names the file and the problem.
+    log.error("fetch from %s/%d failed (%s): %s%s", name, index, code.name.upper(),
+              error_message(error), held_back(held),
+              exc_info=error if code is ErrorCode.unknown_server_error else None)
 
 
 async def list_offsets(broker: Broker, request: Request) -> dict[str, Any]:

@@ -1,0 +1,342 @@
+"""Client connections: admission against the connection limits, request frames read
+under the request memory budget, the idle timeout, and responses written in order.
+
+Invariants:
+- An open connection is counted once in `open_count` and once under its client's
+  address, from admission until its task ends. A connection over `max_connections` or
+  `max_connections_per_ip` is closed at once and never counted (Kafka closes new
+  connections over max.connections.per.ip the same way).
+- Every byte a connection takes from the request budget goes back when its request has
+  been answered or when the connection ends, whichever comes first.
+- A connection is closed as idle only while it waits for its client: for bytes of a
+  request, or to take a response. Never while a request of it is being handled (a
+  long-polling Fetch) or while it waits for the budget.
+- A connection handles its requests one at a time, in order, so responses leave in
+  request order, as Kafka clients require.
+
+Memory not counted by the budget is bounded per connection (PER_CONNECTION_BUFFER):
+asyncio's StreamReader buffers at most twice STREAM_LIMIT before it stops reading the
+socket, one socket read of up to 256 KiB may land on top of that, and one chunk may
+wait in hand for the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from compactlog.server.metrics import ServerMetrics
+from compactlog.server.protocol import FrameBytes, ProtocolError
+from compactlog.server.request_budget import RequestBudget
+from compactlog.server.throttle import Throttle, held_back
+
+log = logging.getLogger("compactlog.server")
+_LENGTH = struct.Struct(">i")
+
+STREAM_LIMIT = 64 * 1024
+CHUNK = 64 * 1024  # frames are read, and counted, in chunks of at most this
+_SOCKET_READ = 256 * 1024  # what asyncio's selector transports read at once
+PER_CONNECTION_BUFFER = 2 * STREAM_LIMIT + _SOCKET_READ + CHUNK
+# Open files kept for everything but connections (data files, the admin listener, the
+# compaction processes' pipes) when max_connections is capped by RLIMIT_NOFILE: this
+# many, or half the limit if that is smaller.
+FILE_RESERVE = 256
+# Refused connections and failed accepts come in floods: one line per reason per this.
+REFUSAL_LOG_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    max_connections: int
+    max_connections_per_ip: int
+    idle_s: float
+    max_request_bytes: int
+
+
+def connection_cap(requested: int) -> tuple[int, str | None]:
+    """max_connections as the open-file limit allows, and why, if it is lower."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return requested, None
+    reserve = min(FILE_RESERVE, soft // 2)
+    room = max(soft - reserve, 1)
+    if requested <= room:
+        return requested, None
+    return room, (f"max_connections is {room}, not {requested}: the open-file limit "
+                  f"(RLIMIT_NOFILE) is {soft} and {reserve} files are kept for data files; "
+                  f"raise the limit (ulimit -n) to allow more connections")
+
+
+class Frame:
+    """A request frame's bytes, handed over once: the taker holds the only reference,
+    so the frame is freed as soon as it is parsed, while its request is handled."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: FrameBytes) -> None:
+        self._data = data
+
+    def take(self) -> FrameBytes:
+        data, self._data = self._data, b""
+        return data
+
+
+# Answers a request frame from a client host with a whole response frame, or None when
+# the request gets no response (Produce with acks=0).
+Handler = Callable[[Frame, str], Awaitable[bytes | None]]
+
+
+class IdleError(Exception):
+    """The client sent nothing, or took none of a response, for connections_max_idle_s."""
+
+
+class _Connection:
+    __slots__ = ("held", "host", "peer")
+
+    def __init__(self, peer: Any, host: str) -> None:
+        self.peer = peer
+        self.host = host
+        self.held = 0  # bytes of the request budget this connection holds
+
+
+class Connections:
+    def __init__(self, settings: ConnectionSettings, budget: RequestBudget,
+                 metrics: ServerMetrics, handle: Handler) -> None:
+        self.settings = settings
+        self.budget = budget
+        self.metrics = metrics
+        self._handle = handle
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._busy: set[asyncio.Task[None]] = set()  # handling a request
+        self._per_host: dict[str, int] = {}
+        self._floods = Throttle(REFUSAL_LOG_INTERVAL_S)
+        self.stopping = False
+        self._aborting = False  # shutting down, past the grace: close without flushing
+
+    @property
+    def open_count(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def max_connections(self) -> int:
+        return self.settings.max_connections
+
+    @property
+    def bytes_in_flight(self) -> int:
+        return self.budget.in_use
+
+    @property
+    def paused_s(self) -> float:
+        return self.budget.paused_s
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection, from admission to close (asyncio.start_server's callback)."""
+        peer = writer.get_extra_info("peername")
+        host = peer[0] if isinstance(peer, tuple) else str(peer)
+        if self._refused(host):
+            writer.close()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        connection = _Connection(peer, host)
+        self._tasks.add(task)
+        self._per_host[host] = self._per_host.get(host, 0) + 1
+        hard = False
+        try:
+            await self._converse(connection, reader, writer)
+        except IdleError as idle:
+            hard = True  # what is left unsent would never be taken
+            self.metrics.connections_closed_idle.inc()
+            log.debug("closing connection from %s: %s (connections_max_idle_s)", peer, idle)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client went away
+        except ProtocolError as error:
+            log.warning("closing connection from %s: %s", peer, error)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("closing connection from %s after an internal error", peer)
+        finally:
+            self.budget.end_frame(connection)
+            self.budget.release(connection.held)
+            connection.held = 0
+            self._busy.discard(task)
+            try:
+                await self._close(writer, hard or self._aborting)
+            finally:  # counted until its socket is closed
+                self._tasks.discard(task)
+                if self._per_host[host] > 1:
+                    self._per_host[host] -= 1
+                else:
+                    del self._per_host[host]
+
+    async def close(self, grace_s: float) -> None:
+        """Take no more requests; give those in flight `grace_s` to be answered; close
+        every connection."""
+        self.stopping = True
+        for task in self._tasks - self._busy:
+            task.cancel()  # waiting for a request that will not be served
+        if self._busy:
+            await asyncio.wait(set(self._busy), timeout=grace_s)
+        self._aborting = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _close(self, writer: asyncio.StreamWriter, hard: bool) -> None:
+        """Close after sending what is buffered, unless `hard`, or unless the client
+        takes none of it for connections_max_idle_s: a close that waits for a client
+        that never reads would hold the connection (and stop a shutdown) for ever."""
+        if hard:
+            writer.transport.abort()
+            return
+        writer.close()
+        try:
+            async with asyncio.timeout(self.settings.idle_s):
+                await writer.wait_closed()
+        except asyncio.CancelledError:
+            writer.transport.abort()
+            raise
+        except Exception:  # the timeout, or the client went away: nothing to send to
+            writer.transport.abort()
+
+    def loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The event loop's exception handler. asyncio survives accept() failing for
+        want of files (EMFILE, ENFILE, ENOBUFS, ENOMEM) by pausing the listener for a
+        second, but logs a traceback for every connection it could not take; this makes
+        that one warning line per interval."""
+        error = context.get("exception")
+        if (isinstance(error, OSError)
+                and str(context.get("message", "")).startswith("socket.accept() out of")):
+            held = self._floods.allow("accept")
+            if held is not None:
+                log.warning("cannot accept connections: %s; retrying each second "
+                            "(%d connections open, max_connections %d)%s", error,
+                            self.open_count, self.settings.max_connections, held_back(held))
+            return
+        loop.default_exception_handler(context)
+
+    # -- admission ----------------------------------------------------------------------
+
+    def _refused(self, host: str) -> bool:
+        settings = self.settings
+        if len(self._tasks) >= settings.max_connections:
+            reason, text = "total", (f"{len(self._tasks)} connections are open, the "
+                                     f"max_connections limit")
+        elif self._per_host.get(host, 0) >= settings.max_connections_per_ip:
+            reason, text = "per_ip", (f"{self._per_host[host]} connections from that address "
+                                      f"are open, the max_connections_per_ip limit")
+        else:
+            return False
+        self.metrics.connections_refused.labels(reason).inc()
+        held = self._floods.allow(reason)
+        if held is not None:
+            log.warning("refused a connection from %s: %s%s", host, text, held_back(held))
+        return True
+
+    # -- requests and responses -----------------------------------------------------------
+
+    async def _converse(self, connection: _Connection, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        while True:
+            frame = await self._read_frame(connection, reader)
+            if frame is None:
+                return  # the client closed the connection between requests
+            self._busy.add(task)
+            try:
+                response = await self._handle(frame, connection.host)
+                if response is not None:
+                    writer.write(response)
+                    del response
+                    await self._drain(writer)
+            finally:
+                self._busy.discard(task)
+                self.budget.release(connection.held)  # the request is answered
+                connection.held = 0
+            if self.stopping:
+                return  # the request in flight is answered; take no more
+
+    async def _read_frame(self, connection: _Connection,
+                          reader: asyncio.StreamReader) -> Frame | None:
+        prefix = b""
+        while len(prefix) < 4:
+            data = await self._read_some(reader, 4 - len(prefix))
+            if not data:
+                if not prefix:
+                    return None
+                raise ProtocolError(f"the client closed the connection after {len(prefix)} "
+                                    f"of the 4 bytes of a request's length")
+            prefix += data
+        (size,) = _LENGTH.unpack(prefix)
+        if size < 0:
+            raise ProtocolError(f"negative request length {size}")
+        if size > self.settings.max_request_bytes:
+            raise ProtocolError(f"request of {size} bytes is over the limit of "
+                                f"{self.settings.max_request_bytes} (max_request_bytes)")
+        self.budget.begin_frame(connection)
+        try:
+            return Frame(await self._read_body(connection, reader, size))
+        finally:
+            self.budget.end_frame(connection)
+
+    async def _read_body(self, connection: _Connection, reader: asyncio.StreamReader,
+                         size: int) -> FrameBytes:
+        """The frame's bytes, counted against the budget chunk by chunk as they arrive
+        (a declared length is only a claim). Waiting for the budget, the connection
+        reads nothing more, and its socket fills up and stops its client."""
+        whole: bytearray | None = None
+        data, got = b"", 0
+        while got < size:
+            data = await self._read_some(reader, min(CHUNK, size - got))
+            if not data:
+                raise ProtocolError(f"the client closed the connection after {got} of the "
+                                    f"{size} bytes of a request")
+            await self.budget.acquire(connection, len(data))
+            connection.held += len(data)
+            got += len(data)
+            if whole is not None or got < size:
+                whole = bytearray() if whole is None else whole
+                whole += data
+        if whole is None:
+            return data  # one chunk: no copy
+        # Read-only, as the protocol decoder wants, without copying a large frame.
+        return memoryview(whole).toreadonly()
+
+    async def _read_some(self, reader: asyncio.StreamReader, size: int) -> bytes:
+        deadline = asyncio.timeout(self.settings.idle_s)
+        try:
+            async with deadline:
+                return await reader.read(size)
+        except TimeoutError as error:
+            if not deadline.expired():  # the socket's own ETIMEDOUT: the client is gone
+                raise ConnectionError(str(error)) from error
+            raise IdleError(f"no bytes for {self.settings.idle_s:g} s") from None
+
+    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+        """Wait until the client has taken most of the response. A client that takes
+        nothing of it for connections_max_idle_s is idle too (its unread response would
+        otherwise hold the connection, and its memory, for ever); a slow one that keeps
+        taking bytes is not."""
+        transport = writer.transport
+        while True:
+            pending = transport.get_write_buffer_size()
+            deadline = asyncio.timeout(self.settings.idle_s)
+            try:
+                async with deadline:
+                    await writer.drain()
+                return
+            except TimeoutError as error:
+                if not deadline.expired():
+                    raise ConnectionError(str(error)) from error
+                if transport.get_write_buffer_size() >= pending:
+                    raise IdleError(f"its client took none of a response for "
+                                    f"{self.settings.idle_s:g} s") from None

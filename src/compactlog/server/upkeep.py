@@ -1,0 +1,69 @@
+"""The broker's periodic upkeep of every partition, one failure at a time.
+
+Every round flushes by flush.ms, rolls by segment.ms, seals rolled segments into Parquet,
+applies retention and picks up manifests committed by other processes (a compaction by
+`compactlog compact`), for every partition: the steps of `LogStore.tick` plus the
+refresh. A step that fails for one partition (a damaged file, EIO, EMFILE) is logged and
+the round goes on with the next step and the other partitions, which must not stop
+being flushed, sealed or cleaned because one disk file is bad. The failure is logged
+once per partition and step per minute, as the round repeats every second.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+from compactlog.errors import CompactlogError
+from compactlog.server.errors import error_message
+from compactlog.server.throttle import Throttle, held_back
+from compactlog.storage.partition import Partition
+from compactlog.storage.store import LogStore
+
+log = logging.getLogger("compactlog.server")
+
+
+class Upkeep:
+    def __init__(self, store: LogStore, log_interval_s: float = 60.0) -> None:
+        self.store = store
+        self.failures = Throttle(log_interval_s)
+
+    def run_once(self) -> None:
+        try:
+            names = self.store.list_topics()
+        except Exception as error:  # EMFILE: the next round tries again
+            self._failed("the data directory", "listing topics", error)
+            return
+        for name in names:
+            try:
+                partitions = self.store.topic(name).partitions
+            except Exception as error:
+                self._failed(name, "opening the topic", error)
+                continue
+            for partition in partitions:
+                for step, call in _steps(partition):
+                    try:
+                        call()
+                    except Exception as error:
+                        self._failed(f"{name}/{partition.index}", step, error)
+
+    def _failed(self, where: str, step: str, error: Exception) -> None:
+        held = self.failures.allow((where, step))
+        if held is None:
+            return
+        expected = isinstance(error, OSError | CompactlogError)
+        log.error("upkeep of %s: %s failed: %s%s", where,
+                  step, error_message(error), held_back(held),
+                  exc_info=None if expected else error)
+
+
+def _steps(partition: Partition) -> Iterator[tuple[str, Callable[[], object]]]:
+    # Looked up at each round, not bound once, so that a test may replace one.
+    yield "flush", partition.flush_if_due
+    yield "roll", partition.roll_if_due
+    if not partition.auto_seal:
+        yield "seal", partition.seal_rolled
+    yield "retention", partition.apply_retention
+    # A compaction committed by another process: reads from now on use the new
+    # (horizon, ledger) pair.
+    yield "refresh", partition.refresh
