@@ -42,6 +42,7 @@ from compactlog.compaction.status import (
     CompactionStatus,
     compaction_lock,
     read_status,
+    remove_status_temps,
     write_status,
 )
 from compactlog.errors import ConflictError, UserError
@@ -160,6 +161,7 @@ def _lap(report: CompactionReport, stage: str, since: float) -> float:
 def _prepare(partition: Partition, run_id: str, now_ms: int) -> None:
     partition.ledger_dir.mkdir(exist_ok=True)
     _sweep(partition)
+    remove_status_temps(partition.directory)
     status = read_status(partition.directory)
     status.state, status.run_id, status.started_ms = "RUNNING", run_id, now_ms
     status.finished_ms, status.error = None, None

@@ -22,7 +22,7 @@ from compactlog.storage import fsutil
 from compactlog.storage.locks import CompactionRunningError, compaction_lock, is_locked
 
 __all__ = ["CompactionRunningError", "CompactionStatus", "compaction_lock", "is_locked",
-           "read_status", "write_status"]
+           "read_status", "remove_status_temps", "write_status"]
 
 State = Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR"]
 STATUS_FILE = "compaction-status.json"
@@ -62,6 +62,18 @@ def read_status(partition_dir: Path) -> CompactionStatus:
 
 
 def write_status(partition_dir: Path, status: CompactionStatus) -> None:
+    """Replace the status file atomically (called only under the compaction lock, whose
+    holder also removes what a crashed writer of it left: `remove_status_temps`)."""
     temp = fsutil.temp_path(partition_dir, "status")
-    fsutil.write_file_durably(temp, json.dumps(status.to_json(), sort_keys=True).encode())
-    fsutil.publish_replace(temp, partition_dir / STATUS_FILE)
+    try:
+        fsutil.write_file_durably(temp, json.dumps(status.to_json(), sort_keys=True).encode())
+        fsutil.publish_replace(temp, partition_dir / STATUS_FILE)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def remove_status_temps(partition_dir: Path) -> None:
+    """Temporary status files of a run that crashed (only status files are written in
+    the partition directory itself); the caller holds the compaction lock."""
+    fsutil.remove_temp_files(partition_dir)

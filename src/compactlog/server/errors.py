@@ -14,6 +14,7 @@ from compactlog.errors import (
     InvalidTopicNameError,
     OffsetOutOfRangeError,
     RetryableError,
+    StorageError,
     TopicExistsError,
     UnknownConfigError,
     UnknownPartitionError,
@@ -40,6 +41,9 @@ _CODES: list[tuple[type[Exception], ErrorCode]] = [
     # here it gets the message naming the file.
     (CorruptionError, ErrorCode.kafka_storage_error),
     (ConflictError, ErrorCode.request_timed_out),  # a lost race: retriable
+    # A failed write or fsync, a full disk, a partition that stopped taking writes after
+    # a failed fsync: KAFKA_STORAGE_ERROR, which producers retry after a backoff.
+    (StorageError, ErrorCode.kafka_storage_error),
     (RetryableError, ErrorCode.request_timed_out),
     (UserError, ErrorCode.invalid_request),
     # TimeoutError is an OSError in Python, but it is no fault of the disk.

@@ -1,23 +1,22 @@
 """The broker's periodic upkeep of every partition, one failure at a time.
 
-Every round flushes by flush.ms, rolls by segment.ms, seals rolled segments into Parquet,
-applies retention and picks up manifests committed by other processes (a compaction by
-`compactlog compact`), for every partition: the steps of `LogStore.tick` plus the
-refresh. A step that fails for one partition (a damaged file, EIO, EMFILE) is logged and
-the round goes on with the next step and the other partitions, which must not stop
-being flushed, sealed or cleaned because one disk file is bad. The failure is logged
-once per partition and step per minute, as the round repeats every second.
+Every round runs, for every partition, the steps of `LogStore.upkeep_steps`: reopen a
+partition that failed, flush by flush.ms, roll by segment.ms, seal rolled segments into
+Parquet, apply retention, sweep unreachable files, and pick up manifests committed by
+other processes (a compaction by `compactlog compact`). A step that fails for one
+partition (a damaged file, EIO, EMFILE) is logged and the round goes on with the next
+step and the other partitions, which must not stop being flushed, sealed or cleaned
+because one disk file is bad. The failure is logged once per partition and step per
+minute, as the round repeats every second.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
 
 from compactlog.errors import CompactlogError
 from compactlog.server.errors import error_message
 from compactlog.server.throttle import Throttle, held_back
-from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
@@ -41,7 +40,7 @@ class Upkeep:
                 self._failed(name, "opening the topic", error)
                 continue
             for partition in partitions:
-                for step, call in _steps(partition):
+                for step, call in self.store.upkeep_steps(partition):
                     try:
                         call()
                     except Exception as error:
@@ -55,15 +54,3 @@ class Upkeep:
         log.error("upkeep of %s: %s failed: %s%s", where,
                   step, error_message(error), held_back(held),
                   exc_info=None if expected else error)
-
-
-def _steps(partition: Partition) -> Iterator[tuple[str, Callable[[], object]]]:
-    # Looked up at each round, not bound once, so that a test may replace one.
-    yield "flush", partition.flush_if_due
-    yield "roll", partition.roll_if_due
-    if not partition.auto_seal:
-        yield "seal", partition.seal_rolled
-    yield "retention", partition.apply_retention
-    # A compaction committed by another process: reads from now on use the new
-    # (horizon, ledger) pair.
-    yield "refresh", partition.refresh

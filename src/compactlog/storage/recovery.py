@@ -110,8 +110,8 @@ def _recover_files(partition: Partition) -> None:
 
 def sweep_as_writer(partition: Partition) -> SweepResult:
     """The writer's sweep (sweep.py): it excludes sealers by holding the seal lock, and
-    compactions by taking the compaction lock without waiting (else ledger orphans wait
-    for the compaction run, which sweeps them itself)."""
+    compactions by taking the compaction lock without waiting (else ledger orphans and
+    a crashed run's temporary status file wait for the next run, which sweeps them)."""
     orphan_dirs = [SEGMENT_DIR]
     with partition.seal_lock:
         lock_fd = locks.try_lock(partition.directory) if partition.ledger_dir.is_dir() else None
@@ -120,6 +120,9 @@ def sweep_as_writer(partition: Partition) -> SweepResult:
                 orphan_dirs.append(LEDGER_DIR)
                 # What another process committed before we took the lock counts.
                 partition.refresh()
+                # A compaction run writes its status file in the partition directory
+                # itself, under the same lock: a crashed run's temporary file goes too.
+                fsutil.remove_temp_files(partition.directory)
             result = sweep(partition.directory, partition.manifest, partition.now_ms(),
                            partition.config["file.delete.delay.ms"], orphan_dirs,
                            partition.files.retire, partition.name)

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -376,9 +376,9 @@ class LogStore:
                     partition.flush()
 
     def tick(self) -> None:
-        """Periodic upkeep for a long-running writer: flush by flush.ms, roll idle
-        segments, seal, apply retention, sweep unreachable files, and reopen partitions
-        that failed. One partition's failure is logged and never stops the others'."""
+        """Periodic upkeep for a long-running writer (`upkeep_steps` for every
+        partition). One step's failure is logged and never stops the other steps or
+        partitions."""
         self._require_writable()
         for name in self.list_topics():
             try:
@@ -387,31 +387,44 @@ class LogStore:
                 self._report(name, error)
                 continue
             for partition in partitions:
-                try:
-                    self._tick_partition(partition)
-                except Exception as error:  # logged; the next tick tries again
-                    self._report(partition.name, error)
+                for step, call in self.upkeep_steps(partition):
+                    try:
+                        call()
+                    except Exception as error:  # logged; the next tick tries again
+                        self._report(f"{partition.name} ({step})", error)
 
-    def _tick_partition(self, partition: Partition) -> None:
+    def upkeep_steps(self, partition: Partition) -> Iterator[tuple[str, Callable[[], object]]]:
+        """The named steps of one partition's upkeep: reopen it if it failed (with a
+        backoff), else flush by flush.ms, roll by segment.ms, seal rolled segments,
+        apply retention, sweep unreachable files when due, and pick up manifests that
+        other processes (compaction) committed. Callers run each step on its own."""
         if partition.failed is not None:
-            now = time.monotonic()
-            if now < self._reopen_at.get(partition.name, 0.0):
-                return
-            delay = min(2 * self._reopen_delay.get(partition.name, 2.5), 300.0)
-            self._reopen_delay[partition.name] = delay
-            self._reopen_at[partition.name] = now + delay
-            partition.reopen()
-            if partition.failed is None:
-                log.info("%s: reopened after a failure; it takes writes again", partition.name)
-                self._reopen_delay.pop(partition.name, None)
+            yield "reopen", lambda: self._reopen_if_due(partition)
             return
-        partition.flush_if_due()
-        partition.roll_if_due()
+        yield "flush", partition.flush_if_due
+        yield "roll", partition.roll_if_due
         if not partition.auto_seal:
-            partition.seal_rolled()
-        partition.apply_retention()
+            yield "seal", partition.seal_rolled
+        yield "retention", partition.apply_retention
         if partition.sweep_due:
-            partition.sweep()
+            yield "sweep", partition.sweep
+        yield "refresh", partition.refresh
+
+    def _reopen_if_due(self, partition: Partition) -> None:
+        now = time.monotonic()
+        if now < self._reopen_at.get(partition.name, 0.0):
+            return
+        delay = min(2 * self._reopen_delay.get(partition.name, 2.5), 300.0)
+        self._reopen_delay[partition.name] = delay
+        self._reopen_at[partition.name] = now + delay
+        partition.reopen()
+        if partition.failed is None:
+            log.info("%s: reopened after a failure; it takes writes again", partition.name)
+            self._reopen_delay.pop(partition.name, None)
+            self._reopen_at.pop(partition.name, None)
+        else:
+            raise partition.failed if isinstance(partition.failed, Exception) else \
+                RuntimeError(str(partition.failed))
 
     def _report(self, where: str, error: Exception) -> None:
         """Log an upkeep failure once a minute per place and message, not every tick."""

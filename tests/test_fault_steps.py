@@ -1,0 +1,162 @@
+"""Faults at every step of every commit protocol, deterministically.
+
+For each scenario (tests/fault_scenarios.py: appends that roll and seal, a seal in the
+server's way, compactions of one and two partitions, retention with its sweep, a topic
+config change), the fault points the operation passes are recorded once; then, for
+each step, the operation runs again on a fresh copy of its data directory with that
+step failing with ENOSPC, failing with EIO, stalling while another committer commits
+to the same manifests, or (tests marked slow, and a sample by default) killed with
+SIGKILL. The store is then reopened and the contract checked against the oracle of
+what was acknowledged (tests/faultkit.py), and it must go on working.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compactlog.storage import faults
+from fakes import T0, FakeClock
+from fault_scenarios import SCENARIOS, Scenario, parse_ack
+from faultkit import (
+    Oracle,
+    Step,
+    check_contract,
+    check_goes_on,
+    fault_at,
+    fresh_copy,
+    join_stalled,
+    stall_with_a_concurrent_commit,
+)
+
+TESTS = Path(__file__).parent
+KINDS = ("enospc", "eio", "stall")
+_TEMPLATES: dict[str, tuple[Path, list[Step]]] = {}
+
+
+def template(name: str, root: Path) -> tuple[Path, list[Step]]:
+    """The scenario's prepared data directory and the steps its operation passes."""
+    if name not in _TEMPLATES:
+        scenario = SCENARIOS[name]
+        data = root / f"template-{name}"
+        scenario.prepare(data, FakeClock())
+        probe = fresh_copy(data, root / f"probe-{name}")
+        steps = _steps_with(scenario, probe, FakeClock())
+        _TEMPLATES[name] = (data, steps)
+    return _TEMPLATES[name]
+
+
+def _steps_with(scenario: Scenario, data: Path, clock: FakeClock) -> list[Step]:
+    """Run the operation once, recording the fault points it passes."""
+    steps: list[Step] = []
+    store = scenario.open(data, clock)
+    oracle = Oracle.of(store)
+    with faults.injected(lambda point, path: steps.append(Step(len(steps), point, path))):
+        scenario.operation(store, oracle, clock, lambda p, r: None)
+    store.close()
+    return steps
+
+
+def run_with_fault(name: str, root: Path, step: int, kind: str) -> None:
+    scenario = SCENARIOS[name]
+    data_template, steps = template(name, root)
+    data = fresh_copy(data_template, root / f"run-{name}")
+    clock = FakeClock()
+    where = f"{name}: {kind} at {steps[step].describe()}"
+    store = scenario.open(data, clock)
+    oracle = Oracle.of(store)
+    scenario.expect(store, oracle)
+    stall = stall_with_a_concurrent_commit(data, clock, oracle)
+    try:
+        with fault_at(step, kind, stall) as hit:
+            scenario.operation(store, oracle, clock, oracle.acknowledge)
+    finally:
+        join_stalled()
+        store.close()
+    assert hit, f"{where}: the operation no longer passes this step"
+    check_contract(data, oracle, clock, where)
+    with scenario.open(data, clock) as reopened:
+        scenario.verify(reopened, where)
+    check_goes_on(data, clock, where)
+
+
+def cases(kinds: tuple[str, ...]) -> list[tuple[str, int, str]]:
+    """(scenario, step, kind) for every step; the step counts are fixed per scenario
+    (STEPS below is checked against a recording)."""
+    return [(name, step, kind) for name, count in STEPS.items()
+            for step in range(count) for kind in kinds]
+
+
+# Steps each operation passes; test_step_counts_are_current keeps these in line.
+STEPS = {"append": 24, "seal": 32, "compact-1": 27, "compact-2": 44, "retention": 16,
+         "alter": 10}
+
+
+def test_step_counts_are_current(tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = tmp_path_factory.mktemp("faults")
+    found = {name: len(template(name, root)[1]) for name in SCENARIOS}
+    assert found == STEPS, "update STEPS in this file to the recorded counts"
+
+
+@pytest.mark.parametrize(("name", "step", "kind"), cases(KINDS))
+def test_a_fault_at_every_step_keeps_the_contract(
+    name: str, step: int, kind: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    run_with_fault(name, _root(tmp_path_factory), step, kind)
+
+
+_ROOT: list[Path] = []
+
+
+def _root(factory: pytest.TempPathFactory) -> Path:
+    if not _ROOT:
+        _ROOT.append(factory.mktemp("faults"))
+    return _ROOT[0]
+
+
+def run_with_kill(name: str, root: Path, step: int) -> None:
+    scenario = SCENARIOS[name]
+    data_template, steps = template(name, root)
+    data = fresh_copy(data_template, root / f"kill-{name}")
+    clock = FakeClock()
+    with scenario.open(data, clock) as store:
+        oracle = Oracle.of(store)
+        scenario.expect(store, oracle)
+    child = subprocess.run(
+        [sys.executable, str(TESTS / "fault_child.py"), name, str(data),
+         str(int(T0 * 1000)), str(step)],
+        capture_output=True, text=True, timeout=120, check=False)
+    where = f"{name}: SIGKILL at {steps[step].describe()}"
+    assert child.returncode == -9, f"{where}: exit {child.returncode}\n{child.stderr}"
+    for line in child.stdout.splitlines():
+        if line.startswith("ACK "):
+            partition, record = parse_ack(line)
+            oracle.acknowledge(partition, record)
+    check_contract(data, oracle, clock, where)
+    with scenario.open(data, clock) as reopened:
+        scenario.verify(reopened, where)
+    check_goes_on(data, clock, where)
+
+
+KILL_SAMPLE = {"append": (0, 5, 13), "seal": (3, 7), "compact-1": (10, 20),
+               "compact-2": (30,), "retention": (4,), "alter": (2,)}
+
+
+@pytest.mark.parametrize(("name", "step"), [(name, step) for name, steps in KILL_SAMPLE.items()
+                                            for step in steps])
+def test_a_kill_at_sampled_steps_keeps_the_contract(
+    name: str, step: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    run_with_kill(name, _root(tmp_path_factory), step)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "step"), [(name, step) for name, count in STEPS.items()
+                                            for step in range(count)])
+def test_a_kill_at_every_step_keeps_the_contract(
+    name: str, step: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    run_with_kill(name, _root(tmp_path_factory), step)
