@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -69,10 +70,12 @@ class LoggedServer:
 
 @contextmanager
 def logged_server(data_dir: Path, log_path: Path, *extra: str,
-                  env: dict[str, str] | None = None) -> Iterator[LoggedServer]:
+                  env: dict[str, str] | None = None,
+                  open_files: int | None = None) -> Iterator[LoggedServer]:
     """Start the server; stop it with SIGTERM and check that it exits 0. Automatic
     compaction is off unless `extra` holds --auto-compaction (a Spark run starting
-    behind a test's back would race the test's own compactions)."""
+    behind a test's back would race the test's own compactions). `open_files` sets the
+    server's RLIMIT_NOFILE (as `ulimit -n` would)."""
     if "--auto-compaction" not in extra:
         extra = ("--no-auto-compaction", *extra)
     with log_path.open("w") as log_file:
@@ -81,6 +84,8 @@ def logged_server(data_dir: Path, log_path: Path, *extra: str,
              "--listen", "127.0.0.1:0", *extra],
             stdout=subprocess.PIPE, stderr=log_file, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            preexec_fn=None if open_files is None else lambda: resource.setrlimit(
+                resource.RLIMIT_NOFILE, (open_files, open_files)),
         )
     assert process.stdout is not None
     line = process.stdout.readline()

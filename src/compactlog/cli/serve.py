@@ -22,6 +22,8 @@ from compactlog.server.cleaner import CleanerConfig
 #   # Resource limits (docs/server.md, "Resource limits"); Kafka's names in brackets.
 #   max_connections = 4096           # connections at once, capped by the open-file limit
 #   max_connections_per_ip = 1024    # ... from one address [max.connections.per.ip]
+#   max_open_data_files = 128        # Parquet files held open at once, capped to a quarter
+#                                    # of the open-file limit
 #   connections_max_idle_s = 600.0   # close connections silent this long
 #                                    # [connections.max.idle.ms]
 #   max_request_bytes = 104857600    # larger requests close the connection
@@ -47,7 +49,8 @@ from compactlog.server.cleaner import CleanerConfig
 #   spark_conf = { "spark.driver.memory" = "2g" }   # Spark settings, passed through
 #   service = "module:factory"       # compaction service factory (default: Spark)
 SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_connections": int,
-                             "max_connections_per_ip": int, "connections_max_idle_s": float,
+                             "max_connections_per_ip": int, "max_open_data_files": int,
+                             "connections_max_idle_s": float,
                              "max_request_bytes": int, "queued_max_request_bytes": int,
                              "upkeep_interval_s": float,
                              "group_initial_rebalance_delay_s": float,

@@ -29,6 +29,7 @@ from compactlog.server.connections import (
     ConnectionSettings,
     Frame,
     connection_cap,
+    data_file_cap,
 )
 from compactlog.server.handlers import register_all
 from compactlog.server.metrics import ConnectionCollector, ServerMetrics, StateCollector
@@ -60,6 +61,9 @@ class ServerConfig:
     # the open-file limit at start.
     max_connections: int = 4096
     max_connections_per_ip: int = 1024
+    # Sealed-segment and ledger files held open at once (storage/filecache.py); capped
+    # to a quarter of the open-file limit at start.
+    max_open_data_files: int = 128
     # Kafka's connections.max.idle.ms (10 minutes).
     connections_max_idle_s: float = 600.0
     # Kafka's socket.request.max.bytes default (100 MiB).
@@ -84,8 +88,8 @@ class ServerConfig:
 
     def check(self) -> None:
         """Raise UserError naming the first setting out of its range."""
-        for name in ("max_connections", "max_connections_per_ip", "max_request_bytes",
-                     "queued_max_request_bytes"):
+        for name in ("max_connections", "max_connections_per_ip", "max_open_data_files",
+                     "max_request_bytes", "queued_max_request_bytes"):
             value = getattr(self, name)
             if value < 1:
                 raise UserError(f"{name} must be at least 1, got {value}")
@@ -108,7 +112,12 @@ class Server:
     def __init__(self, config: ServerConfig) -> None:
         config.check()
         self.config = config
-        self.store = LogStore.open(config.data_dir)
+        # Parquet files held open at once (storage/filecache.py), within the open-file
+        # limit; connections get what is left of it (connections.py).
+        self.max_open_data_files, capped = data_file_cap(config.max_open_data_files)
+        if capped:
+            log.info("%s", capped)
+        self.store = LogStore.open(config.data_dir, max_open_files=self.max_open_data_files)
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
         self._upkeep_rounds = Upkeep(self.store)
@@ -124,7 +133,8 @@ class Server:
 
     async def start(self) -> None:
         config = self.config
-        max_connections, capped = connection_cap(config.max_connections)
+        max_connections, capped = connection_cap(config.max_connections,
+                                                 self.max_open_data_files)
         if capped:
             log.info("%s", capped)
         # The oldest frame may go past the budget by up to one request (request_budget.py).

@@ -42,10 +42,10 @@ STREAM_LIMIT = 64 * 1024
 CHUNK = 64 * 1024  # frames are read, and counted, in chunks of at most this
 _SOCKET_READ = 256 * 1024  # what asyncio's selector transports read at once
 PER_CONNECTION_BUFFER = 2 * STREAM_LIMIT + _SOCKET_READ + CHUNK
-# Open files kept for everything but connections (data files, the admin listener, the
-# compaction processes' pipes) when max_connections is capped by RLIMIT_NOFILE: this
-# many, or half the limit if that is smaller.
-FILE_RESERVE = 256
+# Open files kept for the process itself (log segments, the admin listener, the
+# compaction processes' pipes, libraries) besides data files and connections, when the
+# open-file limit (RLIMIT_NOFILE) caps them: this many, or a quarter of the limit.
+FILE_RESERVE = 128
 # Refused connections and failed accepts come in floods: one line per reason per this.
 REFUSAL_LOG_INTERVAL_S = 10.0
 
@@ -58,18 +58,38 @@ class ConnectionSettings:
     max_request_bytes: int
 
 
-def connection_cap(requested: int) -> tuple[int, str | None]:
-    """max_connections as the open-file limit allows, and why, if it is lower."""
+def open_file_limit() -> int | None:
+    """The soft RLIMIT_NOFILE, or None when unlimited."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def data_file_cap(requested: int) -> tuple[int, str | None]:
+    """max_open_data_files as the open-file limit allows (a quarter of it at most), and
+    why, if it is lower."""
+    soft = open_file_limit()
+    if soft is None or requested <= max(16, soft // 4):
         return requested, None
-    reserve = min(FILE_RESERVE, soft // 2)
+    room = max(16, soft // 4)
+    return room, (f"max_open_data_files is {room}, not {requested}: the open-file limit "
+                  f"(RLIMIT_NOFILE) is {soft}; raise it (ulimit -n) to keep more data "
+                  f"files open")
+
+
+def connection_cap(requested: int, data_files: int) -> tuple[int, str | None]:
+    """max_connections as the open-file limit allows after `data_files` and the process'
+    own reserve, and why, if it is lower."""
+    soft = open_file_limit()
+    if soft is None:
+        return requested, None
+    reserve = data_files + min(FILE_RESERVE, soft // 4)
     room = max(soft - reserve, 1)
     if requested <= room:
         return requested, None
     return room, (f"max_connections is {room}, not {requested}: the open-file limit "
-                  f"(RLIMIT_NOFILE) is {soft} and {reserve} files are kept for data files; "
-                  f"raise the limit (ulimit -n) to allow more connections")
+                  f"(RLIMIT_NOFILE) is {soft}, of which {data_files} are kept for data "
+                  f"files and {reserve - data_files} for the process; raise the limit "
+                  f"(ulimit -n) to allow more connections")
 
 
 class Frame:

@@ -37,6 +37,7 @@ from compactlog.server.producers import (
     check_producer_fields,
 )
 from compactlog.server.protocol import Request
+from compactlog.server.throttle import Throttle, held_back
 from compactlog.storage.records import iter_batches
 
 PRODUCE, INIT_PRODUCER_ID = 0, 22
@@ -104,10 +105,20 @@ def _append_one(broker: Broker, name: str, index: int, records: bytes) -> dict[s
         return _failed(error, name, index)
 
 
+# A full or failing disk refuses every produce, and producers retry within
+# milliseconds: one line per partition per minute says it, with the count it stands for.
+_STORAGE_FAILURES = Throttle(60.0)
+
+
 def _failed(error: Exception, name: str, index: int) -> dict[str, Any]:
     code = error.code if isinstance(error, ProducerStateError) else error_code(error)
     if code is ErrorCode.unknown_server_error:
         log.exception("produce to %s/%d failed", name, index)
+    elif code is ErrorCode.kafka_storage_error:
+        held = _STORAGE_FAILURES.allow((name, index))
+        if held is not None:
+            log.warning("produce to %s/%d failed, the client retries: %s%s", name, index,
+                        error, held_back(held))
     else:
         log.info("produce to %s/%d refused: %s", name, index, error)
     return {"error_code": code, "base_offset": -1, "log_append_time": None,
