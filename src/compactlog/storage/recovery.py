@@ -94,7 +94,13 @@ def _recover_files(partition: Partition) -> None:
         removed.extend(fsutil.remove_temp_files(directory))
     removed.extend(partition.document.recover())
     # Orphans are what a crash left; retired files past their delay are housekeeping.
-    removed.extend(sweep_as_writer(partition).orphans)
+    # A sweep that fails deletes nothing it should keep: open goes on, upkeep retries.
+    try:
+        removed.extend(sweep_as_writer(partition).orphans)
+    except OSError as error:
+        partition.sweep_soon()
+        log.warning("%s: the sweep at open failed (retried by upkeep): %s", partition.name,
+                    error)
     sealed_end = partition.manifest.sealed_end_offset
     found = log_files(partition.log_dir)
     deleted = False
