@@ -34,9 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from compactlog.errors import UnknownTopicError
-from compactlog.storage import faults
+from compactlog.storage import appending, faults
 from compactlog.storage.logfile import LogSegment
-from compactlog.storage.partition import Partition
 from compactlog.storage.records import BatchHeader, Headers, ProducerRecord
 from compactlog.storage.sealed import SCHEMA
 from compactlog.storage.store import LogStore
@@ -160,7 +159,7 @@ def install_kill_point(name: str) -> None:
 
         LogSegment.append = torn_append  # type: ignore[method-assign]
     elif name == "roll":
-        Partition._roll = after(Partition._roll, always)  # type: ignore[method-assign]
+        appending.roll = after(appending.roll, always)
     elif name == "seal-parquet-written":
         kill_at(lambda point, path: point == "rename" and path.parent.name == "segments")
     elif name == "seal-published":

@@ -19,8 +19,9 @@ Invariants:
   and `refresh`. Compaction commits to the same manifest from its own process, so every
   commit here re-applies its change to the current manifest after a conflict.
 
-This module keeps the partition's state, appends and rolls. Opening and recovery are in
-recovery.py, sealing in sealing.py, retention in retention.py, reads in reads.py.
+This module keeps the partition's state and its manifest. Appends and rolls are in
+appending.py, opening and recovery in recovery.py, sealing in sealing.py, retention in
+retention.py, reads in reads.py.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from compactlog.errors import (
     InvalidRecordError,
     PartitionFailedError,
     ReadOnlyStoreError,
-    StorageError,
 )
-from compactlog.storage import fsutil, reads, recovery, retention, sealing
+from compactlog.storage import appending, fsutil, reads, recovery, retention, sealing
+from compactlog.storage.appending import AppendResult as AppendResult
 from compactlog.storage.commit import CommitOutcomeUnknown, LocalDocument, Snapshot
 from compactlog.storage.compacted import CompactedView
 from compactlog.storage.filecache import OpenFiles
@@ -57,7 +58,6 @@ from compactlog.storage.manifest import (
 )
 from compactlog.storage.records import (
     BatchError,
-    BatchHeader,
     ChecksumError,
     ProducerRecord,
     Record,
@@ -86,13 +86,6 @@ class RecoveryReport:
     @property
     def clean(self) -> bool:
         return not (self.torn_tails or self.removed_files or self.corrupt_ranges)
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    partition: int
-    base_offset: int
-    last_offset: int
 
 
 @dataclass(frozen=True)
@@ -177,8 +170,9 @@ class Partition:
         acknowledged is on disk or was never acknowledged. If recovery fails too, the
         partition stays failed with the new error."""
         with self._lock:
-            for segment in self.logs:
-                segment.close()
+            # Not closed here: reads in other threads may still hold them; each closes
+            # when its last reader lets go (LogSegment.__del__), so no descriptor is
+            # closed, and reused, under a read.
             self.logs = []
             self.failed = None
             self.recovery = RecoveryReport()
@@ -204,6 +198,8 @@ class Partition:
 
     def _install(self, snapshot: Snapshot, manifest: PartitionManifest) -> None:
         with self._lock:
+            if snapshot.version < self.manifest_version:
+                return  # another thread installed a newer version meanwhile
             gone = self.manifest.live_files() - manifest.live_files()
             self.snapshot = snapshot
             self.manifest = manifest
@@ -347,7 +343,7 @@ class Partition:
         """Append a batch from `prepare`, giving it the next offsets."""
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
-            return self._append_encoded(batch, parse_header(batch))
+            return appending.append_encoded(self, batch, parse_header(batch))
 
     def check_keys(self, records: Sequence[ProducerRecord | Record]) -> None:
         """Refuse null keys on a compacted topic whose null.key.policy is reject."""
@@ -378,7 +374,7 @@ class Partition:
         self.check_size(len(batch))
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
-            return self._append_encoded(batch, parse_header(batch))
+            return appending.append_encoded(self, batch, parse_header(batch))
 
     def check_size(self, batch_bytes: int) -> None:
         limit = self.config["max.message.bytes"]
@@ -388,87 +384,13 @@ class Partition:
                 f"max.message.bytes={limit}"
             )
 
-    def _append_encoded(self, batch: bytearray, header: BatchHeader) -> AppendResult:
-        """Append protocol (called with the lock held; tests/test_append_faults.py):
-          1. roll first if the active segment is due (a failure here writes nothing);
-          2. write the batch after the active segment's indexed bytes; a failed or short
-             write is cut off again and raised as StorageError (the partition goes on);
-          3. fsync if the flush policy says so; a failed fsync cuts the batch off, marks
-             the partition failed and raises PartitionFailedError;
-          4. index the batch: from here readers see it, and the append returns;
-          5. seal rolled segments (auto_seal); a failed seal is logged and retried later,
-             never reported as a failed append.
-        """
-        self.require_writable()
-        now_ms = self.now_ms()
-        config = self.config
-        self.check_size(len(batch))
-        if self._should_roll(len(batch), now_ms):
-            self._roll()
-        active = self.active
-        pending = active.unflushed_records + header.record_count
-        first_unflushed = active.first_unflushed_ms if active.first_unflushed_ms is not None \
-            else now_ms
-        sync = (pending >= config["flush.messages"]
-                or now_ms - first_unflushed >= config["flush.ms"])
-        try:
-            active.append(batch, header, sync=sync)
-        except PartitionFailedError as error:
-            self.fail(error)
-            raise
-        if sync:
-            active.unflushed_records, active.first_unflushed_ms = 0, None
-        else:
-            active.unflushed_records, active.first_unflushed_ms = pending, first_unflushed
-        self._appended.notify_all()
-        result = AppendResult(self.index, header.base_offset, header.last_offset)
-        if self.auto_seal and len(self.logs) > 1:
-            self.seal_rolled_quietly()
-        return result
-
-    def _should_roll(self, incoming: int, now_ms: int) -> bool:
-        """Roll by size, and by the time the active segment was opened: a record's own
-        timestamp says when it was made, not how long the segment has been filling (a
-        backfill of week-old records must not roll a segment per append)."""
-        active = self.active
-        if active.is_empty:
-            return False
-        if active.size + incoming > self.config["segment.bytes"]:
-            return True
-        # As Kafka's LogConfig.maxSegmentMs (KIP-354): a compacted topic rolls by
-        # max.compaction.lag.ms too, or records in the active segment could wait up to
-        # segment.ms for the compaction that lag promises.
-        roll_ms: int = self.config["segment.ms"]
-        if self.config.compacted:
-            roll_ms = min(roll_ms, self.config["max.compaction.lag.ms"])
-        return now_ms - active.created_ms >= roll_ms
-
-    def _roll(self) -> None:
-        """Start a new active segment; the old one waits to be sealed."""
-        old = self.active
-        self._flush_segment(old)
-        path = self.log_dir / log_file_name(old.next_offset)
-        try:
-            segment = LogSegment(path, old.next_offset, writable=True, created_ms=self.now_ms())
-        except OSError as error:
-            raise StorageError(f"{self.name}: cannot start a log segment: {error}") from error
-        try:
-            fsutil.fsync_dir(self.log_dir)
-        except OSError as error:
-            segment.close()
-            self.fail(error)
-            raise PartitionFailedError(f"{self.name}: fsync of {self.log_dir} failed: "
-                                       f"{error}") from error
-        self.logs.append(segment)
-        log.debug("%s: rolled segment at offset %d", self.name, old.next_offset)
-
     def roll(self) -> bool:
         """Roll the active segment now if it holds anything, and seal it (when auto_seal)."""
         self.require_writable()
         with self._lock:
             if self.active.is_empty:
                 return False
-            self._roll()
+            appending.roll(self)
         if self.auto_seal:
             self.seal_rolled()
         return True
@@ -477,9 +399,9 @@ class Partition:
         """Roll an idle active segment that has passed segment.ms (appends alone never would)."""
         self.require_writable()
         with self._lock:
-            if not self._should_roll(0, self.now_ms()):
+            if not appending.should_roll(self, 0, self.now_ms()):
                 return False
-            self._roll()
+            appending.roll(self)
         if self.auto_seal:
             self.seal_rolled_quietly()
         return True
@@ -491,21 +413,13 @@ class Partition:
             for segment in self.logs:
                 first = segment.first_unflushed_ms
                 if first is not None and now_ms - first >= self.config["flush.ms"]:
-                    self._flush_segment(segment)
+                    appending.flush_segment(self, segment)
 
     def flush(self) -> None:
         with self._lock:
             for segment in self.logs:
                 if segment.unflushed_records:
-                    self._flush_segment(segment)
-
-    def _flush_segment(self, segment: LogSegment) -> None:
-        try:
-            segment.flush()
-        except OSError as error:
-            self.fail(error)
-            raise PartitionFailedError(f"{self.name}: fsync of {segment.path} failed: "
-                                       f"{error}") from error
+                    appending.flush_segment(self, segment)
 
     def fail(self, error: BaseException) -> None:
         """Stop taking writes: an fsync failed, so what the page cache holds can no longer
