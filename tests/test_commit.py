@@ -177,8 +177,9 @@ def test_a_failed_directory_fsync_after_the_rename_is_an_unknown_outcome(
     assert not [p for p in doc.directory.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
-def test_audit_copies_are_pruned_and_a_failed_copy_is_harmless(tmp_path: Path) -> None:
-    """Step 5."""
+def test_audit_copies_are_pruned(tmp_path: Path) -> None:
+    """Step 5; and a failed audit copy (step 3) fails the commit, before its commit
+    point: the newest audit copy must never be older than the committed version."""
     doc = LocalDocument(tmp_path / "doc", keep=3)
     for version in range(10):
         doc.commit(version, {"v": version + 1})
@@ -189,15 +190,15 @@ def test_audit_copies_are_pruned_and_a_failed_copy_is_harmless(tmp_path: Path) -
         if name == "write" and "-a11-" in path:
             raise OSError(errno.ENOSPC, "No space left on device", path)
 
-    with faults.injected(fail_audit):
-        assert doc.commit(10, {"v": 11}).version == 11
-    assert body_of(doc) == (11, {"v": 11})
+    with faults.injected(fail_audit), pytest.raises(OSError):
+        doc.commit(10, {"v": 11})
+    assert body_of(doc) == (10, {"v": 10})
     assert doc.history() == [8, 9, 10]
-    assert doc.commit(11, {"v": 12}).version == 12
-    assert doc.history() == [10, 12]
+    assert doc.commit(10, {"v": 11}).version == 11
+    assert doc.history() == [9, 10, 11]
 
 
-def test_a_torn_current_falls_back_to_the_newest_intact_copy(
+def test_a_torn_current_falls_back_to_the_newest_copy_only(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     doc = LocalDocument(tmp_path / "doc")
@@ -207,12 +208,33 @@ def test_a_torn_current_falls_back_to_the_newest_intact_copy(
     current.write_bytes(current.read_bytes()[:20])
     assert body_of(doc) == (3, {"v": 3})  # the audit copy of the same version
     assert CURRENT in caplog.text
-    # Both copies of version 3 damaged: version 2, and the next commit repairs.
-    doc.path_of(3).write_bytes(b"{")
-    assert body_of(doc) == (2, {"v": 2})
-    assert doc.commit(2, {"v": "repaired"}).version == 3
-    assert body_of(doc) == (3, {"v": "repaired"})
-    assert doc.load_version(3) == {"v": "repaired"}
+    # The next commit repairs current.json.
+    assert doc.commit(3, {"v": "repaired"}).version == 4
+    assert body_of(doc) == (4, {"v": "repaired"})
+    # Both copies of the newest version damaged: no silent fall back to version 3,
+    # which would lose version 4's commit (its files may be gone as "orphans").
+    current.write_bytes(b"{")
+    doc.path_of(4).write_bytes(b"{")
+    with pytest.raises(CorruptionError, match="older version might lack a commit"):
+        doc.load()
+
+
+def test_a_committer_that_died_between_its_audit_copy_and_its_commit(
+    tmp_path: Path
+) -> None:
+    """The audit copy of a version never committed (a kill between steps 3 and 4) is
+    ignored while current.json is intact, purged before anyone deletes orphans, and
+    replaced by the next commit; with current.json damaged, orphans are not swept."""
+    doc = LocalDocument(tmp_path / "doc")
+    doc.commit(0, {"v": 1})
+    leftover = doc.path_of(1).read_bytes().replace(b'"version": 1', b'"version": 2')
+    doc.path_of(2).write_bytes(leftover)  # what a kill between steps 3 and 4 leaves
+    assert body_of(doc) == (1, {"v": 1})
+    assert doc.purge_uncommitted()
+    assert doc.history() == [1]
+    assert doc.commit(1, {"v": 2}).version == 2
+    (doc.directory / CURRENT).write_bytes(b"{")
+    assert not doc.purge_uncommitted(), "an unproven version must not allow orphan sweeps"
 
 
 def test_a_directory_without_current_json_reads_its_newest_version(tmp_path: Path) -> None:

@@ -91,8 +91,8 @@ def cases(kinds: tuple[str, ...]) -> list[tuple[str, int, str]]:
 
 
 # Steps each operation passes; test_step_counts_are_current keeps these in line.
-STEPS = {"append": 24, "seal": 32, "compact-1": 27, "compact-2": 44, "retention": 16,
-         "alter": 10}
+STEPS = {"append": 23, "seal": 30, "compact-1": 26, "compact-2": 42, "retention": 15,
+         "alter": 9}
 
 
 def test_step_counts_are_current(tmp_path_factory: pytest.TempPathFactory) -> None:

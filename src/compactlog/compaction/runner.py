@@ -174,9 +174,11 @@ def _sweep(partition: Partition) -> None:
     says which files are reachable. A sweep that fails is logged: it deletes nothing it
     should keep, and the next run or the writer sweeps again."""
     try:
+        # Orphans only when the current version is proven (storage/commit.py).
+        orphan_dirs = [LEDGER_DIR] if partition.document.purge_uncommitted() else []
         partition.refresh()
         sweep(partition.directory, partition.manifest, partition.now_ms(),
-              partition.config["file.delete.delay.ms"], [LEDGER_DIR],
+              partition.config["file.delete.delay.ms"], orphan_dirs,
               partition.files.retire, partition.name)
     except Exception as error:
         log.warning("%s: the ledger sweep failed (retried by the next run): %s",

@@ -43,8 +43,8 @@ def append_encoded(partition: Partition, batch: bytearray, header: BatchHeader) 
       3. fsync if the flush policy says so; a failed fsync cuts the batch off, marks
          the partition failed and raises PartitionFailedError;
       4. index the batch: from here readers see it, and the append returns;
-      5. seal rolled segments (auto_seal); a failed seal is logged and retried later,
-         never reported as a failed append.
+      5. (the caller, once the lock is released) seal rolled segments (auto_seal); a
+         failed seal is logged and retried later, never reported as a failed append.
     """
     partition.require_writable()
     now_ms = partition.now_ms()
@@ -68,10 +68,7 @@ def append_encoded(partition: Partition, batch: bytearray, header: BatchHeader) 
     else:
         active.unflushed_records, active.first_unflushed_ms = pending, first_unflushed
     partition._appended.notify_all()
-    result = AppendResult(partition.index, header.base_offset, header.last_offset)
-    if partition.auto_seal and len(partition.logs) > 1:
-        partition.seal_rolled_quietly()
-    return result
+    return AppendResult(partition.index, header.base_offset, header.last_offset)
 
 
 def should_roll(partition: Partition, incoming: int, now_ms: int) -> bool:

@@ -7,41 +7,45 @@ compaction, retention) and of a topic's metadata (config changes) commits throug
 
 A document lives in one directory:
   current.json              the committed document: {"format", "version", "crc32", "body"}
-  00000000000000000007.json  audit copies of the last `keep` committed versions
+  00000000000000000007.json  audit copies of the last `keep` versions
   .lock                     flock'd by a committer between compare and replace
   .tmp-*                    a commit's files before they are published
-Versions count up from 1. The audit copies are written after the commit point and
-pruned freely: no commit depends on them. They are what a torn or corrupt current.json
-falls back to (a separate copy, so one damaged file never loses a version).
+Versions count up from 1. A version's audit copy is written before its commit point, so
+the newest audit copy is never older than the committed version: it is the committed
+version, or the next one of a committer that died between its steps 3 and 4. That is
+what a torn or corrupt current.json falls back to, and only to it: an older copy might
+lose a commit, so if the newest copy is damaged too the document is unreadable
+(CorruptionError). A separate file each, so one damaged file never loses a version.
 
 Commit protocol (LocalDocument.commit; the test of each step in tests/test_commit.py):
-  1. take the document's lock (an flock; waits up to lock_timeout_s, then conflicts);
+  1. take the document's lock (an flock; waits up to lock_timeout_s, then fails with
+     CommitLockTimeout); test_the_lock_times_out_into_a_conflict,
      test_commits_from_threads_and_processes_never_lose_one
   2. read the current version and compare it with the expected one; unequal: release,
      ConflictError; test_a_stale_commit_conflicts_and_changes_nothing,
      test_a_commit_stalled_before_its_compare_conflicts
-  3. write the new document to a temporary file and fsync it;
-     test_a_failed_write_or_fsync_leaves_the_old_version
-  4. rename it over current.json and fsync the directory: the commit point;
+  3. write the audit copy of the new version (a temp file, fsync, rename to its
+     number); test_a_failed_write_or_fsync_leaves_the_old_version
+  4. write the new document to a temporary file, fsync it, rename it over current.json
+     and fsync the directory: the commit point. A failure before the rename removes
+     the audit copy of 3 (the lock is held, and that version was never committed);
+     test_a_failed_write_or_fsync_leaves_the_old_version,
      test_a_failed_directory_fsync_after_the_rename_is_an_unknown_outcome
-  5. write the audit copy of the new version (a temp file, fsync, rename), prune audit
-     copies older than `keep`; a failure here is logged, the commit stands;
-     test_audit_copies_are_pruned_and_a_failed_copy_is_harmless
+  5. prune audit copies older than `keep` (a failure is logged; the commit stands);
+     test_audit_copies_are_pruned
   6. release the lock.
-A crash before 4 leaves the old version current and at most a temporary file (removed
-by `recover`); after 4, the new version is current. Loading prefers current.json; if it
-is missing or fails its checksum, the newest intact audit copy is used and a warning
-names the damaged file (test_a_torn_current_falls_back_to_the_newest_intact_copy); the
-next commit replaces it.
+A crash before 4's rename leaves the old version current, at most temporary files
+(removed by `recover`) and an audit copy of a version never committed, which
+`purge_uncommitted` removes before anyone deletes files as orphans; after the rename the
+new version is current. test_a_torn_current_falls_back_to_the_newest_copy_only
 
 On an object store the same primitive is a conditional PUT of current.json (If-Match on
 the ETag read at load, If-None-Match: * for the first version); the audit copies are
-plain PUTs.
+plain PUTs before it.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import logging
@@ -72,14 +76,25 @@ class Snapshot:
     version: int
     body: dict[str, Any]
     # What current.json looked like when this was read (inode, mtime, size), so that
-    # `changed_since` can tell without reading it; None when it came from an audit copy.
+    # `changed_since` can tell without reading it; None when it came from an audit copy
+    # (current.json missing or damaged: then the version is not proven current).
     stamp: tuple[int, int, int] | None
+
+    @property
+    def proven(self) -> bool:
+        """Read from an intact current.json: certainly the committed version."""
+        return self.stamp is not None
 
 
 class CommitOutcomeUnknown(StorageError):
     """The commit's rename happened but a later step (the directory fsync) failed: the
     new version is visible but may not survive power loss. The caller must reload
     rather than assume either outcome."""
+
+
+class CommitLockTimeout(ConflictError):
+    """Another committer held the document's lock for lock_timeout_s (stopped, or
+    stalled on a slow disk). Retrying at once would wait as long again."""
 
 
 def _version_of(name: str) -> int | None:
@@ -148,18 +163,18 @@ class LocalDocument:
         current = self._load_current()
         if isinstance(current, Snapshot):
             return current
-        fallback = self._newest_intact_copy()
+        fallback = self._newest_copy(current)
+        if fallback is None:
+            return None
         if current is not None:  # current.json is damaged
-            if fallback is None:
-                raise current
-            log.warning("%s; using the audit copy of version %d (%s) until the next "
-                        "commit replaces it", current, fallback.version,
+            log.warning("%s; using the audit copy of version %d (%s), the newest, until "
+                        "the next commit replaces it", current, fallback.version,
                         self.path_of(fallback.version).name)
-        elif fallback is not None:
+        else:
             # No current.json: a directory written before it existed (format 1), or one
             # whose current.json was deleted.
-            log.info("%s: no %s; the newest committed version is %d",
-                     self.directory, CURRENT, fallback.version)
+            log.info("%s: no %s; the newest version is %d", self.directory, CURRENT,
+                     fallback.version)
         return fallback
 
     def _load_current(self) -> Snapshot | CorruptionError | None:
@@ -176,18 +191,28 @@ class LocalDocument:
             return error
         return Snapshot(version, body, _stamp(stat))
 
-    def _newest_intact_copy(self) -> Snapshot | None:
+    def _newest_copy(self, damaged: CorruptionError | None) -> Snapshot | None:
+        """The newest audit copy, which is at least the committed version (step 3 comes
+        before every commit point); never an older one, which might lose a commit."""
         for version in reversed(self.history()):
             path = self.path_of(version)
             try:
                 stored, body = _decode(path, path.read_bytes())
             except FileNotFoundError:
-                continue  # pruned meanwhile
+                continue  # pruned or purged meanwhile
             except CorruptionError as error:
-                log.warning("%s", error)
-                continue
-            if stored == version:
-                return Snapshot(version, body, None)
+                if damaged is None:
+                    raise CorruptionError(path, f"{error.detail}; {CURRENT} is missing, "
+                                          "and an older version might lack a commit") from None
+                raise CorruptionError(
+                    damaged.path, f"{damaged.detail}; its audit copy {path.name} is damaged "
+                    f"too ({error.detail}), and an older version might lack a commit"
+                ) from None
+            if stored != version:
+                raise CorruptionError(path, f"holds version {stored}, not {version}")
+            return Snapshot(version, body, None)
+        if damaged is not None:
+            raise damaged
         return None
 
     def load_version(self, version: int) -> dict[str, Any]:
@@ -213,7 +238,7 @@ class LocalDocument:
         current (0: nothing committed yet); else raise ConflictError."""
         faults.point("commit.begin", self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        lock_fd = self._lock()
+        lock_fd = self._lock()  # 1.
         try:
             current = self.load()  # 2. compare
             current_version = current.version if current is not None else 0
@@ -225,12 +250,19 @@ class LocalDocument:
             faults.point("commit.compared", self.directory)
             version = expected_version + 1
             data = _encode(version, body)
+            audit = self.path_of(version)
+            audit_temp = fsutil.temp_path(self.directory, f"a{version}")
             temp = fsutil.temp_path(self.directory, f"v{version}")
             try:
-                fsutil.write_file_durably(temp, data)  # 3.
-                fsutil.rename(temp, self.current_path)  # 4. the commit point
+                fsutil.write_file_durably(audit_temp, data)  # 3.
+                fsutil.rename(audit_temp, audit)
+                fsutil.write_file_durably(temp, data)  # 4.
+                fsutil.rename(temp, self.current_path)  # the commit point
             except BaseException:
-                temp.unlink(missing_ok=True)
+                for leftover in (audit_temp, temp):
+                    leftover.unlink(missing_ok=True)
+                if self._current_version() != version:
+                    audit.unlink(missing_ok=True)  # never committed
                 raise
             try:
                 fsutil.fsync_dir(self.directory)
@@ -240,14 +272,19 @@ class LocalDocument:
                     f"directory fsync failed ({error}); it may not survive a power loss"
                 ) from error
             stat = os.stat(self.current_path)
-            self._write_audit_copy(version, data)  # 5.
+            self._prune(version)  # 5.
             return Snapshot(version, body, _stamp(stat))
         finally:
             os.close(lock_fd)  # 6. (closing the descriptor releases the flock)
 
-    def _lock(self) -> int:
+    def _current_version(self) -> int | None:
+        current = self._load_current()
+        return current.version if isinstance(current, Snapshot) else None
+
+    def _lock(self, timeout_s: float | None = None) -> int:
         fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + self.lock_timeout_s
+        timeout = self.lock_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
         pause = 0.001
         while True:
             try:
@@ -256,9 +293,9 @@ class LocalDocument:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     os.close(fd)
-                    raise ConflictError(
+                    raise CommitLockTimeout(
                         f"{self.directory}: another committer has held the commit lock "
-                        f"for {self.lock_timeout_s:g} s"
+                        f"for {timeout:g} s"
                     ) from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.05)
@@ -266,24 +303,50 @@ class LocalDocument:
                 os.close(fd)
                 raise
 
-    def _write_audit_copy(self, version: int, data: bytes) -> None:
-        temp = fsutil.temp_path(self.directory, f"a{version}")
+    def _prune(self, version: int) -> None:
         try:
-            fsutil.write_file_durably(temp, data)
-            fsutil.publish_replace(temp, self.path_of(version))
             for old in self.history():
                 if old <= version - self.keep:
                     fsutil.remove(self.path_of(old))
         except OSError as error:
-            temp.unlink(missing_ok=True)
-            log.warning("%s: version %d is committed, but its audit copy was not written: "
-                        "%s", self.directory, version, error)
+            log.warning("%s: version %d is committed; pruning old audit copies failed "
+                        "(retried at the next commit): %s", self.directory, version, error)
+
+    def purge_uncommitted(self) -> bool:
+        """Under the lock, with current.json intact: remove audit copies newer than the
+        current version (a committer died between steps 3 and 4), and say True: the
+        current version is proven, and files it does not mention are orphans. False when
+        current.json is missing or damaged (the newest audit copy may be a version whose
+        files are not yet listed anywhere else): then nobody may delete orphans."""
+        if not self.directory.is_dir():
+            return False
+        lock_fd = self._lock()
+        try:
+            current = self._load_current()
+            if not isinstance(current, Snapshot):
+                return False
+            purged = False
+            for version in self.history():
+                if version > current.version:
+                    purged = fsutil.remove(self.path_of(version)) or purged
+                    log.info("%s: removed the audit copy of version %d, never committed",
+                             self.directory, version)
+            if purged:
+                fsutil.fsync_dir(self.directory)
+            return True
+        finally:
+            os.close(lock_fd)
 
     def recover(self) -> list[Path]:
-        """Remove temporary files left by commits that crashed (before their commit point,
-        or while writing an audit copy)."""
-        return fsutil.remove_temp_files(self.directory)
-
-
-def is_disk_full(error: BaseException) -> bool:
-    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+        """Remove temporary files left by commits that crashed, unless a commit is in
+        progress (its temporary files are not leftovers): then the next call does."""
+        if not self.directory.is_dir():
+            return []
+        try:
+            lock_fd = self._lock(timeout_s=0)
+        except CommitLockTimeout:
+            return []
+        try:
+            return fsutil.remove_temp_files(self.directory)
+        finally:
+            os.close(lock_fd)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,12 +40,21 @@ def try_lock(partition_dir: Path) -> int | None:
     return fd
 
 
+# The store's writer holds the lock for milliseconds at a time (its sweep), and the
+# server's cleaner probes it: a run waits this long before it says another is running.
+BRIEF_HOLD_S = 2.0
+
+
 @contextmanager
-def compaction_lock(partition_dir: Path, name: str) -> Iterator[None]:
+def compaction_lock(partition_dir: Path, name: str,
+                    wait_s: float = BRIEF_HOLD_S) -> Iterator[None]:
     """Hold the partition's compaction lock, or raise CompactionRunningError."""
-    fd = try_lock(partition_dir)
-    if fd is None:
-        raise CompactionRunningError(f"{name}: a compaction is already running on this partition")
+    deadline = time.monotonic() + wait_s
+    while (fd := try_lock(partition_dir)) is None:
+        if time.monotonic() >= deadline:
+            raise CompactionRunningError(
+                f"{name}: a compaction is already running on this partition")
+        time.sleep(0.02)
     try:
         yield
     finally:

@@ -104,6 +104,8 @@ class LogSegment:
         self.torn_tail: TornTail | None = None
         self.unflushed_records = 0
         self.first_unflushed_ms: int | None = None
+        # Set when a failed append could not be cut off (see `_cut`).
+        self.uncut_from: int | None = None
 
     # -- scanning -------------------------------------------------------------------
 
@@ -196,10 +198,12 @@ class LogSegment:
         return None
 
     def _index(self, pos: int, header: BatchHeader) -> None:
-        self.positions.append(pos)
+        # Readers run without the partition's lock and bound their loops by
+        # len(positions): it grows last, so every array already has what it counts.
         self.ends.append(pos + header.size)
         self.last_offsets.append(header.last_offset)
         self.max_timestamps.append(header.max_timestamp)
+        self.positions.append(pos)
 
     # -- writing --------------------------------------------------------------------
 
@@ -234,15 +238,23 @@ class LogSegment:
         self.size = start + len(batch)
 
     def _cut(self, size: int, cause: OSError) -> None:
-        """Cut the file back to `size` after a failed append; if even that fails, the
-        bytes left behind are after the indexed data, where the next open's scan finds
-        them a torn tail, and the partition must stop writing."""
+        """Cut the file back to `size` after a failed append. If even that fails, the
+        bytes left behind are after the indexed data, where no reader of this segment
+        looks; the partition must stop writing, and `cut_pending` cuts them when it is
+        reopened (a whole batch would otherwise scan as valid)."""
         try:
             os.ftruncate(self._fd, size)
         except OSError as error:
+            self.uncut_from = size
             raise PartitionFailedError(
                 f"{self.path}: could not cut a failed append ({cause}) back to {size} "
                 f"bytes: {error}") from error
+
+    def cut_pending(self) -> None:
+        """Cut what a failed append left when its own cut failed (see `_cut`)."""
+        if self.uncut_from is not None:
+            os.truncate(self.path, self.uncut_from)
+            self.uncut_from = None
 
     def flush(self) -> None:
         faults.point("fsync", self.path)
@@ -268,7 +280,8 @@ class LogSegment:
 
     @property
     def next_offset(self) -> int:
-        return self.last_offsets[-1] + 1 if self.last_offsets else self.base_offset
+        count = len(self.positions)  # indexed batches (see _index)
+        return self.last_offsets[count - 1] + 1 if count else self.base_offset
 
     def _batch_index(self, offset: int) -> int:
         return bisect.bisect_left(self.last_offsets, offset)
@@ -347,7 +360,8 @@ class LogSegment:
             i = end
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
-        for i, max_ts in enumerate(self.max_timestamps):
+        for i in range(len(self.positions)):
+            max_ts = self.max_timestamps[i]
             if max_ts < timestamp:
                 continue
             start = self.positions[i]

@@ -46,7 +46,12 @@ from compactlog.errors import (
 )
 from compactlog.storage import appending, fsutil, reads, recovery, retention, sealing
 from compactlog.storage.appending import AppendResult as AppendResult
-from compactlog.storage.commit import CommitOutcomeUnknown, LocalDocument, Snapshot
+from compactlog.storage.commit import (
+    CommitLockTimeout,
+    CommitOutcomeUnknown,
+    LocalDocument,
+    Snapshot,
+)
 from compactlog.storage.compacted import CompactedView
 from compactlog.storage.filecache import OpenFiles
 from compactlog.storage.logfile import LogSegment, TornTail, log_file_name
@@ -135,6 +140,7 @@ class Partition:
         # When a sweep may next find something to delete: a retired file's delay ends,
         # or at once after a failure that may have left an orphan. None: nothing waits.
         self.sweep_at_ms: int | None = None
+        self._swept: set[str] = set()  # retired files already deleted (note_swept)
         self.compacted = CompactedView(self)
 
     @property
@@ -165,21 +171,29 @@ class Partition:
 
     def reopen(self) -> None:
         """Close and open again with recovery (recovery.py): how a failed partition
-        takes writes again. The log files are scanned afresh, so a batch whose fsync
-        failed and could not be cut off is found and cut as a torn tail; what was
-        acknowledged is on disk or was never acknowledged. If recovery fails too, the
-        partition stays failed with the new error."""
-        with self._lock:
-            # Not closed here: reads in other threads may still hold them; each closes
-            # when its last reader lets go (LogSegment.__del__), so no descriptor is
-            # closed, and reused, under a read.
-            self.logs = []
-            self.failed = None
-            self.recovery = RecoveryReport()
+        takes writes again. A batch whose fsync failed and whose cut failed too is cut
+        here first; the log files are then scanned afresh. Until recovery succeeds the
+        old state stays in force (readers see what they saw), and if it fails the
+        partition stays failed with the new error. Takes the seal lock, then the
+        partition's lock, in the order sealing takes them."""
+        with self.seal_lock, self._lock:
+            old_logs, old_recovery = self.logs, self.recovery
             try:
-                recovery.open_partition(self)
+                for segment in old_logs:
+                    segment.cut_pending()
+                # The old segments are not closed: reads in other threads may still hold
+                # them; each closes when its last reader lets go (LogSegment.__del__), so
+                # no descriptor is closed, and reused, under a read.
+                self.logs, self.recovery = [], RecoveryReport()
+                recovery.open_locked(self)
             except Exception as error:
+                self.logs, self.recovery = old_logs, old_recovery
+                self.failed = None
                 self.fail(error)
+                return
+            self.failed = None
+        if self.auto_seal:
+            self.seal_rolled_quietly()
 
     def view(self) -> View:
         with self._lock:
@@ -228,6 +242,8 @@ class Partition:
             updated = updated.retiring(dropped, self.now_ms(), delay_ms)
             try:
                 snapshot = self.document.commit(version, updated.to_json())
+            except CommitLockTimeout:
+                raise  # waiting again would take as long: the caller retries later
             except ConflictError:
                 self.load_manifest()
                 continue
@@ -282,13 +298,21 @@ class Partition:
                 segment.scan(repair=False)
             sealed_end = self.manifest.sealed_end_offset
             while len(self.logs) > 1 and self.logs[0].next_offset <= sealed_end:
-                self.logs.pop(0).close()
+                # Not closed: a read in another thread may hold it (LogSegment.__del__).
+                self.logs.pop(0)
 
     def _schedule_sweep(self, manifest: PartitionManifest) -> None:
-        if manifest.retired:
-            due = min(item.retired_ms for item in manifest.retired) + \
-                self.config["file.delete.delay.ms"]
+        waiting = [item.retired_ms for item in manifest.retired
+                   if item.path not in self._swept]
+        if waiting:
+            due = min(waiting) + self.config["file.delete.delay.ms"]
             self.sweep_at_ms = due if self.sweep_at_ms is None else min(self.sweep_at_ms, due)
+
+    def note_swept(self, done: list[str]) -> None:
+        """Retired files that are gone: no sweep is due for them until a commit forgets
+        them (else an idle partition would be swept every round)."""
+        self._swept.update(done)
+        self._swept &= {item.path for item in self.manifest.retired}
 
     def sweep_soon(self) -> None:
         """A failure may have left an orphan: sweep at the next chance."""
@@ -343,7 +367,15 @@ class Partition:
         """Append a batch from `prepare`, giving it the next offsets."""
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
-            return appending.append_encoded(self, batch, parse_header(batch))
+            result = appending.append_encoded(self, batch, parse_header(batch))
+        self._seal_after_append()
+        return result
+
+    def _seal_after_append(self) -> None:
+        """Step 5 of the append protocol (appending.py), after the partition's lock is
+        released: appends and reads go on while the Parquet file is written."""
+        if self.auto_seal and len(self.logs) > 1:
+            self.seal_rolled_quietly()
 
     def check_keys(self, records: Sequence[ProducerRecord | Record]) -> None:
         """Refuse null keys on a compacted topic whose null.key.policy is reject."""
@@ -374,7 +406,9 @@ class Partition:
         self.check_size(len(batch))
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
-            return appending.append_encoded(self, batch, parse_header(batch))
+            result = appending.append_encoded(self, batch, parse_header(batch))
+        self._seal_after_append()
+        return result
 
     def check_size(self, batch_bytes: int) -> None:
         limit = self.config["max.message.bytes"]

@@ -21,6 +21,7 @@ commit.py or the compaction runner; the crash tests name them):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -52,20 +53,31 @@ def log_files(log_dir: Path) -> list[tuple[int, Path]]:
 
 
 def open_partition(partition: Partition) -> None:
-    with partition._lock:
-        _load_or_create_manifest(partition)
-        if partition.writable:
-            _recover_files(partition)
-        _open_logs(partition)
-        if partition.writable:
-            for segment in partition.logs:
-                if segment.torn_tail:
-                    partition.recovery.torn_tails.append(segment.torn_tail)
-                partition.recovery.corrupt_ranges.extend(
-                    hole.describe() for hole in segment.corrupt.values()
-                )
-    if partition.writable and partition.auto_seal:
-        partition.seal_rolled_quietly()
+    """Open `partition`, repairing as a writer (steps 1-5 above). The seal lock is taken
+    before the partition's lock, in the order sealing takes them."""
+    if partition.writable:
+        with partition.seal_lock, partition._lock:
+            open_locked(partition)
+        if partition.auto_seal:
+            partition.seal_rolled_quietly()
+    else:
+        with partition._lock:
+            open_locked(partition)
+
+
+def open_locked(partition: Partition) -> None:
+    """Steps 1-4, with the seal lock (writers) and the partition's lock held."""
+    _load_or_create_manifest(partition)
+    if partition.writable:
+        _recover_files(partition)
+    _open_logs(partition)
+    if partition.writable:
+        for segment in partition.logs:
+            if segment.torn_tail:
+                partition.recovery.torn_tails.append(segment.torn_tail)
+            partition.recovery.corrupt_ranges.extend(
+                hole.describe() for hole in segment.corrupt.values()
+            )
 
 
 def _load_or_create_manifest(partition: Partition) -> None:
@@ -96,7 +108,7 @@ def _recover_files(partition: Partition) -> None:
     # Orphans are what a crash left; retired files past their delay are housekeeping.
     # A sweep that fails deletes nothing it should keep: open goes on, upkeep retries.
     try:
-        removed.extend(sweep_as_writer(partition).orphans)
+        removed.extend(sweep_as_writer(partition, seal_lock_held=True).orphans)
     except OSError as error:
         partition.sweep_soon()
         log.warning("%s: the sweep at open failed (retried by upkeep): %s", partition.name,
@@ -114,29 +126,40 @@ def _recover_files(partition: Partition) -> None:
         fsutil.fsync_dir(partition.log_dir)
 
 
-def sweep_as_writer(partition: Partition) -> SweepResult:
-    """The writer's sweep (sweep.py): it excludes sealers by holding the seal lock, and
-    compactions by taking the compaction lock without waiting (else ledger orphans and
-    a crashed run's temporary status file wait for the next run, which sweeps them)."""
-    orphan_dirs = [SEGMENT_DIR]
-    with partition.seal_lock:
-        lock_fd = locks.try_lock(partition.directory) if partition.ledger_dir.is_dir() else None
-        try:
+def sweep_as_writer(partition: Partition, seal_lock_held: bool = False) -> SweepResult:
+    """The writer's sweep (sweep.py). Orphans may be deleted only when the manifest's
+    current version is proven (commit.py's purge_uncommitted: current.json intact, and
+    audit copies of versions never committed removed), and only where their writers are
+    excluded: sealers by the seal lock (held here), compactions by the compaction lock,
+    taken without waiting (else ledger orphans and a crashed run's temporary status
+    file wait for the next run, which sweeps them)."""
+    with contextlib.nullcontext() if seal_lock_held else partition.seal_lock:
+        result = _sweep_with_seal_lock(partition)
+    partition.sweep_at_ms = None
+    partition._schedule_sweep(partition.manifest)
+    return result
+
+
+def _sweep_with_seal_lock(partition: Partition) -> SweepResult:
+    lock_fd = locks.try_lock(partition.directory) if partition.ledger_dir.is_dir() else None
+    try:
+        orphan_dirs: list[str] = []
+        if partition.document.purge_uncommitted():
+            orphan_dirs.append(SEGMENT_DIR)
             if lock_fd is not None:
                 orphan_dirs.append(LEDGER_DIR)
-                # What another process committed before we took the lock counts.
-                partition.refresh()
                 # A compaction run writes its status file in the partition directory
                 # itself, under the same lock: a crashed run's temporary file goes too.
                 fsutil.remove_temp_files(partition.directory)
-            result = sweep(partition.directory, partition.manifest, partition.now_ms(),
-                           partition.config["file.delete.delay.ms"], orphan_dirs,
-                           partition.files.retire, partition.name)
-        finally:
-            if lock_fd is not None:
-                os.close(lock_fd)
-    partition.sweep_at_ms = None
-    partition._schedule_sweep(partition.manifest)
+        # What another process committed before we looked counts.
+        partition.refresh()
+        result = sweep(partition.directory, partition.manifest, partition.now_ms(),
+                       partition.config["file.delete.delay.ms"], orphan_dirs,
+                       partition.files.retire, partition.name)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+    partition.note_swept(result.retired_done)
     return result
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -234,6 +235,8 @@ class SealedSegment:
         self._row_groups = row_groups
         self._verified = verified
         self._file: pq.ParquetFile | None = None
+        # Two reads of one cached file may ask to open it at once: one opens it.
+        self._opening = threading.Lock()
         self._group_first: list[int] = []
         self._group_last: list[int] = []
         self._group_min_ts: list[int] = []
@@ -264,6 +267,12 @@ class SealedSegment:
     def _open(self) -> pq.ParquetFile:
         if self._file is not None:
             return self._file
+        with self._opening:
+            if self._file is not None:
+                return self._file
+            return self._open_file()
+
+    def _open_file(self) -> pq.ParquetFile:
         handle: pq.ParquetFile | None = None
         try:
             self._verify()

@@ -110,8 +110,11 @@ def _remove_orphan(partition: Partition, name: str) -> None:
     """The sealed file of a failed seal goes if no committed manifest lists it. The
     outcome of a failed commit may be unknown, so the manifest decides, not the error."""
     try:
+        proven = partition.document.purge_uncommitted()
         partition.load_manifest()
-        if name not in {info.file for info in partition.manifest.segments}:
+        if not proven:
+            partition.sweep_soon()  # the sweep decides once the version is proven
+        elif name not in {info.file for info in partition.manifest.segments}:
             path = partition.segment_dir / name
             if fsutil.remove(path):
                 fsutil.fsync_dir(partition.segment_dir)

@@ -1,11 +1,14 @@
 """Deleting data files by reachability, never by guesswork.
 
 Invariant: a sealed segment or ledger file is deleted only when the current manifest
-does not list it, no reader in this process holds it (the open-file cache closes it
-first), and either a committed manifest retired it at least file.delete.delay.ms ago
+does not list it, and either a committed manifest retired it at least file.delete.delay.ms ago
 (so readers in other processes that loaded an older manifest have had that long to
 finish), or no manifest mentions it at all and no writer can still be about to commit
-it (an orphan: a seal or compaction that crashed or failed before its commit).
+it (an orphan: a seal or compaction that crashed or failed before its commit). Orphans
+are deleted only when the current version is proven (commit.py, purge_uncommitted).
+A reader in this process that still holds a deleted file reads on (POSIX keeps an
+unlinked file's data until its last descriptor closes), and the open-file cache closes
+it when that read ends; on an object store the delay is what protects readers.
 
 Who may write uncommitted files where decides who may call an orphan an orphan:
 - segments/: only the store's writer process seals, one seal at a time under the
@@ -35,6 +38,9 @@ log = logging.getLogger(__name__)
 class SweepResult:
     retired: list[Path]  # deleted after their delay
     orphans: list[Path]  # deleted as never committed
+    # Retired entries (relative paths) whose file is gone now, deleted here or before:
+    # nothing is left to do for them until a commit forgets them.
+    retired_done: list[str]
 
     @property
     def deleted(self) -> list[Path]:
@@ -59,6 +65,7 @@ def sweep(
     live = manifest.live_files()
     mentioned = live | {item.path for item in manifest.retired}
     retired: list[Path] = []
+    done: list[str] = []
     touched: set[Path] = set()
     for item in manifest.retired:
         if item.path in live or now_ms - item.retired_ms < delay_ms:
@@ -68,6 +75,7 @@ def sweep(
         if fsutil.remove(path):
             retired.append(path)
             touched.add(path.parent)
+        done.append(item.path)
     orphans: list[Path] = []
     for directory in orphan_dirs:
         assert directory in (SEGMENT_DIR, LEDGER_DIR), directory
@@ -96,4 +104,4 @@ def sweep(
     for path in orphans:
         log.info("%s: deleted %s/%s, written but never committed", name or partition_dir,
                  path.parent.name, path.name)
-    return SweepResult(retired, orphans)
+    return SweepResult(retired, orphans, done)
