@@ -44,6 +44,7 @@ class TombstoneRules:
     empty_value_is_tombstone: bool
     null_key_policy: str  # reject | drop | keep (reject: records from before the switch drop)
     retention_ms: int  # >= 0 only for compact,delete: older records leave the view
+    deleted_below: int = 0  # DeleteRecords: no record below this offset is kept
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,11 @@ def _filter_group(
         too_old = table.column("timestamp").to_numpy() < rules.now_ms - rules.retention_ms
         counts["expired_removed"] += int((keep & too_old).sum())
         keep &= ~too_old
+    if rules.deleted_below:
+        # Counted with retention: both take records out of the view by their position.
+        deleted = offsets < rules.deleted_below
+        counts["expired_removed"] += int((keep & deleted).sum())
+        keep &= ~deleted
     counts["tombstones_kept"] += int((keep & tombstone).sum())
     kept = table.filter(pa.array(keep))
     if not kept.num_rows:

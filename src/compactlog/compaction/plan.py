@@ -118,6 +118,7 @@ def plan_partition(
         empty_value_is_tombstone=config["empty.value.is.tombstone"],
         null_key_policy=config["null.key.policy"],
         retention_ms=retention_ms,
+        deleted_below=manifest.deleted_below,
     )
     return PartitionPlan(
         topic=topic,

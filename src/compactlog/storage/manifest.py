@@ -110,6 +110,10 @@ class PartitionManifest:
     compaction: CompactionState | None = None
     retired: tuple[RetiredFile, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    # Kafka's DeleteRecords: no view (raw or compacted) serves offsets below this. (The
+    # raw log's start, which retention also moves, is never below it; the compacted
+    # view may start below the raw log's start, but never below this.)
+    deleted_below: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,6 +122,7 @@ class PartitionManifest:
             "compaction": None if self.compaction is None else self.compaction.to_json(),
             "retired": [asdict(item) for item in self.retired],
             "extra": self.extra,
+            "deleted_below": self.deleted_below,
         }
 
     @classmethod
@@ -131,6 +136,7 @@ class PartitionManifest:
                 retired=tuple(RetiredFile(str(item["path"]), int(item["retired_ms"]))
                               for item in body.get("retired") or ()),
                 extra=dict(body.get("extra") or {}),
+                deleted_below=int(body.get("deleted_below") or 0),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise CorruptionError(path, f"malformed partition manifest: {error}") from None

@@ -486,6 +486,10 @@ class Partition:
     def apply_retention(self) -> list[SegmentInfo]:
         return retention.apply_retention(self)
 
+    def delete_records(self, before: int) -> int:
+        """Kafka's DeleteRecords (retention.py); returns the new log start offset."""
+        return retention.delete_records(self, before)
+
     def read(self, offset: int, max_records: int = DEFAULT_MAX_RECORDS,
              max_bytes: int = DEFAULT_MAX_BYTES) -> list[Record]:
         """Records from `offset` on, in offset order (reads.py)."""

@@ -69,11 +69,13 @@ def with_view(partition: Partition, read: Callable[[View], T]) -> T:
 
 
 def view_start(manifest: PartitionManifest, compacted: bool) -> int:
-    """The first offset a read of the view can serve (Fetch's log_start_offset)."""
+    """The first offset a read of the view can serve (Fetch's log_start_offset): the raw
+    log's start; for the compacted view the ledger's first offset when retention moved
+    the raw log past it; never below what DeleteRecords deleted."""
     log_start = manifest.log_start_offset
     if not compacted or manifest.horizon is None or not manifest.ledger:
         return log_start
-    return min(log_start, manifest.ledger[0].base_offset)
+    return max(manifest.deleted_below, min(log_start, manifest.ledger[0].base_offset))
 
 
 # -- table sources --------------------------------------------------------------------
@@ -132,6 +134,7 @@ class TableRead:
         return self.count >= self.max_records or (self.count > 0 and self.taken >= self.max_bytes)
 
     def run(self, offset: int, compacted: bool) -> list[Part]:
+        offset = max(offset, self.view.manifest.deleted_below)
         horizon = self.view.manifest.horizon if compacted else None
         if horizon is not None and offset <= horizon:
             self._ledger(offset)
@@ -308,12 +311,15 @@ def offset_for_timestamp(partition: Partition, timestamp: int,
         return None
 
     def ledger(view: View) -> int | None:
+        deleted_below = view.manifest.deleted_below
         for info in view.manifest.ledger:
-            if info.max_timestamp >= timestamp:
+            if info.max_timestamp >= timestamp and info.last_offset >= deleted_below:
                 with partition.files.lease(partition.ledger_dir / info.file, info) as segment:
                     found = segment.offset_for_timestamp(timestamp)
-                if found is not None:
+                if found is not None and found >= deleted_below:
                     return found
+                if found is not None:  # below what DeleteRecords deleted: look on
+                    return _first_at_or_after(partition, view, deleted_below, timestamp)
         return None
 
     if not compacted:
@@ -338,6 +344,18 @@ def offset_for_timestamp(partition: Partition, timestamp: int,
 
 
 # -- helpers --------------------------------------------------------------------------
+
+def _first_at_or_after(partition: Partition, view: View, offset: int,
+                       timestamp: int) -> int | None:
+    """The first ledger record at or after `offset` whose timestamp is >= `timestamp`."""
+    tables = ledger_tables(partition, view.manifest, offset, ["offset", "timestamp"])
+    with closing(tables):
+        for table in tables:
+            matches = np.flatnonzero(table.column("timestamp").to_numpy() >= timestamp)
+            if matches.size:
+                return int(table.column("offset")[int(matches[0])].as_py())
+    return None
+
 
 def trim_to_bytes(table: pa.Table, budget: int) -> pa.Table:
     """Keep rows while the running size stays within `budget`, but always the first row."""

@@ -113,7 +113,8 @@ def _recover_files(partition: Partition) -> None:
         partition.sweep_soon()
         log.warning("%s: the sweep at open failed (retried by upkeep): %s", partition.name,
                     error)
-    sealed_end = partition.manifest.sealed_end_offset
+    # Covered: sealed, or wholly below the log start (DeleteRecords).
+    sealed_end = max(partition.manifest.sealed_end_offset, partition.log_start_offset)
     found = log_files(partition.log_dir)
     deleted = False
     for (_, path), (next_base, _) in itertools.pairwise(found):

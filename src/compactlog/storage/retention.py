@@ -1,4 +1,5 @@
-"""Retention: which sealed segments leave the raw log, by time and by size.
+"""Retention: which sealed segments leave the raw log, by time and by size; and
+DeleteRecords, which moves the start of every view to an offset.
 
 Invariant: retention removes a prefix of the sealed segments (so the raw log stays
 contiguous from its start), never a log segment, and on a compacted topic only segments
@@ -19,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from compactlog.config import TopicConfig
+from compactlog.errors import OffsetOutOfRangeError
 from compactlog.storage.manifest import PartitionManifest, SegmentInfo
 
 if TYPE_CHECKING:
@@ -52,6 +54,31 @@ def apply_retention(partition: Partition) -> list[SegmentInfo]:
     if partition.sweep_due:
         partition.sweep()
     return doomed
+
+
+def delete_records(partition: Partition, before: int) -> int:
+    """Kafka's DeleteRecords: no view serves offsets below `before` any more; returns the
+    new log start (Kafka's low watermark). Sealed segments wholly below it leave the
+    manifest (retired by the commit); a segment partly below it, and the log segments,
+    keep their bytes, hidden from reads. Compaction drops ledger records below it at its
+    next run. Raises OffsetOutOfRangeError past the log end."""
+    partition.require_writable()
+    with partition._lock:
+        end = partition.log_end_offset
+    if not 0 <= before <= end:
+        raise OffsetOutOfRangeError(partition.topic, partition.index, before,
+                                    partition.log_start_offset, end)
+
+    def move_start(manifest: PartitionManifest) -> PartitionManifest:
+        start = max(manifest.log_start_offset, before)
+        return replace(manifest, log_start_offset=start,
+                       segments=tuple(s for s in manifest.segments if s.last_offset >= start),
+                       deleted_below=max(manifest.deleted_below, before))
+
+    updated = partition.commit_manifest(move_start)
+    log.info("%s: records below offset %d deleted (DeleteRecords); the log starts at %d",
+             partition.name, before, updated.log_start_offset)
+    return updated.log_start_offset
 
 
 def expired_segments(

@@ -56,7 +56,8 @@ def seal_rolled(partition: Partition) -> list[SegmentInfo]:
                 if len(partition.logs) <= 1:
                     break
                 segment = partition.logs[0]
-                if segment.is_empty:
+                if segment.is_empty or segment.next_offset <= partition.log_start_offset:
+                    # Nothing to seal: empty, or wholly below what DeleteRecords deleted.
                     _drop_covered_logs(partition, force=segment)
                     continue
             sealed.append(_seal(partition, segment))
@@ -126,9 +127,10 @@ def _remove_orphan(partition: Partition, name: str) -> None:
 
 
 def _drop_covered_logs(partition: Partition, force: LogSegment | None = None) -> None:
-    """Delete the rolled log files that the committed manifest's sealed segments cover
-    (called with the partition's lock held). The active segment always stays."""
-    sealed_end = partition.manifest.sealed_end_offset
+    """Delete the rolled log files that the committed manifest's sealed segments cover,
+    or that lie wholly below the log start (called with the partition's lock held). The
+    active segment always stays."""
+    sealed_end = max(partition.manifest.sealed_end_offset, partition.log_start_offset)
     doomed = [segment for segment in partition.logs[:-1]
               if segment is force or segment.next_offset <= sealed_end]
     if not doomed:

@@ -1,0 +1,88 @@
+"""DeleteRecords in the store (Partition.delete_records): no view serves offsets below
+the given one any more, raw or compacted, across seals, reopens and compactions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compactlog.errors import OffsetOutOfRangeError
+from compactlog.storage.records import ProducerRecord
+from compactlog.storage.store import LogStore
+from fakes import FakeClock
+from faultkit import read_all
+from test_durability_regressions import compact
+
+COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.bytes": "1024",
+             "file.delete.delay.ms": "0"}
+
+
+def fill(store: LogStore, topic: str, count: int, keys: int) -> None:
+    for i in range(count):
+        store.append(topic, [ProducerRecord(b"k%d" % (i % keys), b"v%03d-" % i + b"." * 200)])
+
+
+def test_delete_records_in_sealed_and_log_segments(tmp_path: Path, clock: FakeClock) -> None:
+    data = tmp_path / "data"
+    with LogStore.open(data, clock=clock) as store:
+        store.create_topic("t", 1, {"segment.bytes": "1024", "file.delete.delay.ms": "0"})
+        fill(store, "t", 20, keys=20)
+        partition = store.topic("t").partition(0)
+        sealed_end = partition.manifest.sealed_end_offset
+        assert 0 < sealed_end < 20
+        assert partition.delete_records(sealed_end - 2) == sealed_end - 2
+        assert [r.offset for r in read_all(partition)] == list(range(sealed_end - 2, 20))
+        assert partition.manifest.segments[0].last_offset >= sealed_end - 2
+        # Into the log segments: the records stay in their files, hidden from reads.
+        assert partition.delete_records(sealed_end + 1) == sealed_end + 1
+        assert [r.offset for r in read_all(partition)] == list(range(sealed_end + 1, 20))
+        assert partition.read(0, 5)[0].offset == sealed_end + 1
+        fill(store, "t", 10, keys=10)
+        partition.roll()
+        partition.sweep()
+        assert [r.offset for r in read_all(partition)] == list(range(sealed_end + 1, 30))
+        with pytest.raises(OffsetOutOfRangeError):
+            partition.delete_records(31)
+        assert partition.delete_records(30) == 30
+        assert read_all(partition) == []
+        partition.sweep()  # retired by the commit; file.delete.delay.ms is 0 here
+        # Segments wholly below the start are gone from the manifest and the disk.
+        assert not partition.manifest.segments
+        assert not list(partition.segment_dir.glob("*.parquet"))
+    with LogStore.open(data, clock=clock) as store:
+        partition = store.topic("t").partition(0)
+        assert partition.log_start_offset == 30
+        store.append("t", [ProducerRecord(b"k", b"after")])
+        assert [r.offset for r in read_all(partition)] == [30]
+
+
+def test_delete_records_on_a_compacted_topic_hides_the_ledger_below_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    data = tmp_path / "data"
+    with LogStore.open(data, clock=clock) as store:
+        store.create_topic("c", 1, COMPACTED)
+        fill(store, "c", 30, keys=6)
+        partition = store.topic("c").partition(0)
+        partition.roll()
+        compact(store, "c", clock)
+        view = read_all(partition, compacted=True)
+        assert [r.key for r in view] == [b"k%d" % (i % 6) for i in range(24, 30)]
+        cut = view[3].offset
+        partition.delete_records(cut)
+        after = read_all(partition, compacted=True)
+        assert after == view[3:]
+        assert partition.compacted.read(0, 10, 1 << 20)[0].offset == cut
+        # The next compaction drops the ledger's records below the cut for good (new
+        # keys, so that the old records would otherwise survive).
+        store.append("c", [ProducerRecord(b"new%d" % i, b"v") for i in range(6)])
+        partition.roll()
+        report = compact(store, "c", clock)
+        assert all(info.base_offset >= cut for info in partition.manifest.ledger)
+        assert report.total("expired_removed") == 3
+        assert [r.offset for r in read_all(partition, compacted=True)][:3] == \
+            [r.offset for r in view[3:]]
+    with LogStore.open(data, read_only=True, clock=clock) as store:
+        partition = store.topic("c").partition(0)
+        assert min(r.offset for r in read_all(partition, compacted=True)) >= cut
