@@ -8,7 +8,14 @@ ApiVersions: only what is implemented (shared/notes/kafka-protocol.md §2).
 from __future__ import annotations
 
 from compactlog.server.broker import Broker
-from compactlog.server.handlers import admin, fetch, groups, metadata, produce
+from compactlog.server.handlers import (
+    admin,
+    configs,
+    fetch,
+    groups,
+    metadata,
+    produce,
+)
 
 
 def register_all(broker: Broker) -> None:
@@ -16,4 +23,5 @@ def register_all(broker: Broker) -> None:
     produce.register(broker)
     fetch.register(broker)
     admin.register(broker)
+    configs.register(broker)
     groups.register(broker)
