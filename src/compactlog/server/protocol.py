@@ -38,8 +38,9 @@ API_NAMES = {
     0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
     9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat",
     13: "LeaveGroup", 14: "SyncGroup", 15: "DescribeGroups", 16: "ListGroups",
-    18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
-    32: "DescribeConfigs", 33: "AlterConfigs", 44: "IncrementalAlterConfigs",
+    18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 21: "DeleteRecords",
+    22: "InitProducerId", 32: "DescribeConfigs", 33: "AlterConfigs",
+    44: "IncrementalAlterConfigs",
 }
 API_VERSIONS_KEY = 18
 # A request frame as read: bytes, or a read-only view of a frame read in chunks.

@@ -15,6 +15,7 @@ from compactlog.server.handlers import (
     groups,
     metadata,
     produce,
+    records,
 )
 
 
@@ -24,4 +25,5 @@ def register_all(broker: Broker) -> None:
     fetch.register(broker)
     admin.register(broker)
     configs.register(broker)
+    records.register(broker)
     groups.register(broker)
