@@ -14,7 +14,9 @@ hands it back in SyncGroup, which the coordinator passes to each member.
 
 Committed offsets are kept per group in one JSON file under <data>/groups/, replaced
 atomically on every commit (temp file, fsync, rename, fsync the directory), so they
-survive restarts and crashes.
+survive restarts and crashes. Every write of those files (commits, OffsetDelete's
+snapshot, DeleteGroups' unlink) goes through one writer thread, in the order the
+event loop changed the groups, so a deletion is never overtaken by an older snapshot.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import struct
 import time
 import urllib.parse
 import uuid
@@ -395,6 +398,77 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         return dict(group.offsets) if group else {}
 
+    # -- deleting (admin) ----------------------------------------------------------------
+
+    async def delete_groups(self, group_ids: list[str]) -> list[ErrorCode]:
+        """Kafka's DeleteGroups (ClassicGroup.validateDeleteGroup): an empty group goes,
+        with its committed offsets, durably; a group with members gets NON_EMPTY_GROUP
+        and an unknown one GROUP_ID_NOT_FOUND."""
+        codes: list[ErrorCode] = []
+        doomed: dict[str, Group] = {}
+        for group_id in group_ids:
+            group = self.groups.get(group_id)
+            if group_id in doomed:  # named twice: the same answer twice
+                codes.append(ErrorCode.none)
+            elif group is None:
+                codes.append(ErrorCode.group_id_not_found)
+            elif group.members or group.state != EMPTY:
+                codes.append(ErrorCode.non_empty_group)
+            else:
+                del self.groups[group_id]
+                doomed[group_id] = group
+                codes.append(ErrorCode.none)
+        if doomed:
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._writer, self._unlink, [self._path(g) for g in doomed])
+            except OSError as error:
+                log.error("deleting groups %s failed, so they stay: %s", list(doomed), error)
+                for group_id, group in doomed.items():
+                    self.groups.setdefault(group_id, group)
+                # Kafka answers a failed coordinator write with a retriable error.
+                return [ErrorCode.coordinator_not_available if g in doomed else code
+                        for g, code in zip(group_ids, codes, strict=True)]
+            log.info("deleted group(s) %s with their committed offsets", ", ".join(doomed))
+        return codes
+
+    def _unlink(self, paths: list[Path]) -> None:
+        for path in paths:
+            fsutil.remove(path)
+        fsutil.fsync_dir(self.directory)
+
+    def offsets_deletable(self, group_id: str) -> Group:
+        """The group whose offsets OffsetDelete may delete (ClassicGroup.
+        validateOffsetDelete): GROUP_ID_NOT_FOUND if unknown; NON_EMPTY_GROUP if it has
+        members and they do not use the consumer protocol (whose subscriptions say which
+        topics are in use)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            raise GroupError(ErrorCode.group_id_not_found, f"no group {group_id!r}")
+        if (group.members or group.state != EMPTY) and group.protocol_type != "consumer":
+            raise GroupError(ErrorCode.non_empty_group,
+                             f"group {group_id!r} has members")
+        return group
+
+    async def delete_offsets(self, group: Group, keys: list[tuple[str, int]]) -> None:
+        """Forget these committed offsets of `group` (from `offsets_deletable`), durably;
+        GroupError(COORDINATOR_NOT_AVAILABLE) if the write fails (nothing is deleted)."""
+        removed = {key: group.offsets.pop(key) for key in keys if key in group.offsets}
+        if not removed:
+            return
+        path, data = self._snapshot(group)
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._writer, self._write, path, data)
+        except OSError as error:
+            for key, committed in removed.items():
+                group.offsets.setdefault(key, committed)
+            raise GroupError(ErrorCode.coordinator_not_available,
+                             f"the offsets of group {group.group_id} could not be written: "
+                             f"{error}") from None
+        log.info("group %s: deleted committed offsets of %s", group.group_id,
+                 ", ".join(f"{topic}/{partition}" for topic, partition in sorted(removed)))
+
     def describe(self, group_id: str) -> dict[str, Any]:
         group = self.groups.get(group_id)
         if group is None:
@@ -414,6 +488,34 @@ class GroupCoordinator:
             ],
             "authorized_operations": -2147483648,
         }
+
+
+def subscribed_topics(group: Group) -> set[str] | None:
+    """The topics a consumer group's members subscribe to, from the consumer protocol
+    metadata of the group's protocol (its version-0 prefix, which every version keeps:
+    Kafka's ClassicGroup.computeSubscribedTopics); None when not known."""
+    if group.protocol_type != "consumer":
+        return None
+    if not group.members:
+        return set()
+    if group.protocol_name is None:
+        return None
+    topics: set[str] = set()
+    try:
+        for member in group.members.values():
+            data = member.metadata_for(group.protocol_name)
+            (count,) = struct.unpack_from(">i", data, 2)  # after the int16 version
+            position = 6
+            for _ in range(count):
+                (size,) = struct.unpack_from(">h", data, position)
+                position += 2
+                if not 0 <= size <= len(data) - position:
+                    return None
+                topics.add(data[position:position + size].decode())
+                position += size
+    except (StopIteration, struct.error, UnicodeDecodeError):
+        return None
+    return topics
 
 
 def _joining(member: Member) -> bool:

@@ -39,8 +39,8 @@ API_NAMES = {
     9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat",
     13: "LeaveGroup", 14: "SyncGroup", 15: "DescribeGroups", 16: "ListGroups",
     18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 21: "DeleteRecords",
-    22: "InitProducerId", 32: "DescribeConfigs", 33: "AlterConfigs",
-    44: "IncrementalAlterConfigs",
+    22: "InitProducerId", 32: "DescribeConfigs", 33: "AlterConfigs", 42: "DeleteGroups",
+    44: "IncrementalAlterConfigs", 47: "OffsetDelete",
 }
 API_VERSIONS_KEY = 18
 # A request frame as read: bytes, or a read-only view of a frame read in chunks.

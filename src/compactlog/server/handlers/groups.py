@@ -1,4 +1,5 @@
-"""FindCoordinator and the classic consumer-group APIs, over server/groups.py."""
+"""FindCoordinator, the classic consumer-group APIs, and the group admin APIs
+(DeleteGroups, OffsetDelete), over server/groups.py."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.errors import UnknownPartitionError, UnknownTopicError
 from compactlog.server.broker import Broker
-from compactlog.server.groups import GroupError
+from compactlog.server.groups import GroupError, subscribed_topics
 from compactlog.server.protocol import Request
 
 (OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP,
  SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS) = 8, 9, 10, 11, 12, 13, 14, 15, 16
+DELETE_GROUPS, OFFSET_DELETE = 42, 47
 GROUP_KEY = 0
 
 
@@ -27,6 +29,8 @@ def register(broker: Broker) -> None:
     broker.register(OFFSET_FETCH, (1, 9), offset_fetch)
     broker.register(LIST_GROUPS, (0, 5), list_groups)
     broker.register(DESCRIBE_GROUPS, (0, 5), describe_groups)
+    broker.register(DELETE_GROUPS, (0, 2), delete_groups)
+    broker.register(OFFSET_DELETE, (0, 0), offset_delete)
 
 
 def _coordinator(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
@@ -186,3 +190,51 @@ async def list_groups(broker: Broker, request: Request) -> dict[str, Any]:
 
 async def describe_groups(broker: Broker, request: Request) -> dict[str, Any]:
     return {"groups": [broker.groups.describe(group_id) for group_id in request.body.groups]}
+
+
+async def delete_groups(broker: Broker, request: Request) -> dict[str, Any]:
+    names = list(request.body.groups_names)
+    codes = await broker.groups.delete_groups(names)
+    return {"results": [{"group_id": name, "error_code": code}
+                        for name, code in zip(names, codes, strict=True)]}
+
+
+async def offset_delete(broker: Broker, request: Request) -> dict[str, Any]:
+    """Kafka's OffsetDelete (KafkaApis.handleOffsetDeleteRequest, OffsetMetadataManager.
+    deleteOffsets): partitions of unknown topics get UNKNOWN_TOPIC_OR_PARTITION, topics
+    an active member subscribes to GROUP_SUBSCRIBED_TO_TOPIC, the rest lose their
+    committed offsets (none committed is no error)."""
+    body = request.body
+    if not body.group_id:
+        return {"error_code": ErrorCode.invalid_group_id, "topics": []}
+    wanted = [(topic.name, part.partition_index)
+              for topic in body.topics for part in topic.partitions]
+    existing = await broker.run_io(
+        lambda: {key for key in wanted if _partition_exists(broker, *key)})
+    # From here on no await until the deletion has changed the group in memory, so the
+    # group checked is the group changed.
+    try:
+        group = broker.groups.offsets_deletable(body.group_id)
+    except GroupError as error:
+        return {"error_code": error.code, "topics": []}
+    subscribed = subscribed_topics(group)
+    codes: dict[tuple[str, int], ErrorCode] = {}
+    for key in wanted:
+        if key not in existing:
+            codes[key] = ErrorCode.unknown_topic_or_partition
+        elif (key[0] in subscribed if subscribed is not None
+              else group.protocol_type == "consumer"):  # unknown: assume in use, as Kafka
+            codes[key] = ErrorCode.group_subscribed_to_topic
+        else:
+            codes[key] = ErrorCode.none
+    try:
+        await broker.groups.delete_offsets(
+            group, [key for key, code in codes.items() if code is ErrorCode.none])
+    except GroupError as error:
+        return {"error_code": error.code, "topics": []}
+    return {"error_code": ErrorCode.none, "topics": [
+        {"name": topic.name, "partitions": [
+            {"partition_index": p.partition_index,
+             "error_code": codes[(topic.name, p.partition_index)]}
+            for p in topic.partitions]}
+        for topic in body.topics]}
