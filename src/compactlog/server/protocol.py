@@ -39,8 +39,11 @@ API_NAMES = {
     9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat",
     13: "LeaveGroup", 14: "SyncGroup", 15: "DescribeGroups", 16: "ListGroups",
     18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 21: "DeleteRecords",
-    22: "InitProducerId", 32: "DescribeConfigs", 33: "AlterConfigs", 42: "DeleteGroups",
-    44: "IncrementalAlterConfigs", 47: "OffsetDelete",
+    22: "InitProducerId", 32: "DescribeConfigs", 33: "AlterConfigs", 35: "DescribeLogDirs",
+    37: "CreatePartitions", 42: "DeleteGroups", 43: "ElectLeaders",
+    44: "IncrementalAlterConfigs", 45: "AlterPartitionReassignments",
+    46: "ListPartitionReassignments", 47: "OffsetDelete", 60: "DescribeCluster",
+    61: "DescribeProducers",
 }
 API_VERSIONS_KEY = 18
 # A request frame as read: bytes, or a read-only view of a frame read in chunks.

@@ -10,11 +10,13 @@ from __future__ import annotations
 from compactlog.server.broker import Broker
 from compactlog.server.handlers import (
     admin,
+    cluster,
     configs,
     fetch,
     groups,
     metadata,
     produce,
+    producer_state,
     records,
 )
 
@@ -26,4 +28,6 @@ def register_all(broker: Broker) -> None:
     admin.register(broker)
     configs.register(broker)
     records.register(broker)
+    cluster.register(broker)
+    producer_state.register(broker)
     groups.register(broker)

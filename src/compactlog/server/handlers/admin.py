@@ -1,4 +1,4 @@
-"""CreateTopics and DeleteTopics.
+"""CreateTopics, DeleteTopics and CreatePartitions.
 
 Topic configs travel as strings under Kafka's names (cleanup.policy, segment.bytes,
 delete.retention.ms, ...) plus compactlog's own keys; every value is checked by the
@@ -23,13 +23,14 @@ from compactlog.server.handlers.configs import config_entries
 from compactlog.server.handlers.metadata import topic_name_by_id
 from compactlog.server.protocol import Request
 
-CREATE_TOPICS, DELETE_TOPICS = 19, 20
+CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 log = logging.getLogger("compactlog.server")
 
 
 def register(broker: Broker) -> None:
     broker.register(CREATE_TOPICS, (2, 7), create_topics)
     broker.register(DELETE_TOPICS, (1, 6), delete_topics)
+    broker.register(CREATE_PARTITIONS, (0, 3), create_partitions)
 
 
 async def create_topics(broker: Broker, request: Request) -> dict[str, Any]:
@@ -90,3 +91,42 @@ async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
                             "error_message": error_message(error)})
     return {"responses": results}
 
+
+async def create_partitions(broker: Broker, request: Request) -> dict[str, Any]:
+    """Kafka's checks and answers (ReplicationControlManager.createPartitions), except
+    that an increase is refused: the store cannot add partitions to a topic yet."""
+    names = [spec.name for spec in request.body.topics]
+    results = []
+    for spec in request.body.topics:
+        code: ErrorCode
+        message: str | None
+        if names.count(spec.name) > 1:
+            code, message = ErrorCode.invalid_request, "Duplicate topic in request."
+        else:
+            code, message = await broker.run_io(_partition_increase, broker, spec)
+        results.append({"name": spec.name, "error_code": code, "error_message": message})
+    return {"results": results}
+
+
+def _partition_increase(broker: Broker, spec: Any) -> tuple[ErrorCode, str | None]:
+    try:
+        current = broker.store.topic(spec.name).meta.partitions
+    except Exception as error:
+        return error_code(error), error_message(error)
+    if spec.count == current:
+        return ErrorCode.invalid_partitions, f"Topic already has {current} partition(s)."
+    if spec.count < current:
+        return ErrorCode.invalid_partitions, (
+            f"The topic {spec.name} currently has {current} partition(s); {spec.count} "
+            "would not be an increase.")
+    added = spec.count - current
+    if spec.assignments is not None and len(spec.assignments) != added:
+        return ErrorCode.invalid_replica_assignment, (
+            f"Attempted to add {added} additional partition(s), but only "
+            f"{len(spec.assignments)} assignment(s) were specified.")
+    # Adding partitions moves keys to other partitions (Kafka allows it all the same);
+    # the store has no way to add them to an existing topic yet.
+    return ErrorCode.invalid_partitions, (
+        f"compactlog cannot add partitions to an existing topic: {spec.name} keeps its "
+        f"{current} partition(s). Create a new topic with {spec.count} partitions and "
+        "copy the records into it.")
