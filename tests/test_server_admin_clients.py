@@ -15,6 +15,7 @@ k5..k9, n0..n4.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import signal
 import subprocess
@@ -388,8 +389,6 @@ def test_kcat_lists_topics_and_reads_from_the_new_low_watermark(server: LoggedSe
     assert KCAT is not None
     bootstrap = server.bootstrap
     listed = kcat("-b", bootstrap, "-L", "-J").stdout
-    import json
-
     assert {t["topic"] for t in json.loads(listed)["topics"]} == TOPICS
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
