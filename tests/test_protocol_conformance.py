@@ -342,6 +342,10 @@ def test_a_long_classic_string_of_bad_bytes_still_fits() -> None:
                  "bad string or bytes length -2", id="negative-string-length"),
     pytest.param(header(METADATA, 1) + struct.pack(">ih", 1, -1),
                  "bad string or bytes length -1", id="null-non-nullable-string"),
+    # Metadata v0's topic list is not nullable (v1+ is: null means all topics).
+    pytest.param(header(METADATA, 0) + struct.pack(">i", -1),
+                 "a null array at byte 15, where the schema allows none",
+                 id="null-non-nullable-array"),
     pytest.param(header(METADATA, 1) + struct.pack(">ih", 1, 300) + b"x",
                  "a value of 300 bytes", id="string-past-the-end"),
     pytest.param(metadata_v12(b"t", body_tags=tags((1, b"abc"))[:-1]),

@@ -307,6 +307,7 @@ class _Bool:
 class _Array:
     item: _Layout
     compact: bool
+    nullable: bool = True
 
 
 @dataclass(frozen=True)
@@ -347,7 +348,7 @@ def _field_layout(field: dataclasses.Field[Any], hint: Any, flexible: bool,
     if _is_tuple(hint):
         item = (_layout(entity) if entity is not None
                 else _primitive(field.metadata["kafka_type"], flexible, False))
-        return _Array(item, flexible)
+        return _Array(item, flexible, _is_optional(hint))
     if entity is not None:
         return _layout(entity, _is_optional(hint))
     # A tagged field is present or absent by its tag, never null (as in kio).
@@ -476,8 +477,10 @@ def _skip_array(layout: _Array, data: FrameBytes, pos: int, end: int, cuts: _Cut
             raise _Malformed(f"truncated array length at byte {pos}")
         (count,) = _LENGTH.unpack_from(data, pos)
         pos += 4
-    if count == -1:
+    if count == -1 and layout.nullable:
         return pos
+    if count == -1:  # Kafka: "non-nullable field ... was serialized as null"
+        raise _Malformed(f"a null array at byte {pos}, where the schema allows none")
     if count < 0:
         raise _Malformed(f"negative array length {count} at byte {pos}")
     # As Kafka's parser: no element takes less than a byte.
