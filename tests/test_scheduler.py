@@ -30,10 +30,12 @@ def scheduler(clock: FakeClock, **policy: float) -> CompactionScheduler:
 # -- triggers -------------------------------------------------------------------------------
 
 
-def test_dirty_ratio_trigger_fires_at_the_topic_ratio(clock: FakeClock) -> None:
+def test_dirty_ratio_trigger_fires_above_the_topic_ratio(clock: FakeClock) -> None:
     s = scheduler(clock)
     assert s.pick([load(clean=60, cleanable=40)]) == []  # 0.4 < 0.5
-    (job,) = s.pick([load(clean=50, cleanable=50)])
+    # Kafka's LogCleanerManager: cleanableRatio > minCleanableRatio, strictly.
+    assert s.pick([load(clean=50, cleanable=50)]) == []  # 0.5 = 0.5
+    (job,) = s.pick([load(clean=49, cleanable=51)])
     assert job.reasons == {0: ["ratio"]}
     # A topic's own ratio counts: 0.4 is due under min.cleanable.dirty.ratio=0.3.
     s.finished(job, 100)
@@ -43,6 +45,9 @@ def test_dirty_ratio_trigger_fires_at_the_topic_ratio(clock: FakeClock) -> None:
 def test_never_compacted_partition_is_fully_dirty(clock: FakeClock) -> None:
     (job,) = scheduler(clock).pick([load(cleanable=1)])
     assert job.reasons[0] == ["ratio"]
+    # With min.cleanable.dirty.ratio=1.0 the ratio never triggers, as in Kafka (a
+    # setting people use to turn ratio-triggered cleaning off).
+    assert scheduler(clock).pick([load(cleanable=1, ratio=1.0)]) == []
 
 
 def test_nothing_cleanable_is_never_due(clock: FakeClock) -> None:

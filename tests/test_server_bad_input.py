@@ -242,10 +242,6 @@ GARBAGE = random.Random(4).randbytes(64)
     pytest.param(b"\x00\x12", r"a request of 2 bytes is shorter than its header",
                  id="shorter-than-a-header"),
     pytest.param(b"", r"a request of 0 bytes is shorter than its header", id="empty"),
-    # A whole ApiVersions v3 request followed by bytes that belong to no field.
-    pytest.param(request_frame(18, 3, {"client_software_name": "x",
-                                       "client_software_version": "1"})[4:] + b"\x00junk",
-                 r"ApiVersions v3 request has 5 trailing bytes", id="trailing-bytes"),
 ])
 def test_garbage_after_a_valid_length(server: LoggedServer, mark: int, frame: bytes,
                                       logged: str) -> None:
@@ -421,6 +417,19 @@ def test_unknown_tagged_fields_are_skipped(server: LoggedServer, mark: int) -> N
     assert correlation_id == 12
     assert [(t.name, t.error_code, len(t.partitions)) for t in body.topics] == [
         (PLAIN, ErrorCode.none, 2)]
+
+
+def test_bytes_after_the_body_are_ignored(server: LoggedServer, mark: int) -> None:
+    """As Kafka's broker does (see protocol.parse_request): librdkafka's all-topics
+    Metadata request relies on it."""
+    frame = request_frame(API_VERSIONS, 3, {"client_software_name": "x",
+                                            "client_software_version": "1"}, 43)
+    with Wire(server.address) as wire:
+        wire.send(with_length(frame[4:] + b"\x00junk"))
+        correlation_id, body = wire.response(API_VERSIONS, 3)
+        assert (correlation_id, body.error_code) == (43, ErrorCode.none)
+        assert served_api_keys(wire)  # the connection stays open
+    assert "closing connection" not in server.log_since(mark)
 
 
 def test_a_good_request_then_garbage_on_the_same_connection(

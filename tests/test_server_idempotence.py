@@ -300,7 +300,8 @@ def test_producer_ids_and_unsupported_requests(raw: RawClient) -> None:
     ids = [raw.init_producer_id(version=version)[1] for version in (0, 2, 3, 5)]
     assert ids == sorted(ids) and len(set(ids)) == 4
     # Transactions are not supported, and an empty transactional id is invalid.
-    assert raw.init_producer_id(transactional_id="txn")[0] is ErrorCode.unsupported_version
+    assert raw.init_producer_id(transactional_id="txn")[0] is (
+        ErrorCode.transactional_id_authorization_failed)
     assert raw.init_producer_id(transactional_id="")[0] is ErrorCode.invalid_request
     # Half a producer id, an id never handed out, an exhausted epoch.
     assert raw.init_producer_id(ids[0], -1)[0] is ErrorCode.invalid_request

@@ -224,7 +224,8 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "min.cleanable.dirty.ratio",
         "double",
         0.5,
-        "Compaction becomes due when dirty bytes / (clean + dirty bytes) reaches this ratio.",
+        "Compaction becomes due when dirty bytes / (clean + dirty bytes) is above this ratio "
+        "(strictly, as in Kafka: 1.0 turns ratio-triggered compaction off).",
         minimum=0.0,
         maximum=1.0,
         kafka_default=0.5,

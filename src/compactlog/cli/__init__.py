@@ -79,7 +79,26 @@ def _register() -> None:
     cli.add_command(serve.serve)
 
 
+def _set_data_dir(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.find_object(Context).data_dir = value  # type: ignore[union-attr]
+
+
+def _accept_data_dir_everywhere(group: click.Group) -> None:
+    """`--data-dir` after the command name too (`compactlog serve --data-dir DIR`), as
+    the README's "pass --data-dir to each command" reads."""
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            _accept_data_dir_everywhere(command)
+        elif not any("--data-dir" in p.opts for p in command.params):
+            command.params.append(click.Option(
+                ["--data-dir"], type=click.Path(file_okay=False, path_type=Path),
+                default=None, expose_value=False, callback=_set_data_dir,
+                help="The data directory (as `compactlog --data-dir DIR ...`)."))
+
+
 _register()
+_accept_data_dir_everywhere(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -19,13 +20,19 @@ from rich.table import Table
 from compactlog.cli import Context
 from compactlog.cli.admin_client import AdminClient, BusyServerError, report_from_json
 from compactlog.cli.output import stderr_console, stdout_console
-from compactlog.compaction import CompactionReport, CompactionServiceFactory, load_factory
+from compactlog.compaction import (
+    CompactionReport,
+    CompactionServiceFactory,
+    PartitionSummary,
+    load_factory,
+)
 from compactlog.compaction.runner import chosen_partitions
-from compactlog.compaction.status import read_status
+from compactlog.compaction.status import CompactionStatus, is_locked, read_status
 from compactlog.compaction.worker import CompactionWorker, protocol_stdout
 from compactlog.compaction.worker import serve as serve_requests
 from compactlog.config import parse_assignments
 from compactlog.errors import CompactlogError
+from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
 
 console = stderr_console()
@@ -74,10 +81,12 @@ def compact(
 ) -> None:
     """Compact TOPIC: keep the surviving record per key in a new compacted ledger.
 
-    Reads the previous ledger plus the sealed segments above the horizon that are older
-    than min.compaction.lag.ms, finds the survivors with Spark, writes new ledger files
-    and commits the new (horizon, ledger) pair atomically. The raw log is not changed.
-    Works while a producer or server writes the same data directory.
+    Covers every segment but the active one (rolled segments are sealed first, by the
+    server when one runs) that is older than min.compaction.lag.ms, plus the previous
+    ledger; finds the survivors with Spark, writes new ledger files and commits the new
+    (horizon, ledger) pair atomically. The raw log is not changed. Works while a
+    producer or server writes the same data directory; if another process (the server's
+    cleaner) is compacting the same partitions, waits for that run and reports it.
 
     \b
     Examples:
@@ -103,15 +112,57 @@ def compact(
     }
     with LogStore.open(ctx.data_dir, read_only=True) as store:
         # Fail fast on a bad topic or partition, before Spark starts.
-        chosen_partitions(store, topic, list(partitions) if partitions else None)
-        report = compact_with_progress(
-            store, topic, load_factory(service), settings,
-            list(partitions) if partitions else None, transient=as_json,
-        )
+        chosen = chosen_partitions(store, topic, list(partitions) if partitions else None)
+        held = _wait_for_other_runs(chosen)
+        if held is not None:
+            report = held  # another process' run covered every partition: report it
+        else:
+            report = compact_with_progress(
+                store, topic, load_factory(service), settings,
+                list(partitions) if partitions else None, transient=as_json,
+            )
     if as_json:
         click.echo(json.dumps(report_json(report), indent=2))
     else:
         stdout_console().print(summary_table(report))
+
+
+def _wait_for_other_runs(chosen: list[Partition]) -> CompactionReport | None:
+    """A run of another process (the server's cleaner, another `compact`) holds some of
+    the partitions: wait for it, as `compact --server` waits for the server's own run.
+    When it held all of them, return its report (from the status files) rather than
+    start a run that would find nothing new; raise if it failed."""
+    locked = [p for p in chosen if is_locked(p.directory)]
+    if not locked:
+        return None
+    names = ", ".join(str(p.index) for p in locked)
+    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        progress.add_task(f"partition(s) {names} are being compacted by another process; "
+                          "waiting for that run")
+        while any(is_locked(p.directory) for p in locked):
+            time.sleep(POLL_S)
+    if len(locked) < len(chosen):
+        return None
+    statuses = {p.index: read_status(p.directory) for p in chosen}
+    failed = {index: s for index, s in statuses.items() if s.state != "SUCCESS"}
+    if failed:
+        index, status = next(iter(failed.items()))
+        raise CompactionFailedError(f"the other process' compaction of partition {index} "
+                                    f"failed: {status.error}")
+    return _report_from_statuses(chosen[0].topic, statuses)
+
+
+def _report_from_statuses(topic: str, statuses: dict[int, CompactionStatus]
+                          ) -> CompactionReport:
+    fields = {f.name for f in dataclasses.fields(PartitionSummary)}
+    summaries = [PartitionSummary(**{k: v for k, v in s.last_success.items() if k in fields})
+                 for s in statuses.values()]
+    first = next(iter(statuses.values()))
+    started = min(s.last_success.get("started_ms") or 0 for s in statuses.values())
+    finished = max(s.last_success.get("finished_ms") or 0 for s in statuses.values())
+    return CompactionReport(topic, first.run_id or "?", (finished - started) / 1000,
+                            summaries)
 
 
 def _compact_on_server(client: AdminClient, topic: str, partitions: list[int] | None,

@@ -10,6 +10,7 @@ import click
 
 from compactlog.cli import Context
 from compactlog.cli.formats import Encoding, InputFormat, LineError, parse_line
+from compactlog.cli.writer import open_writer
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 
@@ -53,13 +54,13 @@ def produce(
     """
     produced: Counter[int] = Counter()
     pending: list[ProducerRecord] = []
-    with LogStore.open(ctx.data_dir) as store:
-        config = store.topic(topic).config
-        refuse_null_keys = config.compacted and config["null.key.policy"] == "reject"
+    with LogStore.open(ctx.data_dir, read_only=True) as reader:
+        config = reader.topic(topic).config
+    refuse_null_keys = config.compacted and config["null.key.policy"] == "reject"
+    with open_writer(ctx.data_dir) as writer:
 
         def send() -> None:
-            for result in store.append(topic, pending, partition=partition):
-                produced[result.partition] += result.last_offset - result.base_offset + 1
+            produced.update(writer.append(topic, pending, partition))
             pending.clear()
 
         try:
@@ -79,4 +80,5 @@ def produce(
             total = sum(produced.values())
             if total or sys.stdin.isatty():
                 parts = ", ".join(f"{p}: {n}" for p, n in sorted(produced.items()))
-                click.echo(f"produced {total} record(s) to {topic} ({parts or 'none'})", err=True)
+                click.echo(f"produced {total} record(s) to {topic} ({parts or 'none'})"
+                           f"{writer.via}", err=True)

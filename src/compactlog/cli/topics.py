@@ -13,6 +13,7 @@ from rich.table import Table
 
 from compactlog.cli import Context
 from compactlog.cli.output import stdout_console
+from compactlog.cli.writer import open_writer
 from compactlog.compaction.status import read_status
 from compactlog.config import TOPIC_KEYS, parse_assignments
 from compactlog.storage.store import LogStore
@@ -55,10 +56,10 @@ def create(ctx: Context, topic: str, partitions: int, assignments: tuple[str, ..
       compactlog topics create users --partitions 3 \\
           --config cleanup.policy=compact --config delete.retention.ms=3600000
     """
-    config = parse_assignments(assignments)
-    with LogStore.open(ctx.data_dir) as store:
-        store.create_topic(topic, partitions, config)
-    click.echo(f"created topic {topic} with {partitions} partition(s)")
+    config = {key: str(value) for key, value in parse_assignments(assignments).items()}
+    with open_writer(ctx.data_dir) as writer:
+        writer.create_topic(topic, partitions, config)
+    click.echo(f"created topic {topic} with {partitions} partition(s){writer.via}")
 
 
 @topics.command(name="list")
@@ -181,9 +182,10 @@ def alter(
     """
     if not assignments and not deletions:
         raise click.UsageError("nothing to change: give --config KEY=VALUE or --delete-config KEY")
-    with LogStore.open(ctx.data_dir) as store:
-        store.alter_topic(topic, parse_assignments(assignments), deletions)
-    click.echo(f"altered topic {topic}")
+    changes = {key: str(value) for key, value in parse_assignments(assignments).items()}
+    with open_writer(ctx.data_dir) as writer:
+        writer.alter_topic(topic, changes, deletions)
+    click.echo(f"altered topic {topic}{writer.via}")
 
 
 @topics.command()
@@ -197,9 +199,10 @@ def delete(ctx: Context, topic: str, yes: bool) -> None:
     Example:
       compactlog topics delete prices --yes
     """
-    with LogStore.open(ctx.data_dir) as store:
+    with LogStore.open(ctx.data_dir, read_only=True) as store:
         store.topic(topic)  # fails with a clear error before asking about an unknown topic
-        if not yes:
-            click.confirm(f"delete topic {topic} and all its records?", abort=True)
-        store.delete_topic(topic)
-    click.echo(f"deleted topic {topic}")
+    if not yes:
+        click.confirm(f"delete topic {topic} and all its records?", abort=True)
+    with open_writer(ctx.data_dir) as writer:
+        writer.delete_topic(topic)
+    click.echo(f"deleted topic {topic}{writer.via}")

@@ -44,6 +44,9 @@ class PartitionSummary:
     horizon: int | None = None
     dirty_segments: int = 0
     skipped: str | None = None  # why nothing was done, when nothing was
+    # Rolled segments the writer had not sealed when the run gave up waiting: the next
+    # run covers them (compaction/rolled.py).
+    rolled_unsealed: bool = False
 
     @property
     def records_removed(self) -> int:

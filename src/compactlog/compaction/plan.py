@@ -59,11 +59,35 @@ class PartitionPlan:
 
     @property
     def has_work(self) -> bool:
-        """Dirty segments to read, or kept tombstones whose retention has passed."""
-        return bool(self.dirty) or (
-            self.oldest_tombstone_ms is not None
-            and self.rules.now_ms - self.oldest_tombstone_ms >= self.rules.delete_retention_ms
-        )
+        """Dirty segments to read, kept tombstones whose retention has passed, or (on a
+        compact,delete topic) ledger records older than retention.ms."""
+        return bool(self.dirty) or self.tombstones_due or self.ledger_expired
+
+    @property
+    def tombstones_due(self) -> bool:
+        return (self.oldest_tombstone_ms is not None
+                and self.rules.now_ms - self.oldest_tombstone_ms >= self.rules.delete_retention_ms)
+
+    @property
+    def expiry_cutoff_ms(self) -> int | None:
+        """compact,delete: records older than this leave the view (else None)."""
+        retention_ms = self.rules.retention_ms
+        return None if retention_ms < 0 else self.rules.now_ms - retention_ms
+
+    @property
+    def ledger_expired(self) -> bool:
+        """Some ledger record is older than retention.ms (compact,delete)."""
+        cutoff = self.expiry_cutoff_ms
+        return cutoff is not None and any(item.info.min_timestamp < cutoff
+                                          for item in self.clean)
+
+    @property
+    def ledger_file_expired(self) -> bool:
+        """A whole ledger file is older than retention.ms: as Kafka's retention deletes a
+        segment once its newest record is past retention.ms (compact,delete)."""
+        cutoff = self.expiry_cutoff_ms
+        return cutoff is not None and any(item.info.max_timestamp < cutoff
+                                          for item in self.clean)
 
     @property
     def ledger_dir(self) -> Path:

@@ -8,6 +8,8 @@ because a step failed.
 
 Protocol for each partition (tests/test_compaction_crash.py kills at each step;
 tests/test_fault_steps.py fails or stalls each one):
+  0. get every rolled log segment sealed (compaction/rolled.py), so that the run covers
+     all segments but the active one, as Kafka's cleaner does;
   1. take the partition's compaction lock; sweep ledger/ (orphans of runs that died,
      retired files whose delay has passed) and write status RUNNING;
   2. plan from the current manifest: previous ledger + cleanable dirty segments;
@@ -38,6 +40,7 @@ from typing import Protocol
 from compactlog.compaction import CompactionReport, PartitionSummary
 from compactlog.compaction.ledger import PieceResult
 from compactlog.compaction.plan import PartitionPlan, plan_partition
+from compactlog.compaction.rolled import seal_rolled_segments
 from compactlog.compaction.status import (
     CompactionStatus,
     compaction_lock,
@@ -86,6 +89,11 @@ def run_compaction(
     with contextlib.ExitStack() as locks:
         for partition in chosen:
             locks.enter_context(compaction_lock(partition.directory, partition.name))
+        # 0. every rolled segment sealed, so the run covers all but the active segment
+        unsealed = seal_rolled_segments(store, topic_name, chosen)
+        for index in unsealed:
+            log.warning("%s/%d: rolled segments were not sealed in time; the next run "
+                        "covers them", topic_name, index)
         now_ms = int(clock() * 1000)
         progress("plan", 0, len(chosen))
         plans: list[PartitionPlan] = []
@@ -97,6 +105,8 @@ def run_compaction(
             ))
         work = [plan for plan in plans if plan.has_work]
         summaries = {plan.partition: _summary(plan) for plan in plans}
+        for index in unsealed:
+            summaries[index].rolled_unsealed = True
         committed: set[int] = set()
         stage_started = _lap(report, "plan", started)
         try:

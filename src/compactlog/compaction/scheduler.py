@@ -5,14 +5,16 @@ rule is tested without sleeping (tests/test_scheduler.py). The server's cleaner
 (server/cleaner.py) measures the loads, starts the runs it is given and reports back.
 
 A partition is due when any trigger holds (and a run would have something to do):
-  - ratio:     cleanable dirty bytes / (clean + cleanable dirty bytes) reaches the topic's
-               min.cleanable.dirty.ratio (Kafka's log cleaner);
+  - ratio:     cleanable dirty bytes / (clean + cleanable dirty bytes) is above the
+               topic's min.cleanable.dirty.ratio (Kafka's log cleaner; 1.0 never fires);
   - bytes:     cleanable dirty bytes reach `threshold_bytes` (Pulsar's compaction threshold;
                0 turns it off, Pulsar's default);
   - lag:       the oldest uncompacted sealed record is older than max.compaction.lag.ms
                (Kafka, KIP-354);
   - tombstones: tombstones kept in the ledger have outlived delete.retention.ms and a run
-               would drop them.
+               would drop them;
+  - retention: on a compact,delete topic, a ledger file wholly older than retention.ms, or
+               a dirty record older than it (Kafka deletes such records on time alone).
 Due partitions go dirtiest first. A run covers one topic: the dirtiest due partition's,
 with every other due partition of that topic, so Spark starts once for them all. A
 partition is never in two runs at once, and at most `max_concurrent_runs` runs go at once.
@@ -49,6 +51,8 @@ class PartitionLoad:
     tombstones_due: bool  # kept tombstones past delete.retention.ms
     min_cleanable_ratio: float  # min.cleanable.dirty.ratio
     max_lag_ms: int  # max.compaction.lag.ms
+    # compact,delete: a ledger file, or a dirty record, past retention.ms (cleaner.py)
+    retention_due: bool = False
 
     @property
     def key(self) -> Key:
@@ -117,7 +121,9 @@ class CompactionScheduler:
         """The triggers that hold for `load` (empty: not due)."""
         found = []
         if load.cleanable_bytes:
-            if load.dirty_ratio >= load.min_cleanable_ratio:
+            # Strictly above, as Kafka's LogCleanerManager (cleanableRatio >
+            # minCleanableRatio): 1.0 turns the ratio trigger off.
+            if load.dirty_ratio > load.min_cleanable_ratio:
                 found.append("ratio")
             if self.policy.threshold_bytes and load.cleanable_bytes >= self.policy.threshold_bytes:
                 found.append("bytes")
@@ -125,6 +131,8 @@ class CompactionScheduler:
                 found.append("lag")
         if load.tombstones_due:
             found.append("tombstones")
+        if load.retention_due:
+            found.append("retention")
         return found
 
     def running_keys(self) -> set[Key]:
@@ -153,8 +161,8 @@ class CompactionScheduler:
             if failure is not None and now < failure.retry_at_s:
                 continue
             reasons = self.reasons(load, now_ms)
-            if failure is not None and not reasons and (load.cleanable_bytes
-                                                        or load.tombstones_due):
+            if failure is not None and not reasons and (
+                    load.cleanable_bytes or load.tombstones_due or load.retention_due):
                 reasons = ["retry"]  # it was due when it failed
             if reasons:
                 due.append((load, reasons))

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from compactlog.server.connections import (
     data_file_cap,
 )
 from compactlog.server.handlers import register_all
+from compactlog.server.info import ServerInfo, reachable_host
+from compactlog.server.info import remove as remove_server_info
 from compactlog.server.metrics import ConnectionCollector, ServerMetrics, StateCollector
 from compactlog.server.protocol import (
     API_NAMES,
@@ -164,6 +167,10 @@ class Server:
             self.admin = AdminServer(self, self.config.admin_host, self.config.admin_port)
             await self.admin.start()
         self._upkeep = asyncio.create_task(self._upkeep_loop())
+        # Where the CLI's write commands find this server (server/info.py).
+        ServerInfo(os.getpid(), f"{reachable_host(self.config.host)}:{self.port}",
+                   self.admin.url if self.admin is not None else None
+                   ).write(self.config.data_dir)
         log.info("serving the Kafka protocol on %s:%d, data in %s; automatic compaction %s",
                  self.config.host, self.port, self.config.data_dir,
                  "on" if self.config.compaction.enabled else "off")
@@ -206,6 +213,7 @@ class Server:
         for name in self.store.list_topics():
             for partition in self.store.topic(name).partitions:
                 partition.seal_rolled()
+        remove_server_info(self.config.data_dir)
         self.store.close()
         log.info("server stopped; everything acknowledged is flushed")
 

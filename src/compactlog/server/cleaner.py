@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from compactlog.compaction.plan import plan_partition
+from compactlog.compaction.plan import PartitionPlan, plan_partition
 from compactlog.compaction.runner import chosen_partitions
 from compactlog.compaction.scheduler import (
     BusyError,
@@ -131,10 +131,23 @@ def partition_load(topic: str, partition: Partition, now_ms: int) -> PartitionLo
         clean_bytes=sum(item.info.size_bytes for item in plan.clean),
         cleanable_bytes=sum(item.info.size_bytes for item in plan.dirty),
         oldest_dirty_ms=min((s.min_timestamp for s in above), default=None),
-        tombstones_due=plan.has_work and not plan.dirty,
+        tombstones_due=plan.tombstones_due,
+        retention_due=_retention_due(plan, [s.min_timestamp for s in above]),
         min_cleanable_ratio=config["min.cleanable.dirty.ratio"],
         max_lag_ms=config["max.compaction.lag.ms"],
     )
+
+
+def _retention_due(plan: PartitionPlan, dirty_min_timestamps: list[int]) -> bool:
+    """compact,delete: records older than retention.ms must leave the view in bounded
+    time whether or not new records arrive. Reads hide the ledger's at once
+    (storage/reads.py); a run is due for a ledger file wholly past retention (Kafka deletes
+    a segment once its newest record is past it), and for dirty records past it, which
+    only a run takes out of the raw part of the view."""
+    cutoff = plan.expiry_cutoff_ms
+    if cutoff is None:
+        return False
+    return plan.ledger_file_expired or any(ts < cutoff for ts in dirty_min_timestamps)
 
 
 class Cleaner:
@@ -240,6 +253,9 @@ class Cleaner:
         job = record.job
         began = time.monotonic()
         try:
+            # The run covers every rolled segment (compaction/rolled.py); the server is
+            # the writer, so it seals them now rather than have the run wait for upkeep.
+            await self.run_io(self._seal_rolled, job)
             outcome = await self.runner.run(job)
         except asyncio.CancelledError:
             outcome = Outcome(None, "the server stopped while the run was going")
@@ -251,6 +267,11 @@ class Cleaner:
             self._tasks.pop(job.id, None)
             self._finish(record, outcome, time.monotonic() - began)
         await self.run_io(self._refresh, job)
+
+    def _seal_rolled(self, job: Job) -> None:
+        topic = self.store.topic(job.topic)
+        for index in job.partitions:
+            topic.partition(index).seal_rolled_quietly()
 
     def _refresh(self, job: Job) -> None:
         # Reads use the new (horizon, ledger) pair now, not at the next upkeep.

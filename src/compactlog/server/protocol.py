@@ -87,15 +87,33 @@ def peek_header(frame: FrameBytes) -> tuple[int, int, int]:
 
 
 def parse_request(frame: FrameBytes, versions: VersionTable) -> Request | UnsupportedVersion:
-    """Decode one request frame (without its length prefix).
+    """Decode one request frame (without its length prefix), as Kafka's broker would.
 
     The frame's layout is checked before kio decodes it (see `_skip`): kio reserves
     memory for an array's declared count before reading its elements, so an array
     length of 2**31 (or 2**35, compact) in a hostile frame would abort the process. As
     in Kafka's own parser ("Tried to allocate a collection of size N, but there are only
     M bytes remaining"), an array longer than the bytes left is malformed. The same walk
-    finds tagged fields this schema does not know, which the protocol says to skip and
-    kio refuses: they are cut out of the frame before kio reads it.
+    finds what Kafka reads and kio refuses, and edits the frame before kio reads it:
+    tagged fields this schema does not know (the protocol says to skip them) are cut
+    out, a boolean byte other than 0 or 1 becomes 1 (Kafka: `readByte() != 0`), and a
+    string that is not valid UTF-8 gets U+FFFD for each bad sequence (Kafka decodes with
+    `new String(bytes, UTF_8)`, which replaces them; a client id is not worth a closed
+    connection).
+
+    Bytes after the body's last field are ignored, as Kafka ignores them: its broker
+    parses a request with `AbstractRequest.parseRequest(apiKey, version, buffer)`, which
+    reads the generated `*RequestData` fields from a ByteBufferAccessor and then counts
+    `buffer.remaining()` taken before the read as the request's size, never checking
+    that the read used it all (apache/kafka clients/.../requests/AbstractRequest.java,
+    RequestContext.parseRequest, core/.../network/RequestChannel.scala). Real clients
+    depend on it: librdkafka writes a Metadata topic count as a four-byte placeholder
+    (rdkafka_buf.h `rd_kafka_buf_write_arraycnt_pos`) that
+    `rd_kafka_buf_finalize_arraycnt` shrinks to a compact varint, except for "all
+    topics" at v9+, where rd_kafka_MetadataRequest0 (rdkafka_request.c) keeps the zeros
+    as they are: a null compact array, then three zero bytes that Kafka reads as the
+    next fields, leaving the real ones unread at the end (librdkafka#5049, open).
+    Truncated frames, hostile lengths and counts stay refused.
     """
     api_key, api_version, correlation_id = peek_header(frame)
     served = versions.get(api_key)
@@ -110,8 +128,7 @@ def parse_request(frame: FrameBytes, versions: VersionTable) -> Request | Unsupp
     except _Malformed as error:
         raise ProtocolError(
             f"malformed {what} (correlation id {correlation_id}): {error}") from None
-    if end != len(frame):
-        raise ProtocolError(f"{what} has {len(frame) - end} trailing bytes")
+    frame = frame[:end]  # what follows the body is ignored (see above)
     if cuts:
         frame = _cut(frame, cuts)
     try:
@@ -268,7 +285,7 @@ _Cuts = list[tuple[int, int, bytes]]  # (start, stop, replacement) edits of a fr
 
 
 _FIXED_SIZES = {
-    "int8": 1, "uint8": 1, "bool": 1, "int16": 2, "uint16": 2, "error_code": 2,
+    "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "error_code": 2,
     "int32": 4, "uint32": 4, "timedelta_i32": 4, "int64": 8, "uint64": 8, "float64": 8,
     "timedelta_i64": 8, "datetime_i64": 8, "uuid": 16,
 }
@@ -282,12 +299,19 @@ class _Sized:
 
     width: int  # 0: compact
     nullable: bool
+    text: bool = False  # a string, decoded as UTF-8
+
+
+@dataclass(frozen=True)
+class _Bool:
+    """One byte, true unless 0 (kept apart from fixed-size runs: kio takes only 0 or 1)."""
 
 
 @dataclass(frozen=True)
 class _Array:
     item: _Layout
     compact: bool
+    nullable: bool = True
 
 
 @dataclass(frozen=True)
@@ -298,7 +322,8 @@ class _Struct:
     tagged: Mapping[int, _Layout]
 
 
-_Layout = int | _Sized | _Array | _Struct
+_Layout = int | _Sized | _Bool | _Array | _Struct
+_BOOL = _Bool()
 
 
 @cache
@@ -327,7 +352,7 @@ def _field_layout(field: dataclasses.Field[Any], hint: Any, flexible: bool,
     if _is_tuple(hint):
         item = (_layout(entity) if entity is not None
                 else _primitive(field.metadata["kafka_type"], flexible, False))
-        return _Array(item, flexible)
+        return _Array(item, flexible, _is_optional(hint))
     if entity is not None:
         return _layout(entity, _is_optional(hint))
     # A tagged field is present or absent by its tag, never null (as in kio).
@@ -338,16 +363,19 @@ def _field_layout(field: dataclasses.Field[Any], hint: Any, flexible: bool,
 def _primitive(kafka_type: str, flexible: bool, nullable: bool) -> _Layout:
     if kafka_type in _FIXED_SIZES:
         return _FIXED_SIZES[kafka_type]
+    if kafka_type == "bool":
+        return _BOOL
     if kafka_type not in ("string", "bytes", "records"):
         raise TypeError(f"no layout for kafka type {kafka_type!r}")
-    return _Sized(0 if flexible else 2 if kafka_type == "string" else 4, nullable)
+    text = kafka_type == "string"
+    return _Sized(0 if flexible else 2 if text else 4, nullable, text)
 
 
 @cache
 def _header_layout(cls: type) -> _Layout:
     # api_key, api_version, correlation_id; the client id is a classic nullable string
     # even in the flexible header v2 (see the module doc); v2 ends with tagged fields.
-    return _Struct(False, bool(cls.__flexible__), (8, _Sized(2, True)), {})  # type: ignore[attr-defined]
+    return _Struct(False, bool(cls.__flexible__), (8, _Sized(2, True, True)), {})  # type: ignore[attr-defined]
 
 
 def _cut(frame: FrameBytes, cuts: _Cuts) -> bytes:
@@ -397,6 +425,13 @@ def _skip(layout: _Layout, data: FrameBytes, pos: int, end: int, cuts: _Cuts) ->
         return _skip_struct(layout, data, pos, end, cuts)
     if isinstance(layout, _Array):
         return _skip_array(layout, data, pos, end, cuts)
+    if isinstance(layout, _Bool):
+        if pos >= end:
+            raise _Malformed(f"1 byte needed at byte {pos}, 0 remain")
+        if data[pos] > 1:
+            cuts.append((pos, pos + 1, b"\x01"))
+        return pos + 1
+    length_at = pos
     if layout.width == 0:
         size, pos = _uvarint(data, pos, end)
         size -= 1
@@ -411,7 +446,30 @@ def _skip(layout: _Layout, data: FrameBytes, pos: int, end: int, cuts: _Cuts) ->
         raise _Malformed(f"bad string or bytes length {size} at byte {pos}")
     if size > end - pos:
         raise _Malformed(f"a value of {size} bytes at byte {pos}, {end - pos} remain")
+    if layout.text:
+        _repair_text(layout, data, length_at, pos, size, cuts)
     return pos + size
+
+
+def _repair_text(layout: _Sized, data: FrameBytes, length_at: int, pos: int, size: int,
+                 cuts: _Cuts) -> None:
+    """A cut that replaces a string that is not UTF-8 (length included) with its
+    lenient decoding, as Kafka reads it."""
+    raw = bytes(data[pos:pos + size])
+    if raw.isascii():
+        return
+    try:
+        raw.decode()
+        return
+    except UnicodeDecodeError:
+        fixed = raw.decode(errors="replace").encode()
+    if layout.width == 0:
+        length = encode_uvarint(len(fixed) + 1)
+    else:
+        if len(fixed) > 0x7FFF:  # each bad byte may take three: keep what fits
+            fixed = raw.decode(errors="ignore").encode()
+        length = struct.pack(">h", len(fixed))
+    cuts.append((length_at, pos + size, length + fixed))
 
 
 def _skip_array(layout: _Array, data: FrameBytes, pos: int, end: int, cuts: _Cuts) -> int:
@@ -423,8 +481,10 @@ def _skip_array(layout: _Array, data: FrameBytes, pos: int, end: int, cuts: _Cut
             raise _Malformed(f"truncated array length at byte {pos}")
         (count,) = _LENGTH.unpack_from(data, pos)
         pos += 4
-    if count == -1:
+    if count == -1 and layout.nullable:
         return pos
+    if count == -1:  # Kafka: "non-nullable field ... was serialized as null"
+        raise _Malformed(f"a null array at byte {pos}, where the schema allows none")
     if count < 0:
         raise _Malformed(f"negative array length {count} at byte {pos}")
     # As Kafka's parser: no element takes less than a byte.
@@ -463,8 +523,14 @@ def _skip_struct(layout: _Struct, data: FrameBytes, pos: int, end: int, cuts: _C
         known = layout.tagged.get(tag)
         if known is None:
             unknown.append((tag_at, pos + size, b""))
-        elif _skip(known, data, pos, pos + size, cuts) != pos + size:
-            raise _Malformed(f"tagged field {tag} does not fill its {size} bytes")
+        else:
+            size_at, edits = _uvarint(data, tag_at, end)[1], len(cuts)
+            if _skip(known, data, pos, pos + size, cuts) != pos + size:
+                raise _Malformed(f"tagged field {tag} does not fill its {size} bytes")
+            # Edits inside a known field change its size, which kio checks.
+            grown = sum(len(new) - (stop - start) for start, stop, new in cuts[edits:])
+            if grown:
+                cuts.append((size_at, pos, encode_uvarint(size + grown)))
         pos += size
     if unknown:  # the count drops by the fields cut
         count_end = _uvarint(data, count_at, end)[1]

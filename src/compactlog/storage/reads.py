@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from compactlog.errors import ConflictError, CorruptionError
 from compactlog.storage.logfile import LogSegment
@@ -109,8 +110,35 @@ def sealed_tables(partition: Partition, manifest: PartitionManifest, offset: int
 
 def ledger_tables(partition: Partition, manifest: PartitionManifest, offset: int,
                   columns: list[str] | None = RECORD_COLUMNS) -> Tables:
-    """The ledger's row groups from the one holding `offset`, sliced to start there."""
-    return _file_tables(partition, "ledger", manifest.ledger, offset, columns, False)
+    """The ledger's row groups from the one holding `offset`, sliced to start there.
+
+    On a `compact,delete` topic, records older than retention.ms leave the compacted view
+    at once, here, not only at the next compaction (which drops them for good): Kafka's
+    retention deletes old records on time alone, whether or not new records arrive.
+    """
+    tables = _file_tables(partition, "ledger", manifest.ledger, offset, columns, False)
+    cutoff = expiry_cutoff_ms(partition)
+    if cutoff is None:
+        return tables
+    return _unexpired(tables, cutoff)
+
+
+def expiry_cutoff_ms(partition: Partition) -> int | None:
+    """Records older than this leave the compacted view (compact,delete topics only)."""
+    config = partition.config
+    retention_ms: int = config["retention.ms"]
+    if retention_ms < 0 or "delete" not in config.cleanup_policy.split(","):
+        return None
+    return partition.now_ms() - retention_ms
+
+
+def _unexpired(tables: Tables, cutoff: int) -> Tables:
+    with closing(tables):
+        for table in tables:
+            timestamps = table.column("timestamp")
+            if table.num_rows and pc.min(timestamps).as_py() < cutoff:
+                table = table.filter(pc.greater_equal(timestamps, cutoff))
+            yield table
 
 
 # -- bounded reads of records ---------------------------------------------------------

@@ -31,6 +31,7 @@ from compactlog.storage.records import iter_batches
 
 FETCH, LIST_OFFSETS = 1, 2
 EARLIEST, LATEST = -2, -1
+READ_COMMITTED = 1  # Fetch and ListOffsets isolation_level
 log = logging.getLogger("compactlog.server")
 
 
@@ -56,9 +57,19 @@ async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
             break
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(waiter.wait(), remaining)
+    # Isolation levels: compactlog has no transactions (transactional producers are
+    # refused, handlers/transactions.py), so nothing is uncommitted and a read_committed
+    # fetch (librdkafka's default) reads up to the high watermark, which is also the
+    # last stable offset; ListOffsets(latest) gives it for both levels. As Kafka does,
+    # aborted transactions are listed (none) only to read_committed fetches, and null
+    # to read_uncommitted ones.
+    read_committed = getattr(body, "isolation_level", 0) == READ_COMMITTED
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (name, index, _, _), result in zip(wanted, results, strict=True):
-        by_topic.setdefault(name, []).append({"partition_index": index, **result})
+        part = {"partition_index": index, **result}
+        if read_committed and result["error_code"] is ErrorCode.none:
+            part["aborted_transactions"] = []
+        by_topic.setdefault(name, []).append(part)
         if records := result.get("records"):
             # Counted on the reads sent, not on the long-poll's earlier, empty-handed ones.
             broker.metrics.records_out.labels(name).inc(
@@ -98,8 +109,7 @@ def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
             results.append({
                 "error_code": ErrorCode.none, "high_watermark": end,
                 "last_stable_offset": end, "log_start_offset": start,
-                "aborted_transactions": [], "preferred_read_replica": -1,
-                "records": records,
+                "preferred_read_replica": -1, "records": records,
             })
         except Exception as error:
             code = error_code(error)

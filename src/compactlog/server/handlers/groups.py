@@ -10,12 +10,17 @@ from kio.schema.errors import ErrorCode
 from compactlog.errors import UnknownPartitionError, UnknownTopicError
 from compactlog.server.broker import Broker
 from compactlog.server.groups import GroupError, subscribed_topics
+from compactlog.server.handlers.transactions import (
+    NOT_SUPPORTED,
+    TRANSACTIONS_REFUSED,
+    log_refusal,
+)
 from compactlog.server.protocol import Request
 
 (OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP,
  SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS) = 8, 9, 10, 11, 12, 13, 14, 15, 16
 DELETE_GROUPS, OFFSET_DELETE = 42, 47
-GROUP_KEY = 0
+GROUP_KEY, TRANSACTION_KEY = 0, 1
 
 
 def register(broker: Broker) -> None:
@@ -33,8 +38,16 @@ def register(broker: Broker) -> None:
     broker.register(OFFSET_DELETE, (0, 0), offset_delete)
 
 
-def _coordinator(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
+def _coordinator(broker: Broker, request: Request, key: str, key_type: int) -> dict[str, Any]:
+    if key_type == TRANSACTION_KEY:
+        # No transaction coordinator: a code that clients take as final, at once
+        # (handlers/transactions.py); any other makes librdkafka ask again until
+        # init_transactions() times out.
+        log_refusal(request, key)
+        return {"key": key, "error_code": TRANSACTIONS_REFUSED, "node_id": -1,
+                "host": "", "port": -1, "error_message": NOT_SUPPORTED}
     if key_type != GROUP_KEY:
+        # Share groups (KIP-932): as Kafka answers when it has no share coordinator.
         return {"key": key, "error_code": ErrorCode.invalid_request, "node_id": -1,
                 "host": "", "port": -1, "error_message": "only group coordinators exist here"}
     return {"key": key, "error_code": ErrorCode.none, "node_id": broker.node_id,
@@ -44,9 +57,9 @@ def _coordinator(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
 async def find_coordinator(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     if request.api_version >= 4:  # batched keys
-        return {"coordinators": [_coordinator(broker, key, body.key_type)
+        return {"coordinators": [_coordinator(broker, request, key, body.key_type)
                                  for key in body.coordinator_keys]}
-    return _coordinator(broker, body.key, getattr(body, "key_type", GROUP_KEY))
+    return _coordinator(broker, request, body.key, getattr(body, "key_type", GROUP_KEY))
 
 
 def _failed(error: GroupError, **fields: Any) -> dict[str, Any]:

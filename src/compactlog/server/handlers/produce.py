@@ -13,11 +13,11 @@ original offsets instead of appending it again, and appends the rest, atomically
 partition. As in Kafka, such a partition's records must be exactly one batch.
 
 Transactions are not supported: InitProducerId with a transactional id is answered
-with UNSUPPORTED_VERSION, the code Kafka's own broker gives for a feature it does not
-have enabled (KafkaApis: Heartbeat with a group instance id below IBP 2.3,
-ConsumerGroupHeartbeat without the new group protocol); clients treat it as fatal for
-the feature, and it says what is true. Transactional batches are refused with
-INVALID_TXN_STATE, as Kafka refuses them outside a transaction it knows of.
+with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as FindCoordinator for a transaction
+coordinator is (see handlers/transactions.py for why that code: librdkafka retries
+UNSUPPORTED_VERSION every 500 ms until init_transactions() times out). Transactional
+batches are refused with INVALID_TXN_STATE, as Kafka refuses them outside a
+transaction it knows of.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from kio.schema.errors import ErrorCode
 from compactlog.errors import InvalidRecordError
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code, error_message
+from compactlog.server.handlers.transactions import TRANSACTIONS_REFUSED, log_refusal
 from compactlog.server.producers import (
     NO_EPOCH,
     NO_PRODUCER_ID,
@@ -131,11 +132,10 @@ async def init_producer_id(broker: Broker, request: Request) -> dict[str, Any]:
     epoch = getattr(body, "producer_epoch", NO_EPOCH)
     if body.transactional_id is not None:
         # Kafka answers an empty transactional id with INVALID_REQUEST.
-        code = (ErrorCode.invalid_request if body.transactional_id == ""
-                else ErrorCode.unsupported_version)
-        log.info("InitProducerId for transactional id %r refused: compactlog does not "
-                 "support transactions", body.transactional_id)
-        return _no_producer_id(code)
+        if body.transactional_id == "":
+            return _no_producer_id(ErrorCode.invalid_request)
+        log_refusal(request, body.transactional_id)
+        return _no_producer_id(TRANSACTIONS_REFUSED)
     try:
         producer_id, epoch = await broker.run_io(
             broker.producers.init_producer_id, producer_id, epoch)

@@ -1,0 +1,62 @@
+"""`<data dir>/server.json`: where the server that writes a data directory listens.
+
+Invariant: while `compactlog serve` holds a data directory's writer lock, server.json
+names its pid and its Kafka listener (and its admin listener, if any); the CLI trusts
+it only when that pid is alive and is the one holding the writer lock, so a file left
+by a server that was killed is ignored. The CLI's write commands use it to go through
+the running server instead of failing on the lock (cli/writer.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from compactlog.storage import fsutil
+
+FILE = "server.json"
+LOCK_FILE = ".writer.lock"
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    pid: int
+    kafka: str  # host:port a client on this machine can reach
+    admin: str | None  # the admin API's URL, when the server has one
+
+    def write(self, data_dir: Path) -> None:
+        temp = fsutil.temp_path(data_dir, "server")
+        fsutil.write_file_durably(temp, json.dumps(asdict(self)).encode())
+        fsutil.publish_replace(temp, data_dir / FILE)
+
+
+def reachable_host(host: str) -> str:
+    """A listener bound to every address is reached on this machine by loopback."""
+    if host in ("0.0.0.0", "", "::"):
+        return "127.0.0.1"
+    return host
+
+
+def running_server(data_dir: Path) -> ServerInfo | None:
+    """The server that writes `data_dir` now, or None."""
+    try:
+        body = json.loads((data_dir / FILE).read_bytes())
+        info = ServerInfo(int(body["pid"]), str(body["kafka"]), body.get("admin"))
+        holder = (data_dir / LOCK_FILE).read_text().strip()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if holder != f"pid {info.pid}":
+        return None
+    try:
+        os.kill(info.pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    return info
+
+
+def remove(data_dir: Path) -> None:
+    (data_dir / FILE).unlink(missing_ok=True)
