@@ -111,6 +111,9 @@ def test_elect_leaders_is_never_needed(server: LoggedServer, version: int) -> No
                                                    "topic_partitions": None})
         assert [(r.topic, r.partition_result) for r in every.replica_election_results] == [
             ("a", ()), ("b", ())]
+        assert wire.call(ELECT_LEADERS, version, {"election_type": 0, "timeout": TIMEOUT,
+                                                  "topic_partitions": []}
+                         ).replica_election_results == ()
         if version >= 1:
             bad = wire.call(ELECT_LEADERS, version, {"election_type": 7, "timeout": TIMEOUT,
                                                      "topic_partitions": None})
@@ -170,6 +173,8 @@ def test_create_partitions_checks_as_kafka_and_refuses_an_increase(
         assert "cannot add partitions to an existing topic" in more.error_message
         assert log_dirs(wire, 4, [{"topic": "b", "partitions": [0, 1, 2, 3]}])[1] == {
             ("b", 0): 0}
+        assert wire.call(CREATE_PARTITIONS, version, {
+            "timeout": TIMEOUT, "validate_only": False, "topics": []}).results == ()
 
 
 def producers(wire: Wire, wanted: dict[str, list[int]]) -> dict[tuple[str, int], Any]:
@@ -189,6 +194,7 @@ def test_describe_producers_lists_idempotent_producers_also_after_a_restart(
     with serve(tmp_path, one_topic) as server, Wire(server.address) as wire:
         assert producers(wire, {"t": [0, 1]}) == {("t", 0): (ErrorCode.none, []),
                                                   ("t", 1): (ErrorCode.none, [])}
+        assert producers(wire, {}) == {} and producers(wire, {"t": []}) == {}
         producer = KafkaProducer(bootstrap_servers=server.bootstrap, enable_idempotence=True,
                                  acks="all", linger_ms=0)
         for i in range(5):

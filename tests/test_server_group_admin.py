@@ -83,6 +83,7 @@ def test_offset_delete_spares_subscribed_topics(server: LoggedServer) -> None:
         # Nothing committed there: no error either.
         assert offset_delete(wire, "subs", {"b": [0]}) == (ErrorCode.none,
                                                             {("b", 0): ErrorCode.none})
+        assert offset_delete(wire, "subs", {}) == (ErrorCode.none, {})
         assert offset_delete(wire, "nope", {"a": [0]}) == (ErrorCode.group_id_not_found, {})
         assert offset_delete(wire, "", {"a": [0]}) == (ErrorCode.invalid_group_id, {})
         # Members of another protocol say nothing of their topics: refused as a whole.
