@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up compactlog for development on a fresh machine: check Python and Java, create
-# .venv and install the project with its test tools. Safe to run again: it reinstalls
-# only when pyproject.toml changed.
+# .venv and install the project with its test tools, and install the applications the
+# tests run against the server (scripts/setup-apps.sh). Safe to run again: it reinstalls
+# only when pyproject.toml (or an application's pins) changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,3 +55,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install --quiet -e ".[dev]"
   echo "$want" > "$stamp"
 fi
+
+# The applications of tests/test_apps_*.py (Quix Streams, faust-streaming, KafkaJS), each
+# with its own pinned Kafka client: see scripts/setup-apps.sh.
+PYTHON="$python_bin" bash scripts/setup-apps.sh

@@ -7,10 +7,12 @@ of the small jobs tests run. Never use it for benchmarks.
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -55,3 +57,79 @@ def spark() -> Iterator[SparkSession]:
     session = start_session("local[2]", SPARK_TEST_CONF, app_name="compactlog-tests")
     yield session
     session.stop()
+
+
+# -- the compatibility table (tests/compat.py, scripts/compat_table.py) -------------------
+
+_COMPAT_RESULTS = pytest.StashKey[dict[str, dict[str, str]]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_COMPAT_RESULTS] = {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from compat import scenario_ids
+
+    known = scenario_ids()
+    used = []
+    for item in items:
+        for mark in item.iter_markers("compat"):
+            if tuple(mark.args) not in known:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: compat{mark.args} is not a scenario of tests/compat.py")
+            used.append([*mark.args, item.nodeid])
+    # tests/test_compat_table.py collects with this set to learn which tests cover what.
+    listing = os.environ.get("COMPACTLOG_LIST_COMPAT")
+    if listing:
+        Path(listing).write_text(json.dumps(used))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    marks = list(item.iter_markers("compat"))
+    # The call's outcome; a setup that did not pass, or a teardown that failed (such as
+    # a server that did not stop cleanly), stands instead.
+    if marks and (report.when == "call" or (report.when == "setup" and not report.passed)
+                  or (report.when == "teardown" and report.failed)):
+        from compat import GAP_PREFIX, version
+
+        xfail = hasattr(report, "wasxfail")
+        reason = str(getattr(report, "wasxfail", ""))
+        outcome = ("xfailed" if report.skipped else "xpassed") if xfail else report.outcome
+        if outcome == "skipped" and isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2])
+        for mark in marks:
+            subject, scenario = mark.args
+            item.config.stash[_COMPAT_RESULTS][f"{subject}|{scenario}"] = {
+                "subject": subject, "scenario": scenario, "version": version(subject),
+                "outcome": outcome, "gap": reason.removeprefix(GAP_PREFIX).split(". Log:")[0]
+                if reason.startswith(GAP_PREFIX) else "",
+                "reason": reason, "test": item.nodeid,
+                "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+    return report
+
+
+def compat_results_path() -> Path:
+    return Path(os.environ.get("COMPACTLOG_COMPAT_RESULTS")
+                or TESTS_DIR.parent / "build" / "compat-results.json")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Merge this run's outcomes into the results file (a partial run updates only the
+    scenarios it ran)."""
+    recorded = session.config.stash.get(_COMPAT_RESULTS, {})
+    if not recorded:
+        return
+    path = compat_results_path()
+    merged: dict[str, Any] = {}
+    if path.exists():
+        try:
+            merged = json.loads(path.read_text())
+        except ValueError:
+            merged = {}
+    merged.update(recorded)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(sorted(merged.items())), indent=2) + "\n")

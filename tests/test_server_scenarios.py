@@ -618,8 +618,13 @@ CLIENTS: dict[str, tuple[Callable[[], Client], bool]] = {
 # -- the scenario ---------------------------------------------------------------------------
 
 
+def end_to_end(name: str, *marks: pytest.MarkDecorator) -> Any:
+    return pytest.param(name, marks=[pytest.mark.compat(name, "end-to-end"), *marks])
+
+
 @pytest.mark.parametrize("name", [
-    "kafka-python", "aiokafka", "confluent-kafka", pytest.param("kcat", marks=needs_kcat)])
+    end_to_end("kafka-python"), end_to_end("aiokafka"), end_to_end("confluent-kafka"),
+    end_to_end("kcat", needs_kcat)])
 def test_compacted_topic_end_to_end(tmp_path: Path, name: str) -> None:
     make_client, keep_tombstones = CLIENTS[name]
     client = make_client()
