@@ -21,28 +21,13 @@ from typing import Any
 import pytest
 
 from apps_support import node, server_config
-from compat import APPS, server_gap
+from compat import APPS
 from kafka_server import LoggedServer, logged_server
 
 SCENARIO = APPS / "kafkajs" / "scenario.js"
 STEP_TIMEOUT_S = 120
 
 COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}
-
-ALTER_CONFIGS_GAP = server_gap(
-    "AlterConfigs (API key 33) is not served (not in ApiVersions; the server has only "
-    "IncrementalAlterConfigs, which KafkaJS 2.2.4 lacks)",
-    "no server log line; KafkaJS: KafkaJSServerDoesNotSupportApiKey 'The Kafka server "
-    "does not support the requested API version' from admin.alterConfigs")
-DELETE_RECORDS_GAP = server_gap(
-    "DeleteRecords (API key 21) is not served (not in ApiVersions)",
-    "no server log line; KafkaJS: KafkaJSNonRetriableError 'The Kafka server does not "
-    "support the requested API version' from admin.deleteTopicRecords")
-DELETE_GROUPS_GAP = server_gap(
-    "DeleteGroups (API key 42) is not served (not in ApiVersions)",
-    "no server log line; KafkaJS: KafkaJSServerDoesNotSupportApiKey 'The Kafka server "
-    "does not support the requested API version' from admin.deleteGroups")
-
 
 def js(server: LoggedServer, step: str, *args: Any) -> list[dict[str, Any]]:
     """One step of scenario.js; its JSON lines. subprocess.run kills it by its pid if it
@@ -126,7 +111,6 @@ def test_kafkajs_compacted_topic_group_commit_restart_resume(tmp_path: Path) -> 
 
 
 @pytest.mark.compat("kafkajs", "alter-config")
-@pytest.mark.xfail(strict=False, reason=ALTER_CONFIGS_GAP)
 def test_kafkajs_alter_configs(tmp_path: Path) -> None:
     with logged_server(tmp_path / "data", tmp_path / "server.log",
                        *server_config(tmp_path)) as server:
@@ -144,7 +128,6 @@ def test_kafkajs_alter_configs(tmp_path: Path) -> None:
 
 
 @pytest.mark.compat("kafkajs", "delete-records")
-@pytest.mark.xfail(strict=False, reason=DELETE_RECORDS_GAP)
 def test_kafkajs_delete_records(tmp_path: Path) -> None:
     with logged_server(tmp_path / "data", tmp_path / "server.log",
                        *server_config(tmp_path)) as server:
@@ -159,7 +142,6 @@ def test_kafkajs_delete_records(tmp_path: Path) -> None:
 
 
 @pytest.mark.compat("kafkajs", "delete-group")
-@pytest.mark.xfail(strict=False, reason=DELETE_GROUPS_GAP)
 def test_kafkajs_delete_group(tmp_path: Path) -> None:
     with logged_server(tmp_path / "data", tmp_path / "server.log",
                        *server_config(tmp_path)) as server:

@@ -20,19 +20,11 @@ from pathlib import Path
 import pytest
 
 from apps_support import AppProcess, StatefulCountScenario, app_process, app_python, server_config
-from compat import APPS, server_gap
+from compat import APPS
 from kafka_server import logged_server
 
 GROUP = "counter"
 CHANGELOG = f"changelog__{GROUP}--events--default"
-
-METADATA_GAP = server_gap(
-    "Metadata v13 for all topics (topics=null) from librdkafka 2.12 is refused; Quix's "
-    "first call, AdminClient.list_topics(), fails",
-    "WARNING compactlog.server: closing connection from ('127.0.0.1', <port>): Metadata "
-    "v13 request has 3 trailing bytes (then in the app: KafkaException _TRANSPORT "
-    "'Failed to get metadata: Local: Broker transport failure')")
-
 
 @contextmanager
 def quix_app(bootstrap: str, state: Path, log: Path) -> Iterator[AppProcess]:
@@ -44,7 +36,6 @@ def quix_app(bootstrap: str, state: Path, log: Path) -> Iterator[AppProcess]:
 
 @pytest.mark.slow
 @pytest.mark.compat("quixstreams", "changelog-restore")
-@pytest.mark.xfail(strict=False, reason=METADATA_GAP)
 def test_quix_state_is_restored_from_the_compacted_changelog(tmp_path: Path) -> None:
     scenario = StatefulCountScenario(tmp_path, GROUP, CHANGELOG, quix_app)
     with logged_server(scenario.data, tmp_path / "server.log",

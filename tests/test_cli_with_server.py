@@ -13,15 +13,12 @@ import signal
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from compactlog.storage.store import LogStore
 from kafka_server import COMPACTLOG, logged_server
 from test_cli import ok, run
 from test_cli_compaction import ENV, LOCAL
 
 
-@pytest.mark.xfail(strict=False, reason="needs AlterConfigs (key 33), from the admin APIs")
 def test_write_commands_go_through_a_running_server(tmp_path: Path) -> None:
     data = tmp_path / "data"
     ok(run(data, "topics", "create", "seed"))  # a data directory, before the server

@@ -4,9 +4,8 @@ deletes records and deletes a consumer group, where the client has a call for it
 (tests/compat.py lists what each lacks). Their produce/consume/compaction scenarios are
 in test_server_scenarios.py.
 
-The clients check the server's ApiVersions answer before they send: an API the server
-does not advertise fails in the client, and the server logs nothing. Each such gap is an
-xfail mark naming the API key and the client's error.
+The clients check the server's ApiVersions answer before they send, so each call here
+also shows that the server advertises the API the client picks for it.
 """
 
 from __future__ import annotations
@@ -40,48 +39,11 @@ from kafka import TopicPartition as KpTopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from apps_support import create_topic, produce, run_isolated, server_config, topic_configs
-from compat import server_gap
 from kafka_server import LoggedServer, logged_server
 
 TIMEOUT_S = 30
 TOPICS: dict[str, dict[str, str]] = {"plain": {}, "compacted": {"cleanup.policy": "compact"}}
 KCAT = shutil.which("kcat")
-
-METADATA_ALL_TOPICS_GAP = server_gap(
-    "Metadata v13 for all topics (topics=null) from librdkafka 2.16 is refused",
-    "WARNING compactlog.server: closing connection from ('127.0.0.1', <port>): Metadata "
-    "v13 request has 3 trailing bytes (confluent-kafka: KafkaException _TRANSPORT "
-    "'Failed to get metadata: Local: Broker transport failure')")
-
-
-def gap(api: str, key: int, client_error: str) -> str:
-    return server_gap(f"{api} (API key {key}) is not served (not in ApiVersions)",
-                      f"no server log line; the client refuses: {client_error}")
-
-
-ALTER_CONFIGS_GAP = {
-    "kafka-python": gap("AlterConfigs", 33, "IncompatibleBrokerVersion: Kafka broker does "
-                        "not support the 'AlterConfigsRequest' Kafka protocol"),
-    "aiokafka": gap("AlterConfigs", 33, "IncompatibleBrokerVersion: AlterConfigsRequest "
-                    "cannot be used if the API version is unknown"),
-    "confluent-kafka": gap("AlterConfigs", 33, "KafkaException _UNSUPPORTED_FEATURE "
-                           "'AlterConfigs (KIP-133) not supported by broker'"),
-}
-DELETE_RECORDS_GAP = {
-    "kafka-python": gap("DeleteRecords", 21, "IncompatibleBrokerVersion: Kafka broker does "
-                        "not support the 'DeleteRecordsRequest' Kafka protocol"),
-    "aiokafka": gap("DeleteRecords", 21, "IncompatibleBrokerVersion: DeleteRecordsRequest "
-                    "cannot be used if the API version is unknown"),
-    "confluent-kafka": gap("DeleteRecords", 21, "KafkaException _UNSUPPORTED_FEATURE "
-                           "'Local: Required feature not supported by broker'"),
-}
-DELETE_GROUPS_GAP = {
-    "kafka-python": gap("DeleteGroups", 42, "IncompatibleBrokerVersion: Kafka broker does "
-                        "not support the 'DeleteGroupsRequest' Kafka protocol"),
-    "confluent-kafka": gap("DeleteGroups", 42, "KafkaException _UNSUPPORTED_FEATURE "
-                           "'Local: Required feature not supported by broker'"),
-}
-
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LoggedServer]:
@@ -164,7 +126,6 @@ def test_kafka_python_lists_topics(kp_admin: KafkaAdminClient) -> None:
 
 
 @pytest.mark.compat("kafka-python", "alter-config-AlterConfigs")
-@pytest.mark.xfail(strict=False, reason=ALTER_CONFIGS_GAP["kafka-python"])
 def test_kafka_python_alter_configs(server: LoggedServer, kp_admin: KafkaAdminClient) -> None:
     kp_admin.alter_configs([ConfigResource(
         ConfigResourceType.TOPIC, "compacted",
@@ -184,7 +145,6 @@ def test_kafka_python_incremental_alter_configs(server: LoggedServer,
 
 
 @pytest.mark.compat("kafka-python", "delete-records")
-@pytest.mark.xfail(strict=False, reason=DELETE_RECORDS_GAP["kafka-python"])
 def test_kafka_python_delete_records(server: LoggedServer,
                                      kp_admin: KafkaAdminClient) -> None:
     one_partition_topic(server)
@@ -193,7 +153,6 @@ def test_kafka_python_delete_records(server: LoggedServer,
 
 
 @pytest.mark.compat("kafka-python", "delete-group")
-@pytest.mark.xfail(strict=False, reason=DELETE_GROUPS_GAP["kafka-python"])
 def test_kafka_python_delete_group(server: LoggedServer, kp_admin: KafkaAdminClient) -> None:
     produce(server.bootstrap, "plain", numbered(5))
     kafka_python_group(server, "doomed")
@@ -226,7 +185,6 @@ def test_aiokafka_lists_topics(server: LoggedServer) -> None:
 
 
 @pytest.mark.compat("aiokafka", "alter-config-AlterConfigs")
-@pytest.mark.xfail(strict=False, reason=ALTER_CONFIGS_GAP["aiokafka"])
 def test_aiokafka_alter_configs(server: LoggedServer) -> None:
     responses = aio(server, lambda admin: admin.alter_configs([AioConfigResource(
         AioConfigResourceType.TOPIC, "compacted",
@@ -237,7 +195,6 @@ def test_aiokafka_alter_configs(server: LoggedServer) -> None:
 
 
 @pytest.mark.compat("aiokafka", "delete-records")
-@pytest.mark.xfail(strict=False, reason=DELETE_RECORDS_GAP["aiokafka"])
 def test_aiokafka_delete_records(server: LoggedServer) -> None:
     one_partition_topic(server)
     low = aio(server, lambda admin: admin.delete_records(
@@ -279,7 +236,6 @@ def ck_list_topics(bootstrap: str) -> list[str]:
 
 
 @pytest.mark.compat("confluent-kafka", "list-topics")
-@pytest.mark.xfail(strict=False, reason=METADATA_ALL_TOPICS_GAP)
 def test_confluent_kafka_lists_topics(server: LoggedServer) -> None:
     assert run_isolated(ck_list_topics, server.bootstrap) == sorted(TOPICS)
 
@@ -295,7 +251,6 @@ def ck_alter_configs(bootstrap: str) -> dict[str, str]:
 
 
 @pytest.mark.compat("confluent-kafka", "alter-config-AlterConfigs")
-@pytest.mark.xfail(strict=False, reason=ALTER_CONFIGS_GAP["confluent-kafka"])
 def test_confluent_kafka_alter_configs(server: LoggedServer) -> None:
     configs = run_isolated(ck_alter_configs, server.bootstrap)
     assert (configs["delete.retention.ms"], configs["cleanup.policy"]) == ("4000", "compact")
@@ -319,7 +274,8 @@ def test_confluent_kafka_incremental_alter_configs(server: LoggedServer) -> None
 def ck_delete_records(bootstrap: str) -> tuple[int, int, int]:
     """DeleteRecords up to offset 4; the low watermark it reports, then the earliest
     offset and the first offset read by a consumer."""
-    (future,) = ck_admin(bootstrap).delete_records([CkTopicPartition("trimmed", 0, 4)]).values()
+    admin = ck_admin(bootstrap)  # kept referenced: a collected client never completes its futures
+    (future,) = admin.delete_records([CkTopicPartition("trimmed", 0, 4)]).values()
     reported = future.result(timeout=TIMEOUT_S).low_watermark
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
@@ -336,7 +292,6 @@ def ck_delete_records(bootstrap: str) -> tuple[int, int, int]:
 
 
 @pytest.mark.compat("confluent-kafka", "delete-records")
-@pytest.mark.xfail(strict=False, reason=DELETE_RECORDS_GAP["confluent-kafka"])
 def test_confluent_kafka_delete_records(server: LoggedServer) -> None:
     one_partition_topic(server)
     assert run_isolated(ck_delete_records, server.bootstrap) == (4, 4, 4)
@@ -370,7 +325,6 @@ def ck_delete_group(bootstrap: str, group: str) -> list[str]:
 
 
 @pytest.mark.compat("confluent-kafka", "delete-group")
-@pytest.mark.xfail(strict=False, reason=DELETE_GROUPS_GAP["confluent-kafka"])
 def test_confluent_kafka_delete_group(server: LoggedServer) -> None:
     run_isolated(ck_group, server.bootstrap, "doomed")
     assert group_offsets(server, "doomed")

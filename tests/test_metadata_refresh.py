@@ -24,21 +24,12 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from apps_support import create_topic, run_isolated, server_config
-from compat import server_gap
 from kafka_server import logged_server
 
 REFRESH_MS = 1000
 REFRESHES = 3  # each client refreshes at least this often before the run ends
 TIMEOUT_S = 90.0
 PERIODIC = "periodic topic and broker list refresh"
-
-ALL_TOPICS_GAP = server_gap(
-    "Metadata v13 for all topics (topics=null), which librdkafka 2.16 sends in the periodic "
-    "refresh of a pattern subscription, is refused: the connection is closed every refresh",
-    "WARNING compactlog.server: closing connection from ('127.0.0.1', <port>): Metadata "
-    "v13 request has 3 trailing bytes (the client: _ALL_BROKERS_DOWN '1/1 brokers are "
-    "down')")
-
 
 class Lines(logging.Handler):
     def __init__(self) -> None:
@@ -117,9 +108,8 @@ def produce_and_consume(bootstrap: str, topic: str, pattern: bool) -> dict[str, 
 @pytest.mark.parametrize("pattern", [
     pytest.param(False, id="topic", marks=pytest.mark.compat(
         "confluent-kafka", "metadata-refresh-topic")),
-    pytest.param(True, id="pattern", marks=[
-        pytest.mark.compat("confluent-kafka", "metadata-refresh-pattern"),
-        pytest.mark.xfail(strict=False, reason=ALL_TOPICS_GAP)]),
+    pytest.param(True, id="pattern", marks=pytest.mark.compat(
+        "confluent-kafka", "metadata-refresh-pattern")),
 ])
 def test_periodic_metadata_refresh_keeps_connections(tmp_path: Path, pattern: bool) -> None:
     with logged_server(tmp_path / "data", tmp_path / "server.log",
