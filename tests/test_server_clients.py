@@ -231,9 +231,18 @@ def test_sigterm_while_producing_keeps_every_acknowledged_record(tmp_path: Path)
         producer = KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False,
                                  acks="all", linger_ms=1, retries=0,
                                  reconnect_backoff_max_ms=100)
-        for i in range(3000):
-            producer.send("busy", key=b"k%d" % i, value=b"%d" % i).add_callback(
-                lambda _meta, i=i: acknowledged.append(i))
+        def send(numbers: range) -> None:
+            for i in numbers:
+                producer.send("busy", key=b"k%d" % i, value=b"%d" % i).add_callback(
+                    lambda _meta, i=i: acknowledged.append(i))
+
+        # Some acknowledged first (on a loaded machine the first sends may still be
+        # queued when the server stops, and the test would prove nothing), then more.
+        send(range(100))
+        deadline = time.monotonic() + 30
+        while not acknowledged and time.monotonic() < deadline:
+            time.sleep(0.01)
+        send(range(100, 3000))
         # Leaving the block sends SIGTERM while these are still in flight.
     with contextlib.suppress(Exception):
         producer.close(timeout=5)
