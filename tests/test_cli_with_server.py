@@ -12,11 +12,16 @@ import re
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from compactlog.storage.store import LogStore
+from conftest import SPARK_TEST_CONF
 from kafka_server import COMPACTLOG, logged_server
 from test_cli import ok, run
-from test_cli_compaction import ENV, LOCAL
+from test_cli_compaction import ENV, LOCAL, TOPIC_CONFIG
+from test_server_admin import server_config
 
 
 def test_write_commands_go_through_a_running_server(tmp_path: Path) -> None:
@@ -83,3 +88,63 @@ def test_serve_takes_data_dir_after_the_command_name(tmp_path: Path) -> None:
     assert not (data / "server.json").exists()
     # And on the other commands: after the command name, the same as before it.
     assert ok(run(tmp_path / "unused", "topics", "list", "--data-dir", str(data))) == ""
+
+
+def produce_keyed(data: Path, topic: str, start: int, count: int) -> None:
+    lines = "".join(f"k{i % 10}\tv{i}\n" for i in range(start, start + count))
+    done = run(data, "produce", topic, stdin=lines)
+    assert done.returncode == 0, done.stderr
+
+
+def test_compact_goes_to_the_running_servers_worker(tmp_path: Path) -> None:
+    """With a server and its admin API on the data directory, `compact` asks the server's
+    warm worker (the server's compaction settings: here the local engine); --local, or a
+    Spark option, runs it in the CLI's own process as before."""
+    data = tmp_path / "data"
+    config = server_config(tmp_path, service="local_engine:LocalCompactionServiceFactory")
+    with logged_server(data, tmp_path / "server.log", "--admin-listen", "127.0.0.1:0",
+                       *config, env=ENV) as server:
+        ok(run(data, "topics", "create", "prices", *TOPIC_CONFIG))
+        produce_keyed(data, "prices", 0, 300)
+        done = run(data, "compact", "prices", "--json", env=ENV, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert f"running server's compaction worker ({server.admin_url})" in done.stderr
+        report = json.loads(done.stdout)
+        assert sum(p["records_in"] for p in report["partitions"]) > 0
+        assert "compaction run" in server.log() or "compacted" in server.log()
+
+        produce_keyed(data, "prices", 300, 300)  # 3 kB: rolls a segment (2 kB) to compact
+        here = run(data, "compact", "prices", "--local", *LOCAL, "--json", env=ENV,
+                   timeout=120)
+        assert here.returncode == 0, here.stderr
+        assert "compaction worker" not in here.stderr
+        assert sum(p["records_in"] for p in json.loads(here.stdout)["partitions"]) > 0
+
+        # --local and --server contradict each other: one line, no traceback.
+        both = run(data, "compact", "prices", "--local", "--server", server.admin_url or "")
+        assert both.returncode == 2 and "do not go with --server" in both.stderr
+        server.assert_running()
+
+
+@pytest.mark.slow
+def test_compact_beside_a_server_pays_no_spark_start_up(tmp_path: Path) -> None:
+    """Real Spark: the first CLI compaction starts the server's worker, the second finds
+    it warm (startup 0 in its report), and both finish with the topic compacted."""
+    data = tmp_path / "data"
+    config = server_config(tmp_path, spark_master="local[1]", spark_conf=SPARK_TEST_CONF)
+    with logged_server(data, tmp_path / "server.log", "--admin-listen", "127.0.0.1:0",
+                       *config, env=ENV) as server:
+        ok(run(data, "topics", "create", "prices", *TOPIC_CONFIG))
+        reports: list[dict[str, Any]] = []
+        for start in (0, 300):
+            produce_keyed(data, "prices", start, 300)
+            done = run(data, "compact", "prices", "--json", env=ENV, timeout=300)
+            assert done.returncode == 0, done.stderr
+            reports.append(json.loads(done.stdout))
+        assert all(sum(p["records_in"] for p in r["partitions"]) for r in reports)
+        assert reports[1]["startup_s"] == 0 and "spark start-up" not in reports[1]["stages"]
+        assert server.log().count("started compaction worker") == 1
+        view = [json.loads(line) for line in ok(run(
+            data, "consume", "prices", "--compacted", "--format", "json")).splitlines()]
+        assert {r["key"]: r["value"] for r in view} == {f"k{i}": f"v{590 + i}"
+                                                        for i in range(10)}

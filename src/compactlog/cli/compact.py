@@ -32,6 +32,7 @@ from compactlog.compaction.worker import CompactionWorker, protocol_stdout
 from compactlog.compaction.worker import serve as serve_requests
 from compactlog.config import parse_assignments
 from compactlog.errors import CompactlogError
+from compactlog.server.info import running_server
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
 
@@ -64,8 +65,12 @@ STAGES = ["plan", "phase 1: find survivors", "phase 2: write ledgers", "commit",
               help="Ask a running server to compact, through its admin API (the URL of "
                    "`serve --admin-listen`, or set COMPACTLOG_SERVER); the server's own "
                    "compaction settings apply.")
+@click.option("--local", "local", is_flag=True,
+              help="Compact in this process (Spark starts here) even when a server with an "
+                   "admin API runs on the data directory.")
 @click.option("--no-wait", is_flag=True,
-              help="With --server: print the run's id and return without waiting for it.")
+              help="On a server (--server, or the one running on the data directory): print "
+                   "the run's id and return without waiting for it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_obj
 def compact(
@@ -76,6 +81,7 @@ def compact(
     spark_conf: tuple[str, ...],
     service: str | None,
     server_url: str | None,
+    local: bool,
     no_wait: bool,
     as_json: bool,
 ) -> None:
@@ -88,6 +94,10 @@ def compact(
     producer or server writes the same data directory; if another process (the server's
     cleaner) is compacting the same partitions, waits for that run and reports it.
 
+    When `compactlog serve` runs on the data directory with an admin API, the run goes
+    to the server's warm compaction worker (no Spark start-up here), unless --local or
+    a Spark option (--spark-master, --spark-conf, --service) is given.
+
     \b
     Examples:
       compactlog compact prices
@@ -95,17 +105,29 @@ def compact(
       compactlog compact prices --spark-master spark://127.0.0.1:7077 \\
           --spark-conf spark.executor.memory=4g
       compactlog compact prices --server http://127.0.0.1:9093
+      compactlog compact prices --local     # here, even beside a running server
     """
+    spark_options = _spark_options_given(spark_conf, service)
     if server_url is not None:
-        source = click.get_current_context().get_parameter_source("spark_master")
-        if spark_conf or service or source is ParameterSource.COMMANDLINE:
-            raise click.UsageError("--spark-master, --spark-conf and --service do not go "
-                                   "with --server: the server's compaction settings apply")
+        if spark_options or local:
+            raise click.UsageError("--spark-master, --spark-conf, --service and --local do "
+                                   "not go with --server: the server's compaction settings "
+                                   "apply")
         _compact_on_server(AdminClient(server_url), topic, list(partitions) or None,
                            no_wait, as_json)
         return
+    if not local and not spark_options:
+        server = running_server(ctx.data_dir)
+        if server is not None and server.admin is not None:
+            # The server's worker is warm: no Spark start-up, and its settings apply.
+            console.print(f"compacting on the running server's compaction worker "
+                          f"({server.admin}); --local runs it here")
+            _compact_on_server(AdminClient(server.admin), topic, list(partitions) or None,
+                               no_wait, as_json)
+            return
     if no_wait:
-        raise click.UsageError("--no-wait goes with --server")
+        raise click.UsageError("--no-wait needs a server to run the compaction: --server URL, "
+                               "or a server with an admin API on the data directory")
     settings: dict[str, Any] = {
         "spark.master": spark_master,
         "spark.conf": parse_assignments(spark_conf),
@@ -125,6 +147,14 @@ def compact(
         click.echo(json.dumps(report_json(report), indent=2))
     else:
         stdout_console().print(summary_table(report))
+
+
+def _spark_options_given(spark_conf: tuple[str, ...], service: str | None) -> bool:
+    """Whether the user chose where or how Spark runs (on the command line or through
+    its environment variables): then the run is theirs, not the server's."""
+    source = click.get_current_context().get_parameter_source("spark_master")
+    return bool(spark_conf or service) or source in (ParameterSource.COMMANDLINE,
+                                                      ParameterSource.ENVIRONMENT)
 
 
 def _wait_for_other_runs(chosen: list[Partition]) -> CompactionReport | None:
