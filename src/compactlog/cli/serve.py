@@ -12,6 +12,7 @@ import click
 from compactlog.cli import Context
 from compactlog.errors import UserError
 from compactlog.server.app import ServerConfig, serve_forever
+from compactlog.server.authorizer import AuthorizationConfig
 from compactlog.server.cleaner import CleanerConfig
 
 # The server's settings file (TOML), every key optional:
@@ -48,19 +49,34 @@ from compactlog.server.cleaner import CleanerConfig
 #   spark_master = "local[*]"        # where compaction runs
 #   spark_conf = { "spark.driver.memory" = "2g" }   # Spark settings, passed through
 #   service = "module:factory"       # compaction service factory (default: Spark)
+#   allowed_strategy_functions = []  # "MODULE:NAME"s that clients may name in a topic's
+#                                    # compaction.strategy as function:MODULE:NAME
+#
+#   [authorization]                  # ACLs (docs/server.md, "Authorization")
+#   enabled = false                  # check ACLs; off: every request is allowed
+#   super_users = []                 # e.g. ["User:admin"] [super.users]
+#   allow_everyone_if_no_acl_found = false  # a resource no ACL names is open
+#                                    # [allow.everyone.if.no.acl.found]
+#   admin_tokens_file = "/etc/compactlog/admin-tokens"  # admin API bearer tokens
+#   admin_open_health_and_metrics = true  # /metrics and /v1/health need no token
 SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_connections": int,
                              "max_connections_per_ip": int, "max_open_data_files": int,
                              "connections_max_idle_s": float,
                              "max_request_bytes": int, "queued_max_request_bytes": int,
                              "upkeep_interval_s": float,
                              "group_initial_rebalance_delay_s": float,
-                             "shutdown_grace_s": float, "compaction": dict}
+                             "shutdown_grace_s": float, "compaction": dict,
+                             "authorization": dict}
 COMPACTION_SETTINGS: dict[str, type] = {
     "enabled": bool, "check_interval_s": float, "threshold_bytes": int,
     "max_concurrent_runs": int, "backoff_initial_s": float, "backoff_max_s": float,
     "io_max_bytes_per_s": float, "run_timeout_s": float, "keep_warm_s": float,
     "spark_master": str,
-    "spark_conf": dict, "service": str,
+    "spark_conf": dict, "service": str, "allowed_strategy_functions": list,
+}
+AUTHORIZATION_SETTINGS: dict[str, type] = {
+    "enabled": bool, "super_users": list, "allow_everyone_if_no_acl_found": bool,
+    "admin_tokens_file": str, "admin_open_health_and_metrics": bool,
 }
 
 
@@ -85,6 +101,11 @@ def _checked(path: Path, where: str, raw: dict[str, Any],
     return raw
 
 
+def _strings(path: Path, where: str, value: list[Any]) -> None:
+    if not all(isinstance(item, str) for item in value):
+        raise UserError(f"{path}: {where} must be a list of strings, got {value!r}")
+
+
 def load_settings(path: Path) -> dict[str, Any]:
     try:
         raw = tomllib.loads(path.read_text())
@@ -100,6 +121,12 @@ def load_settings(path: Path) -> dict[str, Any]:
             raise UserError(f"{path}: compaction.spark_conf values must be strings or numbers")
         raw["compaction"]["spark_conf"] = {k: str(v).lower() if isinstance(v, bool) else str(v)
                                            for k, v in conf.items()}
+        _strings(path, "compaction.allowed_strategy_functions",
+                 raw["compaction"].get("allowed_strategy_functions", []))
+    if "authorization" in raw:
+        _checked(path, "authorization.", raw["authorization"], AUTHORIZATION_SETTINGS)
+        _strings(path, "authorization.super_users",
+                 raw["authorization"].get("super_users", []))
     return raw
 
 
@@ -139,8 +166,10 @@ def serve(ctx: Context, listen: str | None, admin_listen: str | None,
     settings = load_settings(config_file) if config_file else {}
     host, port = parse_listen(listen or settings.get("listen", "127.0.0.1:9092"))
     config = ServerConfig(ctx.data_dir, host, port)
+    config.authorization = AuthorizationConfig(**settings.get("authorization", {}))
     for key in SETTINGS:
-        if key not in ("listen", "admin_listen", "compaction") and key in settings:
+        if key not in ("listen", "admin_listen", "compaction", "authorization") and (
+                key in settings):
             setattr(config, key, settings[key])
     admin = admin_listen or settings.get("admin_listen")
     if admin:

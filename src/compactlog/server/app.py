@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from compactlog.errors import UserError
 from compactlog.server.admin import AdminServer
+from compactlog.server.authorizer import AuthorizationConfig
 from compactlog.server.broker import Broker
 from compactlog.server.cleaner import Cleaner, CleanerConfig
 from compactlog.server.connections import (
@@ -88,6 +89,8 @@ class ServerConfig:
     admin_port: int = 9093
     # Automatic compaction (server/cleaner.py).
     compaction: CleanerConfig = field(default_factory=CleanerConfig)
+    # ACLs and the admin API's tokens (server/authorizer.py); off by default.
+    authorization: AuthorizationConfig = field(default_factory=AuthorizationConfig)
 
     def check(self) -> None:
         """Raise UserError naming the first setting out of its range."""
@@ -104,6 +107,10 @@ class ServerConfig:
             value = getattr(self, name)
             if value < 0:
                 raise UserError(f"{name} must be 0 or above, got {value}")
+        try:
+            self.authorization.check()
+        except ValueError as error:
+            raise UserError(str(error)) from None
         if self.queued_max_request_bytes < self.max_request_bytes:
             # Else the largest request allowed could never be read.
             raise UserError(
@@ -154,8 +161,11 @@ class Server:
         self._server = await asyncio.start_server(
             self.connections.serve, config.host, config.port, limit=STREAM_LIMIT)
         self.port = self._server.sockets[0].getsockname()[1]
-        self.broker = Broker(self.store, self.config.host, self.port,
-                             initial_rebalance_delay_s=self.config.group_initial_rebalance_delay_s)
+        self.broker = Broker(
+            self.store, self.config.host, self.port,
+            initial_rebalance_delay_s=self.config.group_initial_rebalance_delay_s,
+            authorization=self.config.authorization,
+            allowed_functions=frozenset(self.config.compaction.allowed_strategy_functions))
         self.broker.metrics = self.metrics
         register_all(self.broker)
         for key in self.broker.apis:  # every API served shows, at 0 until used

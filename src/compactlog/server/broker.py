@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from compactlog.server.authorizer import AuthorizationConfig, Authorizer
 from compactlog.server.groups import GroupCoordinator
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.producers import ProducerStates
@@ -46,8 +47,14 @@ class Broker:
     node_id = 0
 
     def __init__(self, store: LogStore, host: str, port: int, io_threads: int = 4,
-                 initial_rebalance_delay_s: float = 3.0) -> None:
+                 initial_rebalance_delay_s: float = 3.0,
+                 authorization: AuthorizationConfig | None = None,
+                 allowed_functions: frozenset[str] = frozenset()) -> None:
         self.store = store
+        # ACLs (server/authorizer.py); off unless the config turns it on.
+        self.authorizer = Authorizer(store.data_dir, authorization or AuthorizationConfig())
+        # `function:` compaction strategies a client may name (server/code_policy.py).
+        self.allowed_functions = allowed_functions
         self.groups = GroupCoordinator(store.data_dir, initial_rebalance_delay_s)
         # Idempotent producers: ids, and each partition's sequence state (producers.py).
         self.producers = ProducerStates(store.data_dir)

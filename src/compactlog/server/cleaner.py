@@ -71,6 +71,9 @@ class CleanerConfig:
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = field(default_factory=dict)
     service: str | None = None  # compaction service factory, MODULE:NAME (PIP-278)
+    # `function:MODULE:NAME` compaction strategies that a Kafka client may set on a
+    # topic, as "MODULE:NAME" (server/code_policy.py); none by default.
+    allowed_strategy_functions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         positive = {"check_interval_s": self.check_interval_s,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from compactlog.server.broker import Broker
 from compactlog.server.handlers import (
+    acls,
     admin,
     cluster,
     configs,
@@ -31,3 +32,4 @@ def register_all(broker: Broker) -> None:
     cluster.register(broker)
     producer_state.register(broker)
     groups.register(broker)
+    acls.register(broker)

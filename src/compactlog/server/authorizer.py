@@ -1,0 +1,147 @@
+"""The authorizer: the server's ACLs, kept durable, and the decisions made from them.
+
+Invariant: the ACLs in force are exactly those of the committed version of the
+document `<data>/acls/` (storage/commit.py: compare-and-swap of `current.json`). A
+change (CreateAcls, DeleteAcls) is computed from the committed version and committed
+on top of it before it is answered or takes effect, so an acknowledged change survives
+a crash and an unacknowledged one either happened whole or not at all; decisions read
+an immutable snapshot, so one request never sees half a change.
+
+With the authorizer off (`enabled = false`, the default) every request is allowed, as
+before ACLs existed, and the ACL APIs answer SECURITY_DISABLED, as Kafka does with no
+authorizer configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compactlog.errors import CorruptionError
+from compactlog.server.acl import (
+    AclBinding,
+    AclError,
+    AclFilter,
+    Operation,
+    ResourceType,
+    check_principal,
+    decide,
+    decide_by_type,
+)
+from compactlog.storage.commit import LocalDocument
+
+log = logging.getLogger("compactlog.authorizer")
+ACL_DIR = "acls"
+
+
+@dataclass
+class AuthorizationConfig:
+    """The `[authorization]` table of the server's config file (docs/server.md)."""
+
+    # Check ACLs on every request. Off: everything is allowed, as without ACLs.
+    enabled: bool = False
+    # Principals allowed everything whatever the ACLs say (Kafka's super.users).
+    super_users: list[str] = field(default_factory=list)
+    # What a request on a resource that no ACL names gets (Kafka's
+    # allow.everyone.if.no.acl.found; false: denied).
+    allow_everyone_if_no_acl_found: bool = False
+    # The admin HTTP API's bearer tokens: a file of `principal token` lines.
+    admin_tokens_file: str | None = None
+    # /metrics and /v1/health answer without a token.
+    admin_open_health_and_metrics: bool = True
+
+    def check(self) -> None:
+        for principal in self.super_users:
+            try:
+                check_principal(principal)
+            except AclError as error:
+                raise ValueError(f"authorization.super_users: {error}") from None
+
+
+class Authorizer:
+    """Decisions from the ACLs of one data directory, and their changes."""
+
+    def __init__(self, data_dir: Path, config: AuthorizationConfig) -> None:
+        self.config = config
+        self.enabled = config.enabled
+        self.super_users = frozenset(config.super_users)
+        self._document = LocalDocument(data_dir / ACL_DIR)
+        self._lock = threading.Lock()  # one change at a time in this process
+        self._version, self._acls = self._load()
+
+    def _load(self) -> tuple[int, tuple[AclBinding, ...]]:
+        snapshot = self._document.load()
+        if snapshot is None:
+            return 0, ()
+        try:
+            acls = tuple(sorted({AclBinding.from_json(item)
+                                 for item in snapshot.body["acls"]}))
+        except (KeyError, TypeError, ValueError) as error:
+            raise CorruptionError(self._document.current_path,
+                                  f"unreadable ACL document: {error!r}") from None
+        return snapshot.version, acls
+
+    @property
+    def acls(self) -> tuple[AclBinding, ...]:
+        return self._acls
+
+    # -- decisions --------------------------------------------------------------------
+
+    def authorize(self, principal: str, host: str, operation: Operation,
+                  resource_type: ResourceType, name: str) -> bool:
+        if not self.enabled:
+            return True
+        allowed = decide(self._acls, principal, host, operation, resource_type, name,
+                         self.super_users, self.config.allow_everyone_if_no_acl_found)
+        if not allowed:
+            log.debug("denied %s from %s: %s on %s %r", principal, host, operation.name,
+                      resource_type.name, name)
+        return allowed
+
+    def authorize_by_type(self, principal: str, host: str, operation: Operation,
+                          resource_type: ResourceType) -> bool:
+        if not self.enabled:
+            return True
+        return decide_by_type(self._acls, principal, host, operation, resource_type,
+                              self.super_users, self.config.allow_everyone_if_no_acl_found)
+
+    # -- changes ----------------------------------------------------------------------
+
+    def describe(self, acl_filter: AclFilter) -> list[AclBinding]:
+        return [acl for acl in self._acls if acl_filter.matches(acl)]
+
+    def create(self, bindings: Sequence[AclBinding]) -> None:
+        """Add the bindings (those already present are no change), committed first."""
+        self._change(lambda current: set(current) | set(bindings))
+
+    def delete(self, filters: Sequence[AclFilter]) -> list[list[AclBinding]]:
+        """Remove every binding a filter matches; per filter, the bindings it removed."""
+        removed: list[list[AclBinding]] = []
+
+        def change(current: Iterable[AclBinding]) -> set[AclBinding]:
+            removed.clear()
+            kept = set(current)
+            for acl_filter in filters:
+                matched = sorted(acl for acl in current if acl_filter.matches(acl))
+                removed.append(matched)
+                kept -= set(matched)
+            return kept
+
+        self._change(change)
+        return removed
+
+    def _change(self, change: Callable[[tuple[AclBinding, ...]], set[AclBinding]]) -> None:
+        with self._lock:
+            # Another process may have committed meanwhile: start from the latest.
+            self._version, self._acls = self._load()
+            new = tuple(sorted(change(self._acls)))
+            if new == self._acls:
+                return
+            body: dict[str, Any] = {"acls": [acl.to_json() for acl in new]}
+            snapshot = self._document.commit(self._version, body)
+            self._version, self._acls = snapshot.version, new
+            log.info("ACLs changed: %d in force (version %d)", len(new), snapshot.version)

@@ -1,0 +1,78 @@
+"""The one seam between handlers and the authorizer: what a request may do.
+
+Invariant: every handler asks here, with the request (its principal and host) and the
+operation Kafka's KafkaApis checks for that API, before it reads or changes anything
+the answer could reveal; with the authorizer off every question is answered yes. The
+error codes are Kafka's: TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED,
+CLUSTER_AUTHORIZATION_FAILED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from kio.schema.errors import ErrorCode
+
+from compactlog.server.acl import CLUSTER_NAME, Operation, ResourceType
+
+if TYPE_CHECKING:
+    from compactlog.server.broker import Broker
+    from compactlog.server.protocol import Request
+
+TOPIC_DENIED = ErrorCode.topic_authorization_failed
+GROUP_DENIED = ErrorCode.group_authorization_failed
+CLUSTER_DENIED = ErrorCode.cluster_authorization_failed
+TRANSACTIONAL_ID_DENIED = ErrorCode.transactional_id_authorization_failed
+
+# Kafka's messages for the errors' exceptions, where a response has room for one.
+CLUSTER_MESSAGE = "Cluster authorization failed."
+TOPIC_MESSAGE = "Topic authorization failed."
+GROUP_MESSAGE = "Group authorization failed."
+
+# Operations listed in authorized-operations bit fields (Metadata, DescribeGroups).
+TOPIC_OPERATIONS = (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE,
+                    Operation.ALTER, Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS,
+                    Operation.ALTER_CONFIGS)
+
+
+def allowed(broker: Broker, request: Request, operation: Operation,
+            resource_type: ResourceType, name: str) -> bool:
+    return broker.authorizer.authorize(request.principal, request.client_host, operation,
+                                       resource_type, name)
+
+
+def topic(broker: Broker, request: Request, operation: Operation, name: str) -> bool:
+    return allowed(broker, request, operation, ResourceType.TOPIC, name)
+
+
+def group(broker: Broker, request: Request, operation: Operation, name: str) -> bool:
+    return allowed(broker, request, operation, ResourceType.GROUP, name)
+
+
+def cluster(broker: Broker, request: Request, operation: Operation) -> bool:
+    return allowed(broker, request, operation, ResourceType.CLUSTER, CLUSTER_NAME)
+
+
+def by_type(broker: Broker, request: Request, operation: Operation,
+            resource_type: ResourceType) -> bool:
+    """Whether the request may do `operation` on some resource of the type."""
+    return broker.authorizer.authorize_by_type(request.principal, request.client_host,
+                                               operation, resource_type)
+
+
+def denied_topics(broker: Broker, request: Request, operation: Operation,
+                  names: Iterable[str]) -> set[str]:
+    """The names among `names` that the request may not `operation`."""
+    if not broker.authorizer.enabled:
+        return set()
+    return {name for name in set(names) if not topic(broker, request, operation, name)}
+
+
+def topic_operations(broker: Broker, request: Request, name: str) -> int:
+    """Kafka's authorized-operations bit field for a topic (bit n: operation code n)."""
+    bits = 0
+    for operation in TOPIC_OPERATIONS:
+        if topic(broker, request, operation, name):
+            bits |= 1 << int(operation)
+    return bits
