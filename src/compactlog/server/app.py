@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from compactlog.errors import UserError
 from compactlog.server.admin import AdminServer
-from compactlog.server.authorizer import AuthorizationConfig
+from compactlog.server.authorizer import AuthorizationConfig, Authorizer
 from compactlog.server.broker import Broker
 from compactlog.server.cleaner import Cleaner, CleanerConfig
 from compactlog.server.connections import (
@@ -184,6 +184,11 @@ class Server:
         log.info("serving the Kafka protocol on %s:%d, data in %s; automatic compaction %s",
                  self.config.host, self.port, self.config.data_dir,
                  "on" if self.config.compaction.enabled else "off")
+
+    @property
+    def authorizer(self) -> Authorizer:
+        assert self.broker is not None, "the server has not started"
+        return self.broker.authorizer
 
     @property
     def cleaner(self) -> Cleaner:
