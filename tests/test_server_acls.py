@@ -282,8 +282,17 @@ def http(method: str, url: str, token: str | None = None) -> tuple[int, Any]:
 def test_admin_api_tokens(tmp_path: Path) -> None:
     data = tmp_path / "data"
     seed(data)
+    # A topic whose strategy names code the server does not list (set locally, as an
+    # operator may): the server's cleaner must not run it.
+    marker = tmp_path / "imported"
+    (tmp_path / "acl_sidefx.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
+        "def keep(previous, current):\n    return False\n")
+    with LogStore.open(data) as store:
+        store.create_topic("table-fn", 1, {"cleanup.policy": "compact",
+                                           "compaction.strategy": "function:acl_sidefx:keep"})
     Authorizer(data, AuthorizationConfig(enabled=True)).create([
-        Binding(Kind.TOPIC, "table", PatternType.LITERAL, "User:ops", "*", Operation.ALTER,
+        Binding(Kind.TOPIC, "table", PatternType.PREFIXED, "User:ops", "*", Operation.ALTER,
                 Permission.ALLOW),
         Binding(Kind.TOPIC, "orders", PatternType.LITERAL, "User:viewer", "*",
                 Operation.DESCRIBE, Permission.ALLOW)])
@@ -298,7 +307,7 @@ def test_admin_api_tokens(tmp_path: Path) -> None:
         f"admin_tokens_file = {json.dumps(str(tokens))}\n"
         '[compaction]\nservice = "local_engine:LocalCompactionServiceFactory"\n'
         "keep_warm_s = 0\n")
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR),
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), str(tmp_path),
                                                        os.environ.get("PYTHONPATH")]))}
     with logged_server(data, tmp_path / "server.log", "--config", str(config),
                        "--admin-listen", "127.0.0.1:0", env=env) as running:
@@ -321,7 +330,17 @@ def test_admin_api_tokens(tmp_path: Path) -> None:
         assert status == 200 and "config" not in body  # no DESCRIBE_CONFIGS
         status, body = http("GET", f"{url}/v1/compactions", viewer_token)
         assert body["runs"] == []
+        status, body = http("POST", f"{url}/v1/topics/table-fn/compaction", ops_token)
+        assert status == 202, body
+        run = f"{url}/v1/compactions/{body['id']}"
+        deadline = time.monotonic() + 60
+        while body["state"] == "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            body = http("GET", run, ops_token)[1]
+        assert body["state"] == "ERROR"
+        assert "allowed_strategy_functions" in body["error"]
+        assert not marker.exists()
         status, body = http("GET", f"{url}/v1/compactions", ops_token)
-        assert [r["topic"] for r in body["runs"]] == ["table"]
+        assert sorted(r["topic"] for r in body["runs"]) == ["table", "table-fn"]
         log = running.log()
         assert ops_token not in log and viewer_token not in log and "not-a-token" not in log

@@ -9,6 +9,12 @@ further or stored. The check reads the strategy's text only: nothing named is im
 or not the authorizer is on: ACLs say who may change a topic's config, this says what
 code a config may name at all.
 
+The server's cleaner applies the same list before it starts a run (server/cleaner.py):
+a topic whose strategy names a function not listed (set before the list existed, or by
+a local `compactlog topics alter`) gets a failed run that says why, and no compaction
+process, so the server never imports code its config does not name. A local
+`compactlog compact` is the operator's own command and is not limited.
+
 The other code a compaction may run, the compaction service factory, is named by an
 import path only in the server's own config (`compaction.service`) or on the command
 line of a local `compactlog compact`: no client request can name one.
