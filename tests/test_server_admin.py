@@ -479,7 +479,8 @@ def test_the_documented_config_file_is_valid_and_complete(tmp_path: Path) -> Non
     )
 
     text = (TESTS_DIR.parent / "docs" / "server.md").read_text()
-    block = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    section = text.split("## Configuration file", 1)[1]
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "server.toml"
     path.write_text(block)
     settings = load_settings(path)
