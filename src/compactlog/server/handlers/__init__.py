@@ -18,6 +18,7 @@ from compactlog.server.handlers import (
     produce,
     producer_state,
     records,
+    sasl,
 )
 
 
@@ -31,3 +32,4 @@ def register_all(broker: Broker) -> None:
     cluster.register(broker)
     producer_state.register(broker)
     groups.register(broker)
+    sasl.register(broker)
