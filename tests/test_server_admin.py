@@ -471,7 +471,13 @@ def test_serve_refuses_bad_compaction_settings(tmp_path: Path) -> None:
 
 
 def test_the_documented_config_file_is_valid_and_complete(tmp_path: Path) -> None:
-    from compactlog.cli.serve import COMPACTION_SETTINGS, SETTINGS, load_settings
+    from compactlog.cli.serve import (
+        COMPACTION_SETTINGS,
+        LISTENER_SETTINGS,
+        SETTINGS,
+        TLS_SETTINGS,
+        load_settings,
+    )
 
     text = (TESTS_DIR.parent / "docs" / "server.md").read_text()
     block = text.split("```toml\n", 1)[1].split("```", 1)[0]
@@ -480,3 +486,5 @@ def test_the_documented_config_file_is_valid_and_complete(tmp_path: Path) -> Non
     settings = load_settings(path)
     assert set(settings) == set(SETTINGS)
     assert set(settings["compaction"]) | {"service"} == set(COMPACTION_SETTINGS)
+    assert set(settings["tls"]) == set(TLS_SETTINGS)
+    assert set(settings["listener"]["SASL_SSL"]) == set(LISTENER_SETTINGS)
