@@ -265,3 +265,23 @@ def test_after_fuzzing_the_server_serves_and_never_logged_a_secret(
     log = server.server.log()
     assert PASSWORD not in log
     assert "Traceback" not in log and "internal error" not in log
+
+
+def test_users_added_and_deleted_by_the_cli_while_the_server_runs(
+        server: SecuredServer) -> None:
+    import subprocess
+
+    from kafka_server import COMPACTLOG
+
+    add_user(server.data_dir, "erin", "erin-password")
+    with Wire(address(server)) as wire:
+        _, final = scram_login(wire, "SCRAM-SHA-256", "erin", "erin-password")
+        assert final.error_code == ErrorCode.none
+        deleted = subprocess.run([COMPACTLOG, "--data-dir", str(server.data_dir), "users",
+                                  "delete", "erin"], capture_output=True, text=True, timeout=60)
+        assert deleted.returncode == 0, deleted.stderr
+        assert wire.call(METADATA, 1, {"topics": []}).brokers  # an open connection stays
+    with Wire(address(server)) as wire:
+        handshake(wire, "PLAIN")
+        answer = authenticate(wire, plain("erin", "erin-password"))
+        assert answer.error_code == ErrorCode.sasl_authentication_failed
