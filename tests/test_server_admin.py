@@ -474,7 +474,9 @@ def test_the_documented_config_file_is_valid_and_complete(tmp_path: Path) -> Non
     from compactlog.cli.serve import (
         AUTHORIZATION_SETTINGS,
         COMPACTION_SETTINGS,
+        LISTENER_SETTINGS,
         SETTINGS,
+        TLS_SETTINGS,
         load_settings,
     )
 
@@ -488,3 +490,5 @@ def test_the_documented_config_file_is_valid_and_complete(tmp_path: Path) -> Non
     assert set(settings["compaction"]) | {"service"} == set(COMPACTION_SETTINGS)
     assert set(settings["authorization"]) | {"admin_tokens_file"} == set(
         AUTHORIZATION_SETTINGS)
+    assert set(settings["tls"]) == set(TLS_SETTINGS)
+    assert set(settings["listener"]["SASL_SSL"]) == set(LISTENER_SETTINGS)

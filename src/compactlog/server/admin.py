@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,10 +52,13 @@ log = logging.getLogger("compactlog.admin")
 
 
 class AdminServer:
-    def __init__(self, server: Server, host: str, port: int) -> None:
+    def __init__(self, server: Server, host: str, port: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.server = server
         self.host = host
         self.port = port
+        # HTTPS with the server's TLS settings (server/tls.py), when set.
+        self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
         settings = server.config.authorization
         tokens = (TokenFile(Path(settings.admin_tokens_file))
@@ -77,10 +81,10 @@ class AdminServer:
         ])
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]  # the real one when asked for port 0
-        log.info("admin and metrics on http://%s:%d", self.host, self.port)
+        log.info("admin and metrics on %s", self.url)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -88,7 +92,8 @@ class AdminServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     # -- authorization ------------------------------------------------------------------
 

@@ -4,8 +4,9 @@ Invariant: an admin request is served only if (1) its principal is established, 
 (2) the authorizer allows that principal the operation the route needs (with the
 authorizer off, step 2 allows everything). A principal comes from the first source
 that knows one, in order:
-  1. a TLS client certificate (`tls_principal`; the admin listener's TLS is the TLS
-     work's, which hands the certificate's principal in by `principal_sources`);
+  1. a TLS client certificate, when the admin API runs over TLS (`admin_tls`) and the
+     client sent one: its principal as the Kafka listeners name it (`tls_principal`;
+     other sources plug in by `principal_sources`);
   2. `Authorization: Bearer TOKEN`, TOKEN a line of the tokens file; a token that is
      not in the file is refused (401), never taken for anonymous;
   3. none: `User:ANONYMOUS`, as an unauthenticated Kafka client is, unless a tokens
@@ -31,6 +32,7 @@ from typing import Any
 
 from compactlog.errors import UserError
 from compactlog.server.acl import ANONYMOUS, AclError, check_principal
+from compactlog.server.tls import certificate_principal
 
 log = logging.getLogger("compactlog.admin")
 
@@ -103,24 +105,17 @@ class TokenFile:
         return found
 
 
-# RFC 2253's attribute names, as Java's X500Principal.getName() writes them.
-_SHORT_NAMES = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
-                "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
-                "streetAddress": "STREET", "domainComponent": "DC", "userId": "UID"}
-
-
 def tls_principal(request: Any) -> str | None:
-    """The client certificate's subject as Kafka's default principal builder names it
-    (`User:CN=...,O=...`), when the admin listener runs TLS and asked for one."""
+    """The client certificate's principal, as the Kafka listeners name it
+    (server/tls.py: `User:CN=...,O=...`), when the admin API runs over TLS and the
+    client sent a certificate."""
     transport = getattr(request, "transport", None)
     if transport is None:
         return None
-    cert = transport.get_extra_info("peercert")
-    if not cert:
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
         return None
-    parts = [f"{_SHORT_NAMES.get(key, key)}={value}"
-             for rdn in reversed(cert.get("subject", ())) for key, value in rdn]
-    return "User:" + ",".join(parts) if parts else None
+    return certificate_principal(ssl_object.getpeercert(binary_form=True))
 
 
 class AdminAuth:

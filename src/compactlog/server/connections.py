@@ -30,9 +30,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from compactlog.server import listeners
+from compactlog.server.listeners import Listener
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.protocol import FrameBytes, ProtocolError
 from compactlog.server.request_budget import RequestBudget
+from compactlog.server.session import Session
 from compactlog.server.throttle import Throttle, held_back
 
 log = logging.getLogger("compactlog.server")
@@ -106,9 +109,19 @@ class Frame:
         return data
 
 
-# Answers a request frame from a client host with a whole response frame, or None when
-# the request gets no response (Produce with acks=0).
-Handler = Callable[[Frame, str], Awaitable[bytes | None]]
+# Answers a request frame of a connection's session with a whole response frame, or None
+# when the request gets no response (Produce with acks=0).
+Handler = Callable[[Frame, Session], Awaitable[bytes | None]]
+
+
+def _certificate_principal(writer: asyncio.StreamWriter) -> str | None:
+    """The principal of the client certificate of a TLS connection, if it sent one."""
+    ssl_object = writer.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    from compactlog.server.tls import certificate_principal
+
+    return certificate_principal(ssl_object.getpeercert(binary_form=True))
 
 
 class IdleError(Exception):
@@ -116,11 +129,12 @@ class IdleError(Exception):
 
 
 class _Connection:
-    __slots__ = ("held", "host", "peer")
+    __slots__ = ("held", "host", "peer", "session")
 
-    def __init__(self, peer: Any, host: str) -> None:
+    def __init__(self, peer: Any, host: str, session: Session) -> None:
         self.peer = peer
         self.host = host
+        self.session = session
         self.held = 0  # bytes of the request budget this connection holds
 
 
@@ -154,8 +168,10 @@ class Connections:
     def paused_s(self) -> float:
         return self.budget.paused_s
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection, from admission to close (asyncio.start_server's callback)."""
+    async def serve(self, listener: Listener | None, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
+        """One connection of `listener`, from admission to close (asyncio.start_server's
+        callback, with the listener bound; TLS, if any, is already established)."""
         peer = writer.get_extra_info("peername")
         host = peer[0] if isinstance(peer, tuple) else str(peer)
         if self._refused(host):
@@ -163,7 +179,12 @@ class Connections:
             return
         task = asyncio.current_task()
         assert task is not None
-        connection = _Connection(peer, host)
+        listeners.current.set(listener)  # this task's context: its requests'
+        principal = _certificate_principal(writer)
+        if principal is not None and listener is not None:
+            log.info("TLS client certificate from %s on listener %s: %s", host,
+                     listener.name, principal)
+        connection = _Connection(peer, host, Session(host, listener, principal))
         self._tasks.add(task)
         self._per_host[host] = self._per_host.get(host, 0) + 1
         hard = False
@@ -273,11 +294,13 @@ class Connections:
                 return  # the client closed the connection between requests
             self._busy.add(task)
             try:
-                response = await self._handle(frame, connection.host)
+                response = await self._handle(frame, connection.session)
                 if response is not None:
                     writer.write(response)
                     del response
                     await self._drain(writer)
+                if connection.session.close_after:
+                    return  # answered; closed as Kafka closes it (session.py)
             finally:
                 self._busy.discard(task)
                 self.budget.release(connection.held)  # the request is answered

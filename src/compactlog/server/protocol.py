@@ -44,7 +44,8 @@ API_NAMES = {
     37: "CreatePartitions", 42: "DeleteGroups", 43: "ElectLeaders",
     44: "IncrementalAlterConfigs", 45: "AlterPartitionReassignments",
     46: "ListPartitionReassignments", 47: "OffsetDelete", 60: "DescribeCluster",
-    61: "DescribeProducers",
+    61: "DescribeProducers", 17: "SaslHandshake", 36: "SaslAuthenticate",
+    50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials",
 }
 API_VERSIONS_KEY = 18
 # A request frame as read: bytes, or a read-only view of a frame read in chunks.

@@ -19,6 +19,7 @@ from compactlog.server.handlers import (
     produce,
     producer_state,
     records,
+    sasl,
 )
 
 
@@ -32,4 +33,5 @@ def register_all(broker: Broker) -> None:
     cluster.register(broker)
     producer_state.register(broker)
     groups.register(broker)
+    sasl.register(broker)
     acls.register(broker)
