@@ -249,3 +249,18 @@ def test_off_allows_everything(tmp_path: Path) -> None:
     authorizer.create([acl("t", Operation.ALL, DENY, principal="User:*")])
     assert authorizer.authorize("User:alice", "h", Operation.READ, TOPIC, "t")
     assert authorizer.authorize_by_type("User:alice", "h", Operation.WRITE, TOPIC)
+
+
+def test_a_change_by_another_process_is_picked_up_by_refresh(tmp_path: Path) -> None:
+    config = AuthorizationConfig(enabled=True)
+    server, cli = Authorizer(tmp_path, config), Authorizer(tmp_path, config)
+    assert not server.refresh()  # nothing committed yet, nothing changed
+    cli.create([acl("t", Operation.READ)])
+    assert not server.authorize("User:alice", "h", Operation.READ, TOPIC, "t")
+    assert server.refresh()
+    assert server.authorize("User:alice", "h", Operation.READ, TOPIC, "t")
+    assert not server.refresh()
+    # A change made by the server starts from the other process' version.
+    cli.create([acl("u", Operation.READ)])
+    server.create([acl("v", Operation.READ)])
+    assert {a.name for a in Authorizer(tmp_path, config).acls} == {"t", "u", "v"}

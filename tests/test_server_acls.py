@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -57,7 +58,7 @@ from compactlog.server.authorizer import AuthorizationConfig, Authorizer
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 from conftest import TESTS_DIR
-from kafka_server import LoggedServer, logged_server
+from kafka_server import COMPACTLOG, LoggedServer, logged_server
 
 ANON = "User:ANONYMOUS"
 TOPICS = ("orders", "orders-eu", "secret")
@@ -263,6 +264,24 @@ def test_kafka_python_acls_fetch_and_commit(server: LoggedServer) -> None:
                                                                 ACLResourcePatternType.ANY)))
     finally:
         admin.close()
+
+
+def test_acls_from_the_cli_take_effect_on_a_running_server(server: LoggedServer,
+                                                           tmp_path: Path) -> None:
+    admin = ck_admin(server)
+    assert "orders" not in admin.list_topics(timeout=30).topics
+    added = subprocess.run(
+        [COMPACTLOG, "--data-dir", str(tmp_path / "data"), "acls", "add", "--principal",
+         ANON, "--operation", "DESCRIBE", "--topic", "orders"],
+        capture_output=True, text=True, timeout=60)
+    assert added.returncode == 0, added.stderr
+    assert "ALLOW\tUser:ANONYMOUS\t*\tDESCRIBE\tTOPIC\tLITERAL\torders" in added.stdout
+    deadline = time.monotonic() + 30  # the server's upkeep reads it again (1 s rounds)
+    while "orders" not in admin.list_topics(timeout=30).topics:
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.2)
+    described = admin.describe_acls(ck_match("orders")).result(timeout=30)
+    assert [(b.name, b.operation) for b in described] == [("orders", AclOperation.DESCRIBE)]
 
 
 # -- the admin HTTP API ---------------------------------------------------------------------

@@ -305,6 +305,12 @@ class Server:
             except Exception:
                 log.exception("the cleaner's check failed; retrying in %.1fs",
                               self.config.upkeep_interval_s)
+            try:
+                # ACLs committed by `compactlog acls` take effect within one round.
+                await self.broker.run_io(self.broker.authorizer.refresh)
+            except Exception:
+                log.exception("reading the ACLs again failed; the ones read before stay "
+                              "in force; retrying in %.1fs", self.config.upkeep_interval_s)
 
     async def _handle(self, frame: Frame, session: Session) -> bytes | None:
         """The response frame to one request frame; None: no response (acks=0)."""

@@ -5,7 +5,9 @@ document `<data>/acls/` (storage/commit.py: compare-and-swap of `current.json`).
 change (CreateAcls, DeleteAcls) is computed from the committed version and committed
 on top of it before it is answered or takes effect, so an acknowledged change survives
 a crash and an unacknowledged one either happened whole or not at all; decisions read
-an immutable snapshot, so one request never sees half a change.
+an immutable snapshot, so one request never sees half a change. A change committed by
+another process (`compactlog acls`) is picked up by `refresh`, which the server's
+upkeep calls (one stat when nothing changed).
 
 With the authorizer off (`enabled = false`, the default) every request is allowed, as
 before ACLs existed, and the ACL APIs answer SECURITY_DISABLED, as Kafka does with no
@@ -32,7 +34,7 @@ from compactlog.server.acl import (
     decide,
     decide_by_type,
 )
-from compactlog.storage.commit import LocalDocument
+from compactlog.storage.commit import LocalDocument, Snapshot
 
 log = logging.getLogger("compactlog.authorizer")
 ACL_DIR = "acls"
@@ -62,6 +64,27 @@ class AuthorizationConfig:
                 raise ValueError(f"authorization.super_users: {error}") from None
 
 
+@dataclass(frozen=True)
+class _State:
+    """One committed version of the ACLs, indexed by resource type."""
+
+    snapshot: Snapshot | None
+    acls: tuple[AclBinding, ...]
+    by_type: dict[ResourceType, tuple[AclBinding, ...]]
+
+    @property
+    def version(self) -> int:
+        return self.snapshot.version if self.snapshot is not None else 0
+
+    @classmethod
+    def of(cls, snapshot: Snapshot | None, acls: Iterable[AclBinding]) -> _State:
+        ordered = tuple(sorted(set(acls)))
+        by_type: dict[ResourceType, list[AclBinding]] = {}
+        for acl in ordered:
+            by_type.setdefault(acl.resource_type, []).append(acl)
+        return cls(snapshot, ordered, {kind: tuple(v) for kind, v in by_type.items()})
+
+
 class Authorizer:
     """Decisions from the ACLs of one data directory, and their changes."""
 
@@ -71,23 +94,36 @@ class Authorizer:
         self.super_users = frozenset(config.super_users)
         self._document = LocalDocument(data_dir / ACL_DIR)
         self._lock = threading.Lock()  # one change at a time in this process
-        self._version, self._acls = self._load()
+        self._state = self._load()
 
-    def _load(self) -> tuple[int, tuple[AclBinding, ...]]:
+    def _load(self) -> _State:
         snapshot = self._document.load()
         if snapshot is None:
-            return 0, ()
+            return _State.of(None, ())
         try:
-            acls = tuple(sorted({AclBinding.from_json(item)
-                                 for item in snapshot.body["acls"]}))
+            acls = [AclBinding.from_json(item) for item in snapshot.body["acls"]]
         except (KeyError, TypeError, ValueError) as error:
             raise CorruptionError(self._document.current_path,
                                   f"unreadable ACL document: {error!r}") from None
-        return snapshot.version, acls
+        return _State.of(snapshot, acls)
 
     @property
     def acls(self) -> tuple[AclBinding, ...]:
-        return self._acls
+        return self._state.acls
+
+    def refresh(self) -> bool:
+        """Take up a version another process committed; whether there was one (one
+        stat when current.json has not changed)."""
+        if not self._document.changed_since(self._state.snapshot):
+            return False
+        with self._lock:
+            before = self._state.version
+            self._state = self._load()
+            if self._state.version == before:
+                return False
+            log.info("ACLs reloaded: %d in force (version %d)", len(self._state.acls),
+                     self._state.version)
+            return True
 
     # -- decisions --------------------------------------------------------------------
 
@@ -95,7 +131,8 @@ class Authorizer:
                   resource_type: ResourceType, name: str) -> bool:
         if not self.enabled:
             return True
-        allowed = decide(self._acls, principal, host, operation, resource_type, name,
+        acls = self._state.by_type.get(resource_type, ())
+        allowed = decide(acls, principal, host, operation, resource_type, name,
                          self.super_users, self.config.allow_everyone_if_no_acl_found)
         if not allowed:
             log.debug("denied %s from %s: %s on %s %r", principal, host, operation.name,
@@ -106,13 +143,14 @@ class Authorizer:
                           resource_type: ResourceType) -> bool:
         if not self.enabled:
             return True
-        return decide_by_type(self._acls, principal, host, operation, resource_type,
+        acls = self._state.by_type.get(resource_type, ())
+        return decide_by_type(acls, principal, host, operation, resource_type,
                               self.super_users, self.config.allow_everyone_if_no_acl_found)
 
     # -- changes ----------------------------------------------------------------------
 
     def describe(self, acl_filter: AclFilter) -> list[AclBinding]:
-        return [acl for acl in self._acls if acl_filter.matches(acl)]
+        return [acl for acl in self._state.acls if acl_filter.matches(acl)]
 
     def create(self, bindings: Sequence[AclBinding]) -> None:
         """Add the bindings (those already present are no change), committed first."""
@@ -136,12 +174,15 @@ class Authorizer:
 
     def _change(self, change: Callable[[tuple[AclBinding, ...]], set[AclBinding]]) -> None:
         with self._lock:
-            # Another process may have committed meanwhile: start from the latest.
-            self._version, self._acls = self._load()
-            new = tuple(sorted(change(self._acls)))
-            if new == self._acls:
+            # Another process may have committed meanwhile: start from the latest. A
+            # commit that loses a race with one (ConflictError) changes nothing.
+            current = self._load()
+            self._state = current
+            new = _State.of(None, change(current.acls))
+            if new.acls == current.acls:
                 return
-            body: dict[str, Any] = {"acls": [acl.to_json() for acl in new]}
-            snapshot = self._document.commit(self._version, body)
-            self._version, self._acls = snapshot.version, new
-            log.info("ACLs changed: %d in force (version %d)", len(new), snapshot.version)
+            body: dict[str, Any] = {"acls": [acl.to_json() for acl in new.acls]}
+            snapshot = self._document.commit(current.version, body)
+            self._state = _State.of(snapshot, new.acls)
+            log.info("ACLs changed: %d in force (version %d)", len(new.acls),
+                     snapshot.version)
