@@ -420,3 +420,16 @@ def test_function_strategies_need_the_servers_allow_list(
     finally:
         broker.close()
         broker.store.close()
+
+
+def test_scram_credential_apis_need_the_cluster(broker: Broker) -> None:
+    upsert = {"deletions": [], "upsertions": [
+        {"name": "carol", "mechanism": 2, "iterations": 8192, "salt": b"salt" * 4,
+         "salted_password": b"p" * 64}]}
+    refused = call(broker, 51, 0, upsert)
+    assert refused["results"][0]["error_code"] is CLUSTER_DENIED
+    assert call(broker, 50, 0, {"users": None})["error_code"] is CLUSTER_DENIED
+    grant(broker, CLUSTER, "kafka-cluster", Operation.ALTER)  # implies DESCRIBE
+    assert call(broker, 51, 0, upsert)["results"][0]["error_code"] is ErrorCode.none
+    described = call(broker, 50, 0, {"users": None})
+    assert [r["user"] for r in described["results"]] == ["carol"]
