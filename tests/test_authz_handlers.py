@@ -433,3 +433,43 @@ def test_scram_credential_apis_need_the_cluster(broker: Broker) -> None:
     assert call(broker, 51, 0, upsert)["results"][0]["error_code"] is ErrorCode.none
     described = call(broker, 50, 0, {"users": None})
     assert [r["user"] for r in described["results"]] == ["carol"]
+
+
+def test_authorized_operations_fields(broker: Broker) -> None:
+    def cluster_bits() -> int:
+        answer = call(broker, 60, 1, {"include_cluster_authorized_operations": True,
+                                      "endpoint_type": 1})
+        bits: int = answer["cluster_authorized_operations"]
+        return bits
+
+    assert cluster_bits() == 0  # no DESCRIBE on the cluster: none shown
+    grant(broker, CLUSTER, "kafka-cluster", Operation.ALTER)  # implies DESCRIBE
+    assert cluster_bits() == (1 << Operation.ALTER) | (1 << Operation.DESCRIBE)
+    grant(broker, GROUP, "g", Operation.READ)
+    described = call(broker, 15, 5, {"groups": ["g"], "include_authorized_operations": True})
+    assert described["groups"][0]["authorized_operations"] == (
+        (1 << Operation.READ) | (1 << Operation.DESCRIBE))
+    # A topic created without DESCRIBE_CONFIGS on it: made, its configs not shown.
+    grant(broker, TOPIC, "made", Operation.CREATE)
+    answer = call(broker, 19, 7, {"timeout": ms(5000), "validate_only": False, "topics": [
+        {"name": "made", "num_partitions": 1, "replication_factor": 1, "assignments": [],
+         "configs": []}]})
+    (made,) = answer["topics"]
+    assert made["error_code"] is ErrorCode.none and made["configs"] == []
+    assert made["topic_config_error_code"] is TOPIC_DENIED
+    assert "made" in broker.store.list_topics()
+
+
+def test_with_the_authorizer_off_every_operation_is_shown(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path, enabled=False)
+    try:
+        answer = call(broker, 60, 1, {"include_cluster_authorized_operations": True,
+                                      "endpoint_type": 1})
+        assert answer["cluster_authorized_operations"] == sum(
+            1 << op for op in (Operation.CREATE, Operation.CLUSTER_ACTION,
+                               Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS,
+                               Operation.IDEMPOTENT_WRITE, Operation.ALTER,
+                               Operation.DESCRIBE))
+    finally:
+        broker.close()
+        broker.store.close()

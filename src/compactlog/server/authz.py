@@ -30,10 +30,19 @@ CLUSTER_MESSAGE = "Cluster authorization failed."
 TOPIC_MESSAGE = "Topic authorization failed."
 GROUP_MESSAGE = "Group authorization failed."
 
-# Operations listed in authorized-operations bit fields (Metadata, DescribeGroups).
-TOPIC_OPERATIONS = (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE,
-                    Operation.ALTER, Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS,
-                    Operation.ALTER_CONFIGS)
+# The operations of each resource type that authorized-operations bit fields list
+# (Metadata, DescribeGroups, DescribeCluster): Kafka's AclEntry.supportedOperations.
+SUPPORTED_OPERATIONS = {
+    ResourceType.TOPIC: (Operation.READ, Operation.WRITE, Operation.CREATE,
+                         Operation.DESCRIBE, Operation.DELETE, Operation.ALTER,
+                         Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS),
+    ResourceType.GROUP: (Operation.READ, Operation.DESCRIBE, Operation.DELETE,
+                         Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS),
+    ResourceType.CLUSTER: (Operation.CREATE, Operation.CLUSTER_ACTION,
+                           Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS,
+                           Operation.IDEMPOTENT_WRITE, Operation.ALTER, Operation.DESCRIBE),
+}
+NOT_REQUESTED = -2147483648  # an authorized-operations field not asked for
 
 
 def allowed(broker: Broker, request: Request, operation: Operation,
@@ -69,10 +78,25 @@ def denied_topics(broker: Broker, request: Request, operation: Operation,
     return {name for name in set(names) if not topic(broker, request, operation, name)}
 
 
-def topic_operations(broker: Broker, request: Request, name: str) -> int:
-    """Kafka's authorized-operations bit field for a topic (bit n: operation code n)."""
+def operations(broker: Broker, request: Request, resource_type: ResourceType,
+               name: str) -> int:
+    """Kafka's authorized-operations bit field (bit n: operation code n) of a resource:
+    those of its type's operations the request may do (all of them with the authorizer
+    off, as Kafka answers with no authorizer)."""
     bits = 0
-    for operation in TOPIC_OPERATIONS:
-        if topic(broker, request, operation, name):
+    for operation in SUPPORTED_OPERATIONS[resource_type]:
+        if allowed(broker, request, operation, resource_type, name):
             bits |= 1 << int(operation)
     return bits
+
+
+def topic_operations(broker: Broker, request: Request, name: str) -> int:
+    return operations(broker, request, ResourceType.TOPIC, name)
+
+
+def cluster_operations(broker: Broker, request: Request) -> int:
+    """DescribeCluster's and Metadata's field: 0 without DESCRIBE on the cluster (Kafka's
+    KafkaApis), else the cluster's operations."""
+    if not cluster(broker, request, Operation.DESCRIBE):
+        return 0
+    return operations(broker, request, ResourceType.CLUSTER, CLUSTER_NAME)

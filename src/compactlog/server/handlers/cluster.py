@@ -61,7 +61,9 @@ async def describe_cluster(broker: Broker, request: Request) -> dict[str, Any]:
             "controller_id": broker.node_id,
             "brokers": [{"broker_id": broker.node_id, "host": broker.host,
                          "port": broker.port, "rack": None, "is_fenced": False}],
-            "cluster_authorized_operations": NOT_REQUESTED}
+            "cluster_authorized_operations": (
+                authz.cluster_operations(broker, request)
+                if request.body.include_cluster_authorized_operations else NOT_REQUESTED)}
 
 
 async def describe_log_dirs(broker: Broker, request: Request) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.errors import UnknownPartitionError, UnknownTopicError
 from compactlog.server import authz
-from compactlog.server.acl import Operation
+from compactlog.server.acl import Operation, ResourceType
 from compactlog.server.broker import Broker
 from compactlog.server.groups import GroupError, subscribed_topics
 from compactlog.server.handlers.transactions import (
@@ -253,8 +253,11 @@ async def list_groups(broker: Broker, request: Request) -> dict[str, Any]:
 
 
 async def describe_groups(broker: Broker, request: Request) -> dict[str, Any]:
+    with_operations = getattr(request.body, "include_authorized_operations", False)
     return {"groups": [
-        broker.groups.describe(group_id)
+        {**broker.groups.describe(group_id), "authorized_operations": (
+            authz.operations(broker, request, ResourceType.GROUP, group_id)
+            if with_operations else authz.NOT_REQUESTED)}
         if authz.group(broker, request, Operation.DESCRIBE, group_id) else
         {"group_id": group_id, "error_code": authz.GROUP_DENIED, "group_state": "",
          "protocol_type": "", "protocol_data": "", "members": [],

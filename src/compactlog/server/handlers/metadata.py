@@ -103,6 +103,10 @@ def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
         "cluster_id": broker.cluster_id,
         "controller_id": broker.node_id,
         "topics": topics,
-        "cluster_authorized_operations": -2147483648,
+        # v8-10 may ask for the cluster's operations too.
+        "cluster_authorized_operations": (
+            authz.cluster_operations(broker, request)
+            if getattr(body, "include_cluster_authorized_operations", False)
+            else authz.NOT_REQUESTED),
         "error_code": ErrorCode.none,
     }
