@@ -163,7 +163,7 @@ class Server:
         self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.sasl = SaslGate(CredentialStore(config.data_dir),
                              FailureDelay(config.sasl_failure_delay_s,
-                                          config.sasl_failure_delay_max_s))
+                                          config.sasl_failure_delay_max_s), self.metrics)
         self.connections: Connections | None = None
         self._loop_handler: Any = None  # the event loop's exception handler before ours
         self._upkeep: asyncio.Task[None] | None = None

@@ -49,6 +49,10 @@ PER_CONNECTION_BUFFER = 2 * STREAM_LIMIT + _SOCKET_READ + CHUNK
 # compaction processes' pipes, libraries) besides data files and connections, when the
 # open-file limit (RLIMIT_NOFILE) caps them: this many, or a quarter of the limit.
 FILE_RESERVE = 128
+# The largest frame a client may send before it is authenticated on a SASL listener
+# (Kafka's sasl.server.max.receive.size default): an anonymous client cannot make the
+# server buffer max_request_bytes.
+SASL_MAX_RECEIVE = 512 * 1024
 # Refused connections and failed accepts come in floods: one line per reason per this.
 REFUSAL_LOG_INTERVAL_S = 10.0
 
@@ -322,6 +326,10 @@ class Connections:
         (size,) = _LENGTH.unpack(prefix)
         if size < 0:
             raise ProtocolError(f"negative request length {size}")
+        if not connection.session.authenticated and size > SASL_MAX_RECEIVE:
+            raise ProtocolError(f"request of {size} bytes before SASL authentication is "
+                                f"over the limit of {SASL_MAX_RECEIVE} (Kafka's "
+                                f"sasl.server.max.receive.size)")
         if size > self.settings.max_request_bytes:
             raise ProtocolError(f"request of {size} bytes is over the limit of "
                                 f"{self.settings.max_request_bytes} (max_request_bytes)")
