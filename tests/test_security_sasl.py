@@ -301,3 +301,14 @@ def test_an_oversized_token_before_authentication_closes_the_connection(
         assert wire.is_closed_by_server()
     server.server.wait_for_log("before SASL authentication is over the limit of 524288", mark)
     assert_serves_alice(server)
+
+
+def test_a_scram_authorization_id_other_than_the_user_is_refused(
+        server: SecuredServer) -> None:
+    """No acting as another user (Kafka refuses an authzid other than the user; scramp,
+    and so compactlog, any authzid: no client tested sends one)."""
+    with Wire(address(server)) as wire:
+        assert handshake(wire, "SCRAM-SHA-256").error_code == ErrorCode.none
+        answer = authenticate(wire, b"n,a=admin,n=alice,r=abcdefghijklmnop")
+        assert answer.error_code == ErrorCode.sasl_authentication_failed
+        assert "authzid" in answer.error_message
