@@ -181,6 +181,8 @@ class Server:
             ConnectionSettings(max_connections, config.max_connections_per_ip,
                                config.connections_max_idle_s, config.max_request_bytes),
             budget, self.metrics, self._handle)
+        if self.tls is not None:
+            self.connections.tls_context = self.tls.context
         self.metrics.watch(ConnectionCollector(self.connections))
         loop = asyncio.get_running_loop()
         self._loop_handler = loop.get_exception_handler()
@@ -189,8 +191,7 @@ class Server:
         for listener in self.listeners:
             server = await asyncio.start_server(
                 functools.partial(self.connections.serve, listener), listener.host,
-                listener.port, limit=STREAM_LIMIT,
-                ssl=self.tls.context if listener.tls and self.tls is not None else None)
+                listener.port, limit=STREAM_LIMIT)  # TLS: Connections.serve
             self._servers.append(server)
             listener.bound_port = server.sockets[0].getsockname()[1]
         first = self.listeners[0]
