@@ -210,3 +210,17 @@ def test_a_failed_reload_keeps_the_certificate_in_use(mtls: SecuredServer, pki: 
         assert api_versions(after)
     finally:
         after.close()
+
+
+def test_confluent_kafka_over_mutual_tls(mtls: SecuredServer, pki: Pki) -> None:
+    """librdkafka with a client certificate: produces to a compacted topic and consumes
+    it with a group; its principal is the certificate's subject."""
+    from test_security_clients import RECORDS, confluent_round_trip
+
+    mark = mtls.server.mark()
+    settings = {"bootstrap.servers": mtls.address("SSL"), "security.protocol": "SSL",
+                "ssl.ca.location": str(pki.ca.path),
+                "ssl.certificate.location": str(pki.alice.cert),
+                "ssl.key.location": str(pki.alice.key)}
+    assert confluent_round_trip(settings) == RECORDS
+    mtls.server.wait_for_log(r"on listener SSL: User:CN=alice,O=acme", mark)
