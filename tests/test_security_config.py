@@ -119,3 +119,32 @@ def test_users_cli_without_a_server(tmp_path: Path) -> None:
     assert "alice" not in users(data, "list").stdout
     bad = users(data, "add", "carol", "--iterations", "10", "--password-stdin", stdin="x\n")
     assert bad.returncode == 1 and "iterations must be in [4096, 16384]" in bad.stderr
+
+
+def test_cli_writes_need_a_plaintext_listener_of_a_running_server(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import time
+
+    data = tmp_path / "data"
+    only_sasl = tmp_path / "only.toml"
+    only_sasl.write_text('listeners = ["SASL_PLAINTEXT://127.0.0.1:0"]\n')
+
+    process = subprocess.Popen([COMPACTLOG, "--data-dir", str(data), "serve",
+                                "--no-auto-compaction", "--config", str(only_sasl)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert process.stdout is not None
+        assert "serving on" in process.stdout.readline()
+        deadline = time.monotonic() + 30
+        while not (data / "server.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        result = subprocess.run([COMPACTLOG, "--data-dir", str(data), "topics", "create", "t"],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1
+        assert "the server has no PLAINTEXT listener" in result.stderr, result.stderr
+    finally:
+        process.terminate()
+        process.wait(60)
+    assert process.returncode == 0

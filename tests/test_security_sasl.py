@@ -8,6 +8,7 @@ Every refusal leaves the server serving others, and no log line holds the passwo
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -285,3 +286,29 @@ def test_users_added_and_deleted_by_the_cli_while_the_server_runs(
         handshake(wire, "PLAIN")
         answer = authenticate(wire, plain("erin", "erin-password"))
         assert answer.error_code == ErrorCode.sasl_authentication_failed
+
+
+def test_an_oversized_token_before_authentication_closes_the_connection(
+        server: SecuredServer) -> None:
+    """Kafka's sasl.server.max.receive.size (512 KiB): an anonymous client cannot make
+    the server buffer a request of max_request_bytes."""
+    mark = server.server.mark()
+    with Wire(address(server)) as wire:
+        assert handshake(wire, "PLAIN").error_code == ErrorCode.none
+        # The server may close before it has all of it.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            wire.send(request_frame(AUTHENTICATE, 2, {"auth_bytes": b"x" * (600 * 1024)}))
+        assert wire.is_closed_by_server()
+    server.server.wait_for_log("before SASL authentication is over the limit of 524288", mark)
+    assert_serves_alice(server)
+
+
+def test_a_scram_authorization_id_other_than_the_user_is_refused(
+        server: SecuredServer) -> None:
+    """No acting as another user (Kafka refuses an authzid other than the user; scramp,
+    and so compactlog, any authzid: no client tested sends one)."""
+    with Wire(address(server)) as wire:
+        assert handshake(wire, "SCRAM-SHA-256").error_code == ErrorCode.none
+        answer = authenticate(wire, b"n,a=admin,n=alice,r=abcdefghijklmnop")
+        assert answer.error_code == ErrorCode.sasl_authentication_failed
+        assert "authzid" in answer.error_message

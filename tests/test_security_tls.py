@@ -103,6 +103,7 @@ def test_mutual_tls_client_is_its_certificate(mtls: SecuredServer, pki: Pki) -> 
 def test_clients_without_a_trusted_certificate_are_refused(
         mtls: SecuredServer, pki: Pki, who: str) -> None:
     client = {"other CA": pki.stranger, "expired": pki.expired, "none": None}[who]
+    mark = mtls.server.mark()
     with pytest.raises((ssl.SSLError, ConnectionError)):
         wire = TlsWire(mtls.address("SSL"), pki, client=client)
         try:  # TLS 1.3: the server's verdict on the certificate comes after the handshake
@@ -114,6 +115,11 @@ def test_clients_without_a_trusted_certificate_are_refused(
         assert api_versions(wire)
     finally:
         wire.close()
+    line = mtls.server.wait_for_log(
+        r"TLS handshake from 127\.0\.0\.1 on listener SSL failed: ", mark)
+    reason = {"other CA": "unable to get local issuer certificate",
+              "expired": "certificate has expired", "none": "certificate"}[who]
+    assert reason in line, line
     mtls.server.assert_running()
 
 
@@ -180,3 +186,41 @@ def test_admin_api_over_https(tmp_path: Path, pki: Pki) -> None:
             urllib.request.urlopen(f"{url}/v1/health", timeout=10,
                                    context=ssl.create_default_context(
                                        cafile=str(pki.other_ca.path)))
+
+
+def test_a_failed_reload_keeps_the_certificate_in_use(mtls: SecuredServer, pki: Pki) -> None:
+    before = TlsWire(mtls.address("SSL"), pki, client=pki.alice)
+    try:
+        served = before.sock.getpeercert(binary_form=True)
+    finally:
+        before.close()
+    key = Path(str(pki.server.key))
+    good = key.read_bytes()
+    key.write_bytes(b"not a key\n")
+    try:
+        mark = mtls.server.mark()
+        mtls.server.process.send_signal(signal.SIGHUP)
+        line = mtls.server.wait_for_log("TLS reload failed, keeping the certificate in use", mark)
+        assert str(key) in line
+    finally:
+        key.write_bytes(good)
+    after = TlsWire(mtls.address("SSL"), pki, client=pki.alice)
+    try:
+        assert after.sock.getpeercert(binary_form=True) == served
+        assert api_versions(after)
+    finally:
+        after.close()
+
+
+def test_confluent_kafka_over_mutual_tls(mtls: SecuredServer, pki: Pki) -> None:
+    """librdkafka with a client certificate: produces to a compacted topic and consumes
+    it with a group; its principal is the certificate's subject."""
+    from test_security_clients import RECORDS, confluent_round_trip
+
+    mark = mtls.server.mark()
+    settings = {"bootstrap.servers": mtls.address("SSL"), "security.protocol": "SSL",
+                "ssl.ca.location": str(pki.ca.path),
+                "ssl.certificate.location": str(pki.alice.cert),
+                "ssl.key.location": str(pki.alice.key)}
+    assert confluent_round_trip(settings) == RECORDS
+    mtls.server.wait_for_log(r"on listener SSL: User:CN=alice,O=acme", mark)

@@ -421,6 +421,10 @@ def render_docs() -> str:
         "hand. Set a key when creating a topic (`compactlog topics create T --config KEY=VALUE`) "
         "or later (`compactlog topics alter T --config KEY=VALUE`).",
         "",
+        "The server's own settings (listeners, TLS, SASL, resource limits, automatic "
+        "compaction) are not topic settings: they are in the server's TOML file, documented "
+        "in [server.md](server.md) under \"Configuration file\" and \"Security\".",
+        "",
     ]
     for key in TOPIC_KEYS:
         lines.append(f"## `{key.name}`")

@@ -170,7 +170,7 @@ class Server:
         self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.sasl = SaslGate(CredentialStore(config.data_dir),
                              FailureDelay(config.sasl_failure_delay_s,
-                                          config.sasl_failure_delay_max_s))
+                                          config.sasl_failure_delay_max_s), self.metrics)
         self.connections: Connections | None = None
         self._loop_handler: Any = None  # the event loop's exception handler before ours
         self._upkeep: asyncio.Task[None] | None = None
@@ -188,6 +188,8 @@ class Server:
             ConnectionSettings(max_connections, config.max_connections_per_ip,
                                config.connections_max_idle_s, config.max_request_bytes),
             budget, self.metrics, self._handle)
+        if self.tls is not None:
+            self.connections.tls_context = self.tls.context
         self.metrics.watch(ConnectionCollector(self.connections))
         loop = asyncio.get_running_loop()
         self._loop_handler = loop.get_exception_handler()
@@ -196,8 +198,7 @@ class Server:
         for listener in self.listeners:
             server = await asyncio.start_server(
                 functools.partial(self.connections.serve, listener), listener.host,
-                listener.port, limit=STREAM_LIMIT,
-                ssl=self.tls.context if listener.tls and self.tls is not None else None)
+                listener.port, limit=STREAM_LIMIT)  # TLS: Connections.serve
             self._servers.append(server)
             listener.bound_port = server.sockets[0].getsockname()[1]
         first = self.listeners[0]

@@ -32,6 +32,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.server.listeners import Listener
+from compactlog.server.metrics import ServerMetrics
 from compactlog.server.protocol import ProtocolError, Request
 from compactlog.server.sasl import AuthFailed, Exchange, FailureDelay, new_exchange
 from compactlog.storage.credentials import CredentialStore
@@ -60,9 +61,11 @@ class Session:
 class SaslGate:
     """The SASL exchange of every connection of one server."""
 
-    def __init__(self, credentials: CredentialStore, delay: FailureDelay) -> None:
+    def __init__(self, credentials: CredentialStore, delay: FailureDelay,
+                 metrics: ServerMetrics) -> None:
         self.credentials = credentials
         self.delay = delay
+        self.metrics = metrics
         self._secret = os.urandom(32)  # for unknown users' decoy salts
         self.failures = 0
         self.successes = 0
@@ -132,6 +135,7 @@ class SaslGate:
             step = await exchange.step(token)
         except AuthFailed as failure:
             self.failures += 1
+            self.metrics.sasl_authentications.labels(exchange.mechanism, "failure").inc()
             wait = self.delay.failed(session.host)
             log.warning("SASL/%s authentication failed from %s on listener %s%s: %s",
                         exchange.mechanism, session.host, session.listener.name,
@@ -143,6 +147,7 @@ class SaslGate:
             session.authenticated = True
             session.principal = f"User:{step.user}"
             self.successes += 1
+            self.metrics.sasl_authentications.labels(exchange.mechanism, "success").inc()
             log.info("SASL/%s authenticated %s from %s on listener %s", exchange.mechanism,
                      session.principal, session.host, session.listener.name)
         return step.challenge
