@@ -423,7 +423,9 @@ def render_docs() -> str:
         "",
         "The server's own settings (listeners, TLS, SASL, resource limits, automatic "
         "compaction) are not topic settings: they are in the server's TOML file, documented "
-        "in [server.md](server.md) under \"Configuration file\" and \"Security\".",
+        "in [server.md](server.md) under \"Configuration file\" and \"Security\"; those "
+        "that decide who may change topic configs, and which ones, are also listed at the "
+        "end (\"Server security settings\").",
         "",
     ]
     for key in TOPIC_KEYS:
