@@ -473,3 +473,20 @@ def test_with_the_authorizer_off_every_operation_is_shown(tmp_path: Path) -> Non
     finally:
         broker.close()
         broker.store.close()
+
+
+def test_bad_security_settings_stop_the_server_at_start(tmp_path: Path) -> None:
+    from compactlog.errors import UserError
+    from compactlog.server.app import ServerConfig
+    from compactlog.server.cleaner import CleanerConfig
+
+    config = ServerConfig(tmp_path)
+    config.compaction = CleanerConfig(allowed_strategy_functions=["mod.only"])
+    with pytest.raises(UserError, match=r"'mod\.only' is not MODULE:NAME"):
+        config.check()
+    config.compaction = CleanerConfig(allowed_strategy_functions=["mod.sub:fn"])
+    config.authorization = AuthorizationConfig(super_users=["admin"])
+    with pytest.raises(UserError, match="super_users"):
+        config.check()
+    config.authorization = AuthorizationConfig(super_users=["User:admin"])
+    config.check()

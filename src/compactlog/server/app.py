@@ -26,6 +26,7 @@ from compactlog.server.admin import AdminServer
 from compactlog.server.authorizer import AuthorizationConfig, Authorizer
 from compactlog.server.broker import Broker
 from compactlog.server.cleaner import Cleaner, CleanerConfig
+from compactlog.server.code_policy import check_allow_list
 from compactlog.server.connections import (
     STREAM_LIMIT,
     Connections,
@@ -127,6 +128,7 @@ class ServerConfig:
                 raise UserError(f"{name} must be 0 or above, got {value}")
         try:
             self.authorization.check()
+            check_allow_list(self.compaction.allowed_strategy_functions)
         except ValueError as error:
             raise UserError(str(error)) from None
         for name in ("sasl_failure_delay_s", "sasl_failure_delay_max_s"):

@@ -30,6 +30,18 @@ from compactlog.strategy import StrategyError, parse_strategy
 STRATEGY_KEY = "compaction.strategy"
 
 
+def check_allow_list(entries: Iterable[str]) -> None:
+    """ValueError naming the first entry that is not `MODULE:NAME` (checked at start, so
+    a typo is not found only when a client is refused)."""
+    for entry in entries:
+        try:
+            parse_strategy(f"function:{entry}")
+        except StrategyError:
+            raise ValueError(
+                f"compaction.allowed_strategy_functions: {entry!r} is not MODULE:NAME "
+                "(as in a topic's compaction.strategy function:MODULE:NAME)") from None
+
+
 def check_strategy(value: str | None, allowed: Iterable[str]) -> None:
     """InvalidConfigError if `value` names a function strategy the server does not allow
     (a value that does not parse is left to the config's own validation)."""
