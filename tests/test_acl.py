@@ -264,3 +264,21 @@ def test_a_change_by_another_process_is_picked_up_by_refresh(tmp_path: Path) -> 
     cli.create([acl("u", Operation.READ)])
     server.create([acl("v", Operation.READ)])
     assert {a.name for a in Authorizer(tmp_path, config).acls} == {"t", "u", "v"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.integers(-128, 127), name=st.one_of(st.none(), st.text(max_size=5)),
+       pattern=st.integers(-128, 127), principal=st.text(max_size=8),
+       host=st.text(max_size=4), op=st.integers(-128, 127),
+       permission=st.integers(-128, 127))
+def test_any_creation_is_an_acl_or_a_clear_refusal(
+        kind: int, name: str | None, pattern: int, principal: str, host: str, op: int,
+        permission: int) -> None:
+    try:
+        made = new_binding(kind, name, pattern, principal, host, op, permission)
+    except AclError as error:
+        assert str(error)
+        return
+    assert made.resource_type in SERVED_TYPES and made.name and made.host
+    assert made.pattern_type in (L, P) and made.permission in (ALLOW, DENY)
+    assert AclBinding.from_json(made.to_json()) == made

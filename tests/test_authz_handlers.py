@@ -490,3 +490,38 @@ def test_bad_security_settings_stop_the_server_at_start(tmp_path: Path) -> None:
         config.check()
     config.authorization = AuthorizationConfig(super_users=["User:admin"])
     config.check()
+
+
+def test_metadata_lists_exactly_what_the_rule_allows(tmp_path: Path) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from compactlog.server.acl import AclFilter, decide
+
+    made = make_broker(tmp_path)
+    names = ["orders", "orders-eu", "secret"]
+    bindings = st.builds(
+        AclBinding, st.just(TOPIC), st.sampled_from(["orders", "orders-", "o", "*", "secret"]),
+        st.sampled_from([L, P]), st.sampled_from([ALICE, BOB, "User:*"]), st.just("*"),
+        st.sampled_from([Operation.READ, Operation.DESCRIBE, Operation.WRITE,
+                         Operation.ALL, Operation.CREATE]),
+        st.sampled_from([ALLOW, DENY]))
+    everything = AclFilter(ResourceType.ANY, None, PatternType.ANY, None, None,
+                           Operation.ANY, Permission.ANY)
+
+    @settings(max_examples=60, deadline=None)
+    @given(acls=st.lists(bindings, max_size=6))
+    def check(acls: list[AclBinding]) -> None:
+        made.authorizer.delete([everything])
+        made.authorizer.create(acls)
+        expected = {n for n in names if decide(acls, ALICE, "127.0.0.1", Operation.DESCRIBE,
+                                               TOPIC, n, frozenset(), False)}
+        assert set(metadata(made, None)) == expected
+        asked = metadata(made, names)
+        assert {n for n, code in asked.items() if code is not TOPIC_DENIED} == expected
+
+    try:
+        check()
+    finally:
+        made.close()
+        made.store.close()
