@@ -525,3 +525,19 @@ def test_metadata_lists_exactly_what_the_rule_allows(tmp_path: Path) -> None:
     finally:
         made.close()
         made.store.close()
+
+
+def test_refusals_are_logged_and_listings_are_not(broker: Broker,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="compactlog.authorizer")
+    carol = "User:carol-logged"  # the throttle is per process: a principal of its own
+    assert set(metadata(broker, None, carol)) == set()  # leaves topics out: no denial
+    assert not [r for r in caplog.records if "Denied" in r.getMessage()]
+    for _ in range(3):
+        assert fetch(broker, "secret", carol) is TOPIC_DENIED
+    lines = [r.getMessage() for r in caplog.records if "Denied" in r.getMessage()]
+    # Once a minute per principal, host, operation and resource.
+    assert lines == ["Principal = User:carol-logged is Denied Operation = READ from host = "
+                     "127.0.0.1 on resource = TOPIC:secret"]

@@ -107,13 +107,15 @@ class AdminServer:
         return response
 
     def _allowed(self, request: web.Request, operation: Operation,
-                 resource_type: ResourceType, name: str) -> bool:
+                 resource_type: ResourceType, name: str, audit: bool = False) -> bool:
+        """`audit`: the authorizer logs a denial too (`_require` logs its own line,
+        with the route)."""
         principal = request["principal"]
         if principal is None:  # an open path
             return True
         host = request.remote or ""
         return self.server.authorizer.authorize(principal, host, operation, resource_type,
-                                                name)
+                                                name, audit)
 
     def _require(self, request: web.Request, operation: Operation,
                  resource_type: ResourceType, name: str) -> None:

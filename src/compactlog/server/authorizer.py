@@ -34,10 +34,13 @@ from compactlog.server.acl import (
     decide,
     decide_by_type,
 )
+from compactlog.server.throttle import Throttle, held_back
 from compactlog.storage.commit import LocalDocument, Snapshot
 
 log = logging.getLogger("compactlog.authorizer")
 ACL_DIR = "acls"
+# A client retries a refused request fast: one line per denial key per minute.
+_DENIALS = Throttle(60.0)
 
 
 @dataclass
@@ -128,15 +131,22 @@ class Authorizer:
     # -- decisions --------------------------------------------------------------------
 
     def authorize(self, principal: str, host: str, operation: Operation,
-                  resource_type: ResourceType, name: str) -> bool:
+                  resource_type: ResourceType, name: str, audit: bool = True) -> bool:
+        """Whether the request is allowed. A denial is logged (once a minute per
+        principal, host, operation and resource) unless `audit` is off: a listing that
+        leaves out what the client may not see is no refusal (Kafka's logIfDenied)."""
         if not self.enabled:
             return True
         acls = self._state.by_type.get(resource_type, ())
         allowed = decide(acls, principal, host, operation, resource_type, name,
                          self.super_users, self.config.allow_everyone_if_no_acl_found)
-        if not allowed:
-            log.debug("denied %s from %s: %s on %s %r", principal, host, operation.name,
-                      resource_type.name, name)
+        if not allowed and audit:
+            key = (principal, host, operation, resource_type, name)
+            held = _DENIALS.allow(key)
+            if held is not None:
+                log.info("Principal = %s is Denied Operation = %s from host = %s on "
+                         "resource = %s:%s%s", principal, operation.name, host or "?",
+                         resource_type.name, name, held_back(held))
         return allowed
 
     def authorize_by_type(self, principal: str, host: str, operation: Operation,

@@ -46,21 +46,26 @@ NOT_REQUESTED = -2147483648  # an authorized-operations field not asked for
 
 
 def allowed(broker: Broker, request: Request, operation: Operation,
-            resource_type: ResourceType, name: str) -> bool:
+            resource_type: ResourceType, name: str, audit: bool = True) -> bool:
+    """`audit=False` for a question whose "no" only leaves something out of a listing
+    (not logged as a denial)."""
     return broker.authorizer.authorize(request.principal, request.client_host, operation,
-                                       resource_type, name)
+                                       resource_type, name, audit)
 
 
-def topic(broker: Broker, request: Request, operation: Operation, name: str) -> bool:
-    return allowed(broker, request, operation, ResourceType.TOPIC, name)
+def topic(broker: Broker, request: Request, operation: Operation, name: str,
+          audit: bool = True) -> bool:
+    return allowed(broker, request, operation, ResourceType.TOPIC, name, audit)
 
 
-def group(broker: Broker, request: Request, operation: Operation, name: str) -> bool:
-    return allowed(broker, request, operation, ResourceType.GROUP, name)
+def group(broker: Broker, request: Request, operation: Operation, name: str,
+          audit: bool = True) -> bool:
+    return allowed(broker, request, operation, ResourceType.GROUP, name, audit)
 
 
-def cluster(broker: Broker, request: Request, operation: Operation) -> bool:
-    return allowed(broker, request, operation, ResourceType.CLUSTER, CLUSTER_NAME)
+def cluster(broker: Broker, request: Request, operation: Operation,
+            audit: bool = True) -> bool:
+    return allowed(broker, request, operation, ResourceType.CLUSTER, CLUSTER_NAME, audit)
 
 
 def by_type(broker: Broker, request: Request, operation: Operation,
@@ -71,11 +76,12 @@ def by_type(broker: Broker, request: Request, operation: Operation,
 
 
 def denied_topics(broker: Broker, request: Request, operation: Operation,
-                  names: Iterable[str]) -> set[str]:
+                  names: Iterable[str], audit: bool = True) -> set[str]:
     """The names among `names` that the request may not `operation`."""
     if not broker.authorizer.enabled:
         return set()
-    return {name for name in set(names) if not topic(broker, request, operation, name)}
+    return {name for name in set(names)
+            if not topic(broker, request, operation, name, audit)}
 
 
 def operations(broker: Broker, request: Request, resource_type: ResourceType,
@@ -85,7 +91,7 @@ def operations(broker: Broker, request: Request, resource_type: ResourceType,
     off, as Kafka answers with no authorizer)."""
     bits = 0
     for operation in SUPPORTED_OPERATIONS[resource_type]:
-        if allowed(broker, request, operation, resource_type, name):
+        if allowed(broker, request, operation, resource_type, name, audit=False):
             bits |= 1 << int(operation)
     return bits
 
@@ -97,6 +103,6 @@ def topic_operations(broker: Broker, request: Request, name: str) -> int:
 def cluster_operations(broker: Broker, request: Request) -> int:
     """DescribeCluster's and Metadata's field: 0 without DESCRIBE on the cluster (Kafka's
     KafkaApis), else the cluster's operations."""
-    if not cluster(broker, request, Operation.DESCRIBE):
+    if not cluster(broker, request, Operation.DESCRIBE, audit=False):
         return 0
     return operations(broker, request, ResourceType.CLUSTER, CLUSTER_NAME)

@@ -191,7 +191,8 @@ def _fetched_topics(broker: Broker, request: Request, group_id: str,
     else:
         wanted = {t.name: list(t.partition_indexes) for t in topics}
     # Kafka: DESCRIBE on each topic; asked for all, the others are left out.
-    denied = authz.denied_topics(broker, request, Operation.DESCRIBE, wanted)
+    denied = authz.denied_topics(broker, request, Operation.DESCRIBE, wanted,
+                                 audit=topics is not None)
     if topics is None:
         wanted = {name: indexes for name, indexes in wanted.items() if name not in denied}
     answer = []
@@ -241,13 +242,14 @@ async def list_groups(broker: Broker, request: Request) -> dict[str, Any]:
     states = set(getattr(request.body, "states_filter", ()) or ())
     # Kafka: DESCRIBE on the cluster lists every group, else those the client may
     # DESCRIBE.
-    every = authz.cluster(broker, request, Operation.DESCRIBE)
+    every = authz.cluster(broker, request, Operation.DESCRIBE, audit=False)
     groups = [
         {"group_id": g.group_id, "protocol_type": g.protocol_type or "consumer",
          "group_state": g.state, "group_type": "classic"}
         for g in broker.groups.groups.values()
         if (not states or g.state in states)
-        and (every or authz.group(broker, request, Operation.DESCRIBE, g.group_id))
+        and (every or authz.group(broker, request, Operation.DESCRIBE, g.group_id,
+                                  audit=False))
     ]
     return {"error_code": ErrorCode.none, "groups": groups}
 

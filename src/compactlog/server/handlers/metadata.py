@@ -52,7 +52,7 @@ def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
     # client gets those it may DESCRIBE, as from Kafka.
     wanted: list[tuple[str | None, uuid.UUID | None]] = (
         [(name, None) for name in broker.store.list_topics()
-         if authz.topic(broker, request, Operation.DESCRIBE, name)]
+         if authz.topic(broker, request, Operation.DESCRIBE, name, audit=False)]
         if body.topics is None
         else [(t.name, getattr(t, "topic_id", None)) for t in body.topics])
     with_operations = getattr(body, "include_topic_authorized_operations", False)
