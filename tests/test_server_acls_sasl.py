@@ -4,7 +4,8 @@ a SASL_PLAINTEXT listener (PLAIN; TLS is the security tests' subject). Each user
 writes and commits only what its ACLs grant; the other user's topics are not even
 listed; a DENY of one user overrides a wildcard ALLOW; only the super user (or a user
 granted ALTER on the cluster) manages ACLs; and an anonymous client on the PLAINTEXT
-listener gets only what `User:*` grants.
+listener gets only what `User:*` grants. And the admin API over HTTPS, whose principal
+is a client certificate's.
 """
 
 from __future__ import annotations
@@ -206,3 +207,54 @@ def test_kafka_python_users_and_acl_administration(server: SecuredServer) -> Non
             bob.describe_acls(every)
     finally:
         bob.close()
+
+
+def test_admin_api_principal_from_a_client_certificate(tmp_path: Path) -> None:
+    """The admin API over HTTPS takes a client certificate's principal, named as the
+    Kafka listeners name it, and checks it against the ACLs."""
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from compactlog.server.acl import AclBinding as Binding
+    from compactlog.server.acl import Operation, PatternType, Permission
+    from compactlog.server.acl import ResourceType as Kind
+    from compactlog.server.authorizer import AuthorizationConfig, Authorizer
+    from compactlog.storage.store import LogStore
+
+    pki = Pki(tmp_path / "pki")
+    data = tmp_path / "data"
+    with LogStore.open(data) as store:
+        store.create_topic("orders", 1)
+        store.create_topic("secret", 1)
+    Authorizer(data, AuthorizationConfig()).create([Binding(
+        Kind.TOPIC, "orders", PatternType.LITERAL, "User:CN=alice,O=acme", "*",
+        Operation.DESCRIBE, Permission.ALLOW)])
+    config = tmp_path / "server.toml"
+    config.write_text("admin_tls = true\n[authorization]\nenabled = true\n")
+    with secured_server(tmp_path, pki, "SSL://127.0.0.1:0", client_auth="requested",
+                        extra=("--admin-listen", "127.0.0.1:0", "--config",
+                               str(config))) as secured:
+        url = secured.server.admin_url
+        assert url is not None and url.startswith("https://")
+
+        def get(path: str, with_cert: bool) -> tuple[int, Any]:
+            context = ssl.create_default_context(cafile=str(pki.ca.path))
+            if with_cert:
+                context.load_cert_chain(str(pki.alice.cert), str(pki.alice.key))
+            try:
+                with urllib.request.urlopen(f"{url}{path}", context=context,
+                                            timeout=30) as got:
+                    return got.status, json.loads(got.read())
+            except urllib.error.HTTPError as error:
+                return error.code, json.loads(error.read())
+
+        status, body = get("/v1/topics", with_cert=True)
+        assert status == 200 and [t["topic"] for t in body["topics"]] == ["orders"]
+        status, body = get("/v1/topics/secret", with_cert=True)
+        assert status == 403 and "User:CN=alice,O=acme" in body["error"]
+        # No certificate (and no tokens file): User:ANONYMOUS, which no ACL names.
+        status, body = get("/v1/topics/orders", with_cert=False)
+        assert status == 403 and "User:ANONYMOUS" in body["error"]
+        assert get("/v1/health", with_cert=False)[0] == 200  # open by default
