@@ -210,3 +210,37 @@ def test_kcat_sasl_ssl(server: SecuredServer, pki: Pki, mechanism: str) -> None:
     assert f"SASL/{mechanism} authenticated User:alice" in server.server.log()
     if mechanism.startswith("SCRAM"):
         assert "client-final nonce of librdkafka < 2.6.1" in server.server.log()
+
+
+def test_confluent_kafka_manages_scram_credentials(server: SecuredServer, pki: Pki) -> None:
+    """AdminClient.alter/describe_user_scram_credentials (AlterUserScramCredentials and
+    DescribeUserScramCredentials v0): a user made this way logs in; deleted, it cannot."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialDeletion,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = AdminClient(confluent_settings(server, pki, "SCRAM-SHA-512"))
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096)
+    for future in admin.alter_user_scram_credentials(
+            [UserScramCredentialUpsertion("bob", info, b"bob-password")]).values():
+        future.result(30)
+    described = admin.describe_user_scram_credentials(["bob"])
+    [(user, future)] = described.items()
+    description = future.result(30)
+    assert user == "bob"
+    assert [(c.mechanism, c.iterations) for c in description.scram_credential_infos] == [
+        (ScramMechanism.SCRAM_SHA_256, 4096)]
+    bob = {**confluent_settings(server, pki, "SCRAM-SHA-256"), "sasl.username": "bob",
+           "sasl.password": "bob-password"}
+    assert AdminClient(bob).list_topics(timeout=30).brokers
+    for future in admin.alter_user_scram_credentials(
+            [UserScramCredentialDeletion("bob", ScramMechanism.SCRAM_SHA_256)]).values():
+        future.result(30)
+    with pytest.raises(KafkaException):
+        AdminClient(bob).list_topics(timeout=2)
+    assert "SASL/SCRAM-SHA-256 authentication failed" in server.server.log()

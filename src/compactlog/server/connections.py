@@ -206,6 +206,9 @@ class Connections:
             log.debug("closing connection from %s: %s (connections_max_idle_s)", peer, idle)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away
+        except ssl.SSLError as error:  # a TLS record the client broke: its fault, not ours
+            hard = True
+            log.info("closing TLS connection from %s: %s", peer, error)
         except ProtocolError as error:
             log.warning("closing connection from %s: %s", peer, error)
         except asyncio.CancelledError:
