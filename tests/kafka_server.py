@@ -96,7 +96,7 @@ def logged_server(data_dir: Path, log_path: Path, *extra: str,
         raise RuntimeError(f"the server did not start: {line!r}\n{log_path.read_text()}")
     admin_url = None
     if any(arg.startswith("--admin-listen") for arg in extra):
-        admin = re.search(r"admin on (http://\S+)", process.stdout.readline())
+        admin = re.search(r"admin on (https?://\S+)", process.stdout.readline())
         assert admin, log_path.read_text()
         admin_url = admin.group(1)
     server = LoggedServer(process, match.group(1), int(match.group(2)), log_path, admin_url)

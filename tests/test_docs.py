@@ -71,3 +71,16 @@ def test_readme_names_the_two_commands() -> None:
     assert "scripts/demo.sh" in readme and "scripts/test.sh" in readme
     ci = (ROOT / ".ci" / "run").read_text()
     assert "scripts/test.sh" in ci
+
+
+def test_every_server_security_setting_is_documented() -> None:
+    from compactlog.cli.serve import AUTHORIZATION_SETTINGS, COMPACTION_SETTINGS
+    from compactlog.config import SERVER_SECURITY_KEYS
+
+    declared = {key.name for key in SERVER_SECURITY_KEYS}
+    assert "allowed_strategy_functions" in COMPACTION_SETTINGS
+    assert declared == {f"authorization.{name}" for name in AUTHORIZATION_SETTINGS} | {
+        "compaction.allowed_strategy_functions"}
+    reference = (ROOT / "docs" / "configuration.md").read_text()
+    for name in declared:
+        assert f"## `{name}`" in reference

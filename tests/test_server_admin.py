@@ -471,12 +471,24 @@ def test_serve_refuses_bad_compaction_settings(tmp_path: Path) -> None:
 
 
 def test_the_documented_config_file_is_valid_and_complete(tmp_path: Path) -> None:
-    from compactlog.cli.serve import COMPACTION_SETTINGS, SETTINGS, load_settings
+    from compactlog.cli.serve import (
+        AUTHORIZATION_SETTINGS,
+        COMPACTION_SETTINGS,
+        LISTENER_SETTINGS,
+        SETTINGS,
+        TLS_SETTINGS,
+        load_settings,
+    )
 
     text = (TESTS_DIR.parent / "docs" / "server.md").read_text()
-    block = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    section = text.split("## Configuration file", 1)[1]
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "server.toml"
     path.write_text(block)
     settings = load_settings(path)
     assert set(settings) == set(SETTINGS)
     assert set(settings["compaction"]) | {"service"} == set(COMPACTION_SETTINGS)
+    assert set(settings["authorization"]) | {"admin_tokens_file"} == set(
+        AUTHORIZATION_SETTINGS)
+    assert set(settings["tls"]) == set(TLS_SETTINGS)
+    assert set(settings["listener"]["SASL_SSL"]) == set(LISTENER_SETTINGS)

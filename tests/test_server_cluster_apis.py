@@ -26,7 +26,7 @@ from test_server_bad_input import Wire
 NEW_APIS = {21: (0, 2), 33: (0, 2), 35: (1, 4), 37: (0, 3), 42: (0, 2), 43: (0, 2),
             45: (0, 1), 46: (0, 0), 47: (0, 0), 60: (0, 2), 61: (0, 0)}
 # Asked for by clients, and not served (docs/server.md says why).
-NOT_SERVED = [17, 23, 29, 30, 31, 34, 36, 48, 49, 50, 51, 55, 57, 65, 66, 68, 69, 74, 75]
+NOT_SERVED = [23, 34, 48, 49, 55, 57, 65, 66, 68, 69, 74, 75]
 TIMEOUT = datetime.timedelta(seconds=5)
 
 

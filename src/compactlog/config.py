@@ -286,7 +286,9 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "broken by offset. `function:MODULE:NAME`: a Python function "
         "`NAME(previous, current) -> bool` that returns True to keep `previous`; the slow "
         "path, as values then cross the cluster. With every strategy a tombstone deletes its "
-        "key, and only records after it compete.",
+        "key, and only records after it compete. A `function:` strategy runs code, so the "
+        "server takes it from a Kafka client, and its cleaner runs it, only if its config "
+        "lists `MODULE:NAME` in `compaction.allowed_strategy_functions` (below).",
         validator=validate_strategy,
         allowed_text=STRATEGIES,
     ),
@@ -311,6 +313,46 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
 )
 
 TOPIC_KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in TOPIC_KEYS}
+
+# The server's security settings (its TOML file, docs/server.md): not topic keys, but
+# documented with them because they decide which topic configs a client may set.
+SERVER_SECURITY_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "compaction.allowed_strategy_functions", "list", "[]",
+        "The `function:MODULE:NAME` compaction strategies a Kafka client may set on a topic "
+        "(CreateTopics, AlterConfigs, IncrementalAlterConfigs), as `\"MODULE:NAME\"` "
+        "strings; any other is refused with INVALID_CONFIG and never imported, whether or "
+        "not the authorizer is on, and the server's cleaner does not run a topic that names "
+        "another.",
+        allowed_text="a TOML list of \"MODULE:NAME\" strings",
+    ),
+    ConfigKey(
+        "authorization.enabled", "boolean", False,
+        "Check ACLs on every request (Kafka's authorizer). Off: every request is allowed and "
+        "the ACL APIs answer SECURITY_DISABLED.",
+    ),
+    ConfigKey(
+        "authorization.super_users", "list", "[]",
+        "Principals allowed everything whatever the ACLs say, e.g. `[\"User:admin\"]`.",
+        kafka_default="super.users", allowed_text="a TOML list of \"Type:name\" strings",
+    ),
+    ConfigKey(
+        "authorization.allow_everyone_if_no_acl_found", "boolean", False,
+        "A request on a resource that no ACL names (for anyone) is allowed. Kafka's "
+        "`allow.everyone.if.no.acl.found`, false by default as in Kafka.",
+    ),
+    ConfigKey(
+        "authorization.admin_tokens_file", "string", "none",
+        "A file of `PRINCIPAL TOKEN` lines: the admin HTTP API's bearer tokens. Set, every "
+        "admin request but the open ones needs a valid token.",
+        allowed_text="a path",
+    ),
+    ConfigKey(
+        "authorization.admin_open_health_and_metrics", "boolean", True,
+        "`/metrics` and `/v1/health` answer without a principal; false: they need DESCRIBE "
+        "on the cluster.",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -379,6 +421,12 @@ def render_docs() -> str:
         "hand. Set a key when creating a topic (`compactlog topics create T --config KEY=VALUE`) "
         "or later (`compactlog topics alter T --config KEY=VALUE`).",
         "",
+        "The server's own settings (listeners, TLS, SASL, resource limits, automatic "
+        "compaction) are not topic settings: they are in the server's TOML file, documented "
+        "in [server.md](server.md) under \"Configuration file\" and \"Security\"; those "
+        "that decide who may change topic configs, and which ones, are also listed at the "
+        "end (\"Server security settings\").",
+        "",
     ]
     for key in TOPIC_KEYS:
         lines.append(f"## `{key.name}`")
@@ -390,6 +438,21 @@ def render_docs() -> str:
         lines.append(f"- allowed: {key.allowed()}")
         if key.kafka_default is not None and key.kafka_default != key.default:
             lines.append(f"- Kafka's default: `{_render_value(key.kafka_default)}`")
+        lines.append("")
+    lines += [
+        "# Server security settings",
+        "",
+        "Not topic keys: these are set in the server's TOML config file (tables "
+        "`[compaction]` and `[authorization]`, see docs/server.md, \"Authorization\"). "
+        "They decide who may change topic configs and which values that run code a client "
+        "may set.",
+        "",
+    ]
+    for key in SERVER_SECURITY_KEYS:
+        lines += [f"## `{key.name}`", "", key.doc, "", f"- type: {key.type}",
+                  f"- default: `{_render_value(key.default)}`", f"- allowed: {key.allowed()}"]
+        if key.kafka_default is not None:
+            lines.append(f"- Kafka's name: `{key.kafka_default}`")
         lines.append("")
     return "\n".join(lines)
 

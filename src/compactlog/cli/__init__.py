@@ -67,7 +67,7 @@ def cli(ctx: click.Context, data_dir: Path, debug: bool, log_level: str) -> None
 
 
 def _register() -> None:
-    from compactlog.cli import compact, consume, docs, produce, serve, topics
+    from compactlog.cli import acls, compact, consume, docs, produce, serve, topics, users
 
     cli.add_command(topics.topics)
     cli.add_command(compact.compact)
@@ -77,6 +77,8 @@ def _register() -> None:
     cli.add_command(consume.consume)
     cli.add_command(docs.config_docs)
     cli.add_command(serve.serve)
+    cli.add_command(users.users)
+    cli.add_command(acls.acls)
 
 
 def _set_data_dir(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:

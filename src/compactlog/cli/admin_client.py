@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -11,6 +12,8 @@ from compactlog.compaction import CompactionReport, PartitionSummary
 from compactlog.errors import ConflictError, UserError
 
 TIMEOUT_S = 30.0
+# A bearer token for a server whose admin API wants one (docs/server.md, "Authorization").
+TOKEN_ENV = "COMPACTLOG_ADMIN_TOKEN"
 
 
 class AdminClient:
@@ -27,8 +30,12 @@ class AdminClient:
 
     def _call(self, method: str, path: str, body: Any) -> Any:
         data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        token = os.environ.get(TOKEN_ENV)
+        if token:
+            headers["Authorization"] = f"Bearer {token.strip()}"
         request = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+                                         headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
                 return json.loads(response.read())
@@ -37,6 +44,8 @@ class AdminClient:
             message = str(body.get("error", error.reason))
             if error.code == 409:
                 raise BusyServerError(message, body.get("runs", [])) from None
+            if error.code == 401:
+                message += f" (set {TOKEN_ENV} to a token of the server's admin tokens file)"
             raise UserError(f"the server at {self.url} answered {error.code}: {message}") \
                 from None
         except (urllib.error.URLError, OSError) as error:

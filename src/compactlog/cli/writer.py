@@ -194,6 +194,12 @@ def open_writer(data_dir: Path) -> Iterator[Writer]:
         if server is None:
             raise UserError(f"{locked}; it is not a compactlog server this command can "
                             "write through") from None
+        if server.listeners and not any(entry.get("protocol") == "PLAINTEXT"
+                                        for entry in server.listeners.values()):
+            raise UserError(
+                f"{locked}; the server has no PLAINTEXT listener for this command to "
+                f"write through (its listeners: {', '.join(server.listeners)}). Add one "
+                f"on 127.0.0.1 (listen = \"127.0.0.1:9092\"), or stop the server") from None
         writer = ServerWriter(data_dir, server.kafka)
         try:
             yield writer

@@ -10,14 +10,24 @@
   GET  /v1/compactions                   recent runs, newest first
   GET  /v1/compactions/{id}              one run, with its report once finished
 
-Errors are JSON, {"error": "..."}, with 400 (bad request), 404 (unknown topic, partition
-or run) or 409 (a compaction is already running). Store reads run off the event loop.
+Errors are JSON, {"error": "..."}, with 400 (bad request), 401 (no valid principal),
+403 (the principal may not), 404 (unknown topic, partition or run) or 409 (a compaction
+is already running). Store reads run off the event loop.
+
+Authorization (server/admin_auth.py establishes the principal): with the authorizer on,
+each route needs what the Kafka listener would need for the same thing: DESCRIBE on a
+topic to see it, its compaction status or its runs (listings show only those), also
+DESCRIBE_CONFIGS to see its config, ALTER on the topic to start a compaction (as
+CreatePartitions needs ALTER on the topic: it changes how the topic is stored, not its
+records), and DESCRIBE on the cluster for /metrics and /v1/health unless they are open.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -31,6 +41,8 @@ from compactlog.errors import (
     UnknownTopicError,
     UserError,
 )
+from compactlog.server.acl import CLUSTER_NAME, Operation, ResourceType
+from compactlog.server.admin_auth import AdminAuth, Forbidden, TokenFile, Unauthenticated
 from compactlog.server.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -40,14 +52,23 @@ log = logging.getLogger("compactlog.admin")
 
 
 class AdminServer:
-    def __init__(self, server: Server, host: str, port: int) -> None:
+    def __init__(self, server: Server, host: str, port: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.server = server
         self.host = host
         self.port = port
+        # HTTPS with the server's TLS settings (server/tls.py), when set.
+        self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
+        settings = server.config.authorization
+        tokens = (TokenFile(Path(settings.admin_tokens_file))
+                  if settings.admin_tokens_file else None)
+        self.auth = AdminAuth(tokens)
+        self.open_paths = ({"/metrics", "/v1/health"}
+                           if settings.admin_open_health_and_metrics else set())
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[_errors_as_json])
+        app = web.Application(middlewares=[_errors_as_json, self._authenticate])
         app.add_routes([
             web.get("/metrics", self.metrics),
             web.get("/v1/health", self.health),
@@ -60,10 +81,10 @@ class AdminServer:
         ])
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]  # the real one when asked for port 0
-        log.info("admin and metrics on http://%s:%d", self.host, self.port)
+        log.info("admin and metrics on %s", self.url)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -71,26 +92,67 @@ class AdminServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
+
+    # -- authorization ------------------------------------------------------------------
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path in self.open_paths:
+            request["principal"] = None
+        else:
+            request["principal"] = self.auth.principal(request)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    def _allowed(self, request: web.Request, operation: Operation,
+                 resource_type: ResourceType, name: str, audit: bool = False) -> bool:
+        """`audit`: the authorizer logs a denial too (`_require` logs its own line,
+        with the route)."""
+        principal = request["principal"]
+        if principal is None:  # an open path
+            return True
+        host = request.remote or ""
+        return self.server.authorizer.authorize(principal, host, operation, resource_type,
+                                                name, audit)
+
+    def _require(self, request: web.Request, operation: Operation,
+                 resource_type: ResourceType, name: str) -> None:
+        if not self._allowed(request, operation, resource_type, name):
+            log.info("admin: %s may not %s %s (%s on %s %r)", request["principal"],
+                     request.method, request.path, operation.name, resource_type.name, name)
+            raise Forbidden(f"{request['principal']} is not allowed {operation.name} on "
+                            f"{resource_type.name.lower()} {name!r}")
+
+    def _require_topic(self, request: web.Request, operation: Operation) -> str:
+        name = request.match_info["topic"]
+        self._require(request, operation, ResourceType.TOPIC, name)
+        return name
 
     # -- handlers -----------------------------------------------------------------------
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self._require(request, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
         body = await self.server.run_io(self.server.metrics.render)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def health(self, request: web.Request) -> web.Response:
+        self._require(request, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
         return _json({"status": "ok"})
 
     async def topics(self, request: web.Request) -> web.Response:
         store = self.server.store
-        names = await self.server.run_io(store.list_topics)
+        names = [name for name in await self.server.run_io(store.list_topics)
+                 if self._allowed(request, Operation.DESCRIBE, ResourceType.TOPIC, name)]
         bodies = [await self.server.run_io(self._topic_body, name) for name in names]
         return _json({"topics": bodies})
 
     async def topic(self, request: web.Request) -> web.Response:
-        return _json(await self.server.run_io(self._topic_body, request.match_info["topic"],
-                                              True))
+        name = self._require_topic(request, Operation.DESCRIBE)
+        with_config = self._allowed(request, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC,
+                                    name)
+        return _json(await self.server.run_io(self._topic_body, name, with_config))
 
     def _topic_body(self, name: str, with_config: bool = False) -> dict[str, Any]:
         topic = self.server.store.topic(name)
@@ -104,7 +166,7 @@ class AdminServer:
         return body
 
     async def compaction_status(self, request: web.Request) -> web.Response:
-        name = request.match_info["topic"]
+        name = self._require_topic(request, Operation.DESCRIBE)
         return _json(await self.server.run_io(self._status_body, name))
 
     def _status_body(self, name: str) -> dict[str, Any]:
@@ -133,7 +195,7 @@ class AdminServer:
                 "auto_compaction": cleaner.config.enabled, "partitions": rows}
 
     async def start_compaction(self, request: web.Request) -> web.Response:
-        name = request.match_info["topic"]
+        name = self._require_topic(request, Operation.ALTER)
         partitions: list[int] | None = None
         if request.can_read_body:
             try:
@@ -152,7 +214,8 @@ class AdminServer:
                      headers={"Location": f"/v1/compactions/{record.job.id}"})
 
     async def compactions(self, request: web.Request) -> web.Response:
-        runs = list(reversed(self.server.cleaner.runs.values()))
+        runs = [r for r in reversed(self.server.cleaner.runs.values())
+                if self._allowed(request, Operation.DESCRIBE, ResourceType.TOPIC, r.job.topic)]
         return _json({"runs": [r.to_json() for r in runs]})
 
     async def compaction(self, request: web.Request) -> web.Response:
@@ -161,6 +224,7 @@ class AdminServer:
         if record is None:
             return _json({"error": f"no compaction run {text!r} (the server keeps the "
                                    "recent ones, since it started)"}, status=404)
+        self._require(request, Operation.DESCRIBE, ResourceType.TOPIC, record.job.topic)
         return _json(record.to_json())
 
 
@@ -191,6 +255,13 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
         return response
     except web.HTTPException as error:
         return _json({"error": error.reason}, status=error.status)
+    except Unauthenticated as error:
+        log.info("admin: %s %s from %s refused: %s", request.method, request.path,
+                 request.remote, error)
+        return _json({"error": str(error)}, status=401,
+                     headers={"WWW-Authenticate": 'Bearer realm="compactlog"'})
+    except Forbidden as error:
+        return _json({"error": str(error)}, status=403)
     except (BusyError, ConflictError) as error:
         return _json({"error": str(error)}, status=409)
     except (UnknownTopicError, UnknownPartitionError) as error:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -22,8 +23,10 @@ from typing import Any, TypeVar
 
 from compactlog.errors import UserError
 from compactlog.server.admin import AdminServer
+from compactlog.server.authorizer import AuthorizationConfig, Authorizer
 from compactlog.server.broker import Broker
 from compactlog.server.cleaner import Cleaner, CleanerConfig
+from compactlog.server.code_policy import check_allow_list
 from compactlog.server.connections import (
     STREAM_LIMIT,
     Connections,
@@ -33,8 +36,9 @@ from compactlog.server.connections import (
     data_file_cap,
 )
 from compactlog.server.handlers import register_all
-from compactlog.server.info import ServerInfo, reachable_host
+from compactlog.server.info import ServerInfo
 from compactlog.server.info import remove as remove_server_info
+from compactlog.server.listeners import Listener, check_all
 from compactlog.server.metrics import ConnectionCollector, ServerMetrics, StateCollector
 from compactlog.server.protocol import (
     API_NAMES,
@@ -46,7 +50,11 @@ from compactlog.server.protocol import (
     unsupported_api_versions_response,
 )
 from compactlog.server.request_budget import RequestBudget
+from compactlog.server.sasl import FailureDelay
+from compactlog.server.session import SaslGate, Session
+from compactlog.server.tls import ServerTls, TlsSettings
 from compactlog.server.upkeep import Upkeep
+from compactlog.storage.credentials import CredentialStore
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
@@ -86,8 +94,22 @@ class ServerConfig:
     # The admin and metrics HTTP listener; None: none.
     admin_host: str | None = None
     admin_port: int = 9093
+    # Kafka's `listeners` (server/listeners.py); empty: one PLAINTEXT listener on
+    # host:port, as before listeners existed.
+    listeners: list[Listener] = field(default_factory=list)
+    # The certificate of SSL and SASL_SSL listeners (server/tls.py); None: no TLS.
+    tls: TlsSettings | None = None
+    # Serve the admin API over HTTPS with `tls`.
+    admin_tls: bool = False
+    # A failed SASL authentication from an address that failed before is answered after
+    # this delay, doubling per failure up to sasl_failure_delay_max_s (Kafka's
+    # connection.failed.authentication.delay.ms, made progressive).
+    sasl_failure_delay_s: float = 0.1
+    sasl_failure_delay_max_s: float = 5.0
     # Automatic compaction (server/cleaner.py).
     compaction: CleanerConfig = field(default_factory=CleanerConfig)
+    # ACLs and the admin API's tokens (server/authorizer.py); off by default.
+    authorization: AuthorizationConfig = field(default_factory=AuthorizationConfig)
 
     def check(self) -> None:
         """Raise UserError naming the first setting out of its range."""
@@ -104,11 +126,27 @@ class ServerConfig:
             value = getattr(self, name)
             if value < 0:
                 raise UserError(f"{name} must be 0 or above, got {value}")
+        try:
+            self.authorization.check()
+            check_allow_list(self.compaction.allowed_strategy_functions)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+        for name in ("sasl_failure_delay_s", "sasl_failure_delay_max_s"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{name} must be 0 or above, got {getattr(self, name)}")
+        if self.tls is not None:
+            self.tls.check()
+        if self.admin_tls and self.tls is None:
+            raise UserError("admin_tls needs the [tls] settings (cert_file, key_file)")
+        check_all(self.kafka_listeners(), self.tls is not None)
         if self.queued_max_request_bytes < self.max_request_bytes:
             # Else the largest request allowed could never be read.
             raise UserError(
                 f"queued_max_request_bytes ({self.queued_max_request_bytes}) must be at "
                 f"least max_request_bytes ({self.max_request_bytes})")
+
+    def kafka_listeners(self) -> list[Listener]:
+        return self.listeners or [Listener("PLAINTEXT", "PLAINTEXT", self.host, self.port)]
 
 
 class Server:
@@ -128,7 +166,13 @@ class Server:
         self.metrics = ServerMetrics()
         self._cleaner: Cleaner | None = None
         self.admin: AdminServer | None = None
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
+        self.listeners = [dataclasses.replace(listener)
+                          for listener in config.kafka_listeners()]
+        self.tls = ServerTls(config.tls) if config.tls is not None else None
+        self.sasl = SaslGate(CredentialStore(config.data_dir),
+                             FailureDelay(config.sasl_failure_delay_s,
+                                          config.sasl_failure_delay_max_s), self.metrics)
         self.connections: Connections | None = None
         self._loop_handler: Any = None  # the event loop's exception handler before ours
         self._upkeep: asyncio.Task[None] | None = None
@@ -146,16 +190,26 @@ class Server:
             ConnectionSettings(max_connections, config.max_connections_per_ip,
                                config.connections_max_idle_s, config.max_request_bytes),
             budget, self.metrics, self._handle)
+        if self.tls is not None:
+            self.connections.tls_context = self.tls.context
         self.metrics.watch(ConnectionCollector(self.connections))
         loop = asyncio.get_running_loop()
         self._loop_handler = loop.get_exception_handler()
         loop.set_exception_handler(self.connections.loop_exception)
         # A small stream buffer: what a connection buffers beyond the budget's count.
-        self._server = await asyncio.start_server(
-            self.connections.serve, config.host, config.port, limit=STREAM_LIMIT)
-        self.port = self._server.sockets[0].getsockname()[1]
-        self.broker = Broker(self.store, self.config.host, self.port,
-                             initial_rebalance_delay_s=self.config.group_initial_rebalance_delay_s)
+        for listener in self.listeners:
+            server = await asyncio.start_server(
+                functools.partial(self.connections.serve, listener), listener.host,
+                listener.port, limit=STREAM_LIMIT)  # TLS: Connections.serve
+            self._servers.append(server)
+            listener.bound_port = server.sockets[0].getsockname()[1]
+        first = self.listeners[0]
+        self.port = first.bound_port
+        self.broker = Broker(
+            self.store, first.advertised[0], self.port,
+            initial_rebalance_delay_s=self.config.group_initial_rebalance_delay_s,
+            authorization=self.config.authorization,
+            allowed_functions=frozenset(self.config.compaction.allowed_strategy_functions))
         self.broker.metrics = self.metrics
         register_all(self.broker)
         for key in self.broker.apis:  # every API served shows, at 0 until used
@@ -164,16 +218,37 @@ class Server:
                                 self.broker.run_io)
         self.metrics.watch(StateCollector(self.store, self.broker.groups, self._cleaner))
         if self.config.admin_host is not None:
-            self.admin = AdminServer(self, self.config.admin_host, self.config.admin_port)
+            self.admin = AdminServer(
+                self, self.config.admin_host, self.config.admin_port,
+                self.tls.context if self.config.admin_tls and self.tls is not None else None)
             await self.admin.start()
         self._upkeep = asyncio.create_task(self._upkeep_loop())
         # Where the CLI's write commands find this server (server/info.py).
-        ServerInfo(os.getpid(), f"{reachable_host(self.config.host)}:{self.port}",
-                   self.admin.url if self.admin is not None else None
-                   ).write(self.config.data_dir)
-        log.info("serving the Kafka protocol on %s:%d, data in %s; automatic compaction %s",
-                 self.config.host, self.port, self.config.data_dir,
+        plain = [lis for lis in self.listeners if lis.protocol == "PLAINTEXT"]
+        kafka = (plain or self.listeners)[0].advertised
+        ServerInfo(os.getpid(), f"{kafka[0]}:{kafka[1]}",
+                   self.admin.url if self.admin is not None else None,
+                   {lis.name: {"protocol": lis.protocol,
+                               "address": f"{lis.advertised[0]}:{lis.advertised[1]}"}
+                    for lis in self.listeners}).write(self.config.data_dir)
+        for listener in self.listeners:
+            log.info("serving the Kafka protocol on %s:%d (listener %s, %s%s)",
+                     listener.host, listener.bound_port, listener.name, listener.protocol,
+                     f", SASL {' '.join(listener.sasl_mechanisms)}" if listener.sasl else "")
+        log.info("data in %s; automatic compaction %s", self.config.data_dir,
                  "on" if self.config.compaction.enabled else "off")
+
+    def reload_tls(self) -> bool:
+        """SIGHUP: read the certificate, key and CA files again (server/tls.py)."""
+        if self.tls is None:
+            log.info("SIGHUP: no TLS settings to reload")
+            return False
+        return self.tls.reload()
+
+    @property
+    def authorizer(self) -> Authorizer:
+        assert self.broker is not None, "the server has not started"
+        return self.broker.authorizer
 
     @property
     def cleaner(self) -> Cleaner:
@@ -189,8 +264,8 @@ class Server:
         close every connection, and make everything acknowledged durable."""
         if self.connections is not None:
             self.connections.stopping = True  # each connection ends after its request
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         if self._upkeep is not None:
             self._upkeep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -201,8 +276,9 @@ class Server:
             await self._cleaner.stop()  # a run stopped midway leaves the old ledger
         if self.connections is not None:
             await self.connections.close(self.config.shutdown_grace_s)
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
+        if self._servers:
             asyncio.get_running_loop().set_exception_handler(self._loop_handler)
         if self.broker is not None:
             self.broker.close()  # waits for appends in flight
@@ -232,11 +308,19 @@ class Server:
             except Exception:
                 log.exception("the cleaner's check failed; retrying in %.1fs",
                               self.config.upkeep_interval_s)
+            try:
+                # ACLs committed by `compactlog acls` take effect within one round.
+                await self.broker.run_io(self.broker.authorizer.refresh)
+            except Exception:
+                log.exception("reading the ACLs again failed; the ones read before stay "
+                              "in force; retrying in %.1fs", self.config.upkeep_interval_s)
 
-    async def _handle(self, frame: Frame, client_host: str) -> bytes | None:
+    async def _handle(self, frame: Frame, session: Session) -> bytes | None:
         """The response frame to one request frame; None: no response (acks=0)."""
         broker = self.broker
         assert broker is not None
+        if session.raw_tokens:  # after SaslHandshake v0 (server/session.py)
+            return await self.sasl.raw_token(session, bytes(frame.take()))
         # The frame is freed once parsed; the budget counts it until the answer is sent.
         request = parse_request(frame.take(), broker.versions)
         if isinstance(request, UnsupportedVersion):
@@ -249,8 +333,14 @@ class Server:
             )
         api = broker.apis[request.api_key]
         self.metrics.requests.labels(API_NAMES.get(request.api_key, str(request.api_key))).inc()
+        if not session.authenticated:
+            self.sasl.check_allowed(session, request)
+            if request.api_key != API_VERSIONS_KEY:
+                return encode_response(request.api_key, request.api_version,
+                                       request.correlation_id,
+                                       await self.sasl.handle(session, request))
         response = await api.handler(broker, dataclasses.replace(
-            request, client_host=client_host))
+            request, client_host=session.host, principal=session.principal))
         if response is None:
             return None
         return encode_response(request.api_key, request.api_version,
@@ -265,9 +355,14 @@ async def serve_forever(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    print(f"compactlog serving on {config.host}:{server.port}", flush=True)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
+    first = server.listeners[0]
+    print(f"compactlog serving on {first.host}:{first.bound_port}", flush=True)
     if server.admin is not None:
         print(f"compactlog admin on {server.admin.url}", flush=True)
+    for listener in server.listeners:
+        print(f"compactlog listener {listener.name} ({listener.protocol}) on "
+              f"{listener.host}:{listener.bound_port}", flush=True)
     try:
         await stopping.wait()
     finally:

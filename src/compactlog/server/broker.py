@@ -10,6 +10,7 @@ soon as data comes instead of spinning.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -18,11 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from compactlog.server import listeners
+from compactlog.server.authorizer import AuthorizationConfig, Authorizer
 from compactlog.server.groups import GroupCoordinator
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.producers import ProducerStates
 from compactlog.server.protocol import Request
 from compactlog.server.throttle import Throttle
+from compactlog.storage.credentials import CredentialStore
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
@@ -46,13 +50,23 @@ class Broker:
     node_id = 0
 
     def __init__(self, store: LogStore, host: str, port: int, io_threads: int = 4,
-                 initial_rebalance_delay_s: float = 3.0) -> None:
+                 initial_rebalance_delay_s: float = 3.0,
+                 authorization: AuthorizationConfig | None = None,
+                 allowed_functions: frozenset[str] = frozenset()) -> None:
         self.store = store
+        # ACLs (server/authorizer.py); off unless the config turns it on.
+        self.authorizer = Authorizer(store.data_dir, authorization or AuthorizationConfig())
+        # `function:` compaction strategies a client may name (server/code_policy.py).
+        self.allowed_functions = allowed_functions
         self.groups = GroupCoordinator(store.data_dir, initial_rebalance_delay_s)
         # Idempotent producers: ids, and each partition's sequence state (producers.py).
         self.producers = ProducerStates(store.data_dir)
-        self.host = host
-        self.port = port
+        # The address advertised when no listener is in context (tests that call
+        # handlers directly); a request's own listener's otherwise (`host`, `port`).
+        self.default_host = host
+        self.default_port = port
+        # SASL/SCRAM credentials (storage/credentials.py).
+        self.credentials = CredentialStore(store.data_dir)
         self.cluster_id = _cluster_id(store.data_dir)
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="compactlog-io")
         self.data_arrived = asyncio.Event()
@@ -61,6 +75,18 @@ class Broker:
         # Failures that clients retry fast (a fetch of a damaged partition) are logged
         # once per partition per minute.
         self.failure_log = Throttle(60.0)
+
+    @property
+    def host(self) -> str:
+        """The host advertised to the client of the request being handled: its
+        listener's (Kafka advertises the listener a request came in on)."""
+        listener = listeners.current.get()
+        return self.default_host if listener is None else listener.advertised[0]
+
+    @property
+    def port(self) -> int:
+        listener = listeners.current.get()
+        return self.default_port if listener is None else listener.advertised[1]
 
     def register(self, key: int, versions: tuple[int, int], handler: Handler,
                  advertised_min: int | None = None) -> None:
@@ -78,8 +104,11 @@ class Broker:
         return {key: (api.advertised_min, api.max_version) for key, api in self.apis.items()}
 
     async def run_io(self, call: Callable[..., T], *args: Any) -> T:
-        """Run a blocking store call off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._io, call, *args)
+        """Run a blocking store call off the event loop, in the caller's context (the
+        request's listener among it)."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(
+            self._io, context.run, call, *args)
 
     def notify_data(self) -> None:
         """Wake every waiting fetch; each re-checks its own partitions."""

@@ -31,7 +31,8 @@ from compactlog.compaction.scheduler import (
     SchedulerPolicy,
 )
 from compactlog.compaction.status import is_locked, read_status
-from compactlog.errors import UserError
+from compactlog.errors import InvalidConfigError, UserError
+from compactlog.server.code_policy import check_strategy
 from compactlog.server.compaction_processes import (
     Outcome,
     ProcessSettings,
@@ -71,6 +72,9 @@ class CleanerConfig:
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = field(default_factory=dict)
     service: str | None = None  # compaction service factory, MODULE:NAME (PIP-278)
+    # `function:MODULE:NAME` compaction strategies that a Kafka client may set on a
+    # topic, as "MODULE:NAME" (server/code_policy.py); none by default.
+    allowed_strategy_functions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         positive = {"check_interval_s": self.check_interval_s,
@@ -253,10 +257,16 @@ class Cleaner:
         job = record.job
         began = time.monotonic()
         try:
-            # The run covers every rolled segment (compaction/rolled.py); the server is
-            # the writer, so it seals them now rather than have the run wait for upkeep.
-            await self.run_io(self._seal_rolled, job)
-            outcome = await self.runner.run(job)
+            refused = await self.run_io(self._code_refused, job)
+            if refused is not None:
+                # The topic names code the server's config does not allow (set before
+                # the allow-list, or by a local CLI): no process, nothing imported.
+                outcome = Outcome(None, refused)
+            else:
+                # The run covers every rolled segment (compaction/rolled.py); the server
+                # is the writer, so it seals them now rather than have the run wait.
+                await self.run_io(self._seal_rolled, job)
+                outcome = await self.runner.run(job)
         except asyncio.CancelledError:
             outcome = Outcome(None, "the server stopped while the run was going")
             raise
@@ -267,6 +277,14 @@ class Cleaner:
             self._tasks.pop(job.id, None)
             self._finish(record, outcome, time.monotonic() - began)
         await self.run_io(self._refresh, job)
+
+    def _code_refused(self, job: Job) -> str | None:
+        strategy = self.store.topic(job.topic).config["compaction.strategy"]
+        try:
+            check_strategy(str(strategy), self.config.allowed_strategy_functions)
+        except InvalidConfigError as error:
+            return f"not started: {error}"
+        return None
 
     def _seal_rolled(self, job: Job) -> None:
         topic = self.store.topic(job.topic)

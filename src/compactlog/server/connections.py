@@ -25,14 +25,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import ssl
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from compactlog.server import listeners
+from compactlog.server.listeners import Listener
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.protocol import FrameBytes, ProtocolError
 from compactlog.server.request_budget import RequestBudget
+from compactlog.server.session import Session
 from compactlog.server.throttle import Throttle, held_back
 
 log = logging.getLogger("compactlog.server")
@@ -46,6 +50,10 @@ PER_CONNECTION_BUFFER = 2 * STREAM_LIMIT + _SOCKET_READ + CHUNK
 # compaction processes' pipes, libraries) besides data files and connections, when the
 # open-file limit (RLIMIT_NOFILE) caps them: this many, or a quarter of the limit.
 FILE_RESERVE = 128
+# The largest frame a client may send before it is authenticated on a SASL listener
+# (Kafka's sasl.server.max.receive.size default): an anonymous client cannot make the
+# server buffer max_request_bytes.
+SASL_MAX_RECEIVE = 512 * 1024
 # Refused connections and failed accepts come in floods: one line per reason per this.
 REFUSAL_LOG_INTERVAL_S = 10.0
 
@@ -106,9 +114,19 @@ class Frame:
         return data
 
 
-# Answers a request frame from a client host with a whole response frame, or None when
-# the request gets no response (Produce with acks=0).
-Handler = Callable[[Frame, str], Awaitable[bytes | None]]
+# Answers a request frame of a connection's session with a whole response frame, or None
+# when the request gets no response (Produce with acks=0).
+Handler = Callable[[Frame, Session], Awaitable[bytes | None]]
+
+
+def _certificate_principal(writer: asyncio.StreamWriter) -> str | None:
+    """The principal of the client certificate of a TLS connection, if it sent one."""
+    ssl_object = writer.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    from compactlog.server.tls import certificate_principal
+
+    return certificate_principal(ssl_object.getpeercert(binary_form=True))
 
 
 class IdleError(Exception):
@@ -116,11 +134,12 @@ class IdleError(Exception):
 
 
 class _Connection:
-    __slots__ = ("held", "host", "peer")
+    __slots__ = ("held", "host", "peer", "session")
 
-    def __init__(self, peer: Any, host: str) -> None:
+    def __init__(self, peer: Any, host: str, session: Session) -> None:
         self.peer = peer
         self.host = host
+        self.session = session
         self.held = 0  # bytes of the request budget this connection holds
 
 
@@ -135,6 +154,8 @@ class Connections:
         self._busy: set[asyncio.Task[None]] = set()  # handling a request
         self._per_host: dict[str, int] = {}
         self._floods = Throttle(REFUSAL_LOG_INTERVAL_S)
+        # The server side of TLS listeners (server/tls.py), set by the server.
+        self.tls_context: ssl.SSLContext | None = None
         self.stopping = False
         self._aborting = False  # shutting down, past the grace: close without flushing
 
@@ -154,8 +175,12 @@ class Connections:
     def paused_s(self) -> float:
         return self.budget.paused_s
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection, from admission to close (asyncio.start_server's callback)."""
+    async def serve(self, listener: Listener | None, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
+        """One connection of `listener`, from admission to close (asyncio.start_server's
+        callback, with the listener bound). A TLS listener's handshake happens here,
+        after admission, so that it counts against the connection limits and a failed
+        one is logged with its reason."""
         peer = writer.get_extra_info("peername")
         host = peer[0] if isinstance(peer, tuple) else str(peer)
         if self._refused(host):
@@ -163,11 +188,17 @@ class Connections:
             return
         task = asyncio.current_task()
         assert task is not None
-        connection = _Connection(peer, host)
+        listeners.current.set(listener)  # this task's context: its requests'
+        connection = _Connection(peer, host, Session(host, listener))
         self._tasks.add(task)
         self._per_host[host] = self._per_host.get(host, 0) + 1
         hard = False
         try:
+            if listener is not None and listener.tls:
+                hard = True  # until the handshake is done, nothing is worth flushing
+                if not await self._start_tls(connection, listener, writer):
+                    return
+                hard = False
             await self._converse(connection, reader, writer)
         except IdleError as idle:
             hard = True  # what is left unsent would never be taken
@@ -175,6 +206,9 @@ class Connections:
             log.debug("closing connection from %s: %s (connections_max_idle_s)", peer, idle)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away
+        except ssl.SSLError as error:  # a TLS record the client broke: its fault, not ours
+            hard = True
+            log.info("closing TLS connection from %s: %s", peer, error)
         except ProtocolError as error:
             log.warning("closing connection from %s: %s", peer, error)
         except asyncio.CancelledError:
@@ -194,6 +228,29 @@ class Connections:
                     self._per_host[host] -= 1
                 else:
                     del self._per_host[host]
+
+    async def _start_tls(self, connection: _Connection, listener: Listener,
+                         writer: asyncio.StreamWriter) -> bool:
+        """The TLS handshake; False (after a log line) when it failed."""
+        assert self.tls_context is not None, "a TLS listener without a TLS context"
+        try:
+            await writer.start_tls(self.tls_context,
+                                   ssl_handshake_timeout=self.settings.idle_s)
+        except (OSError, TimeoutError) as error:  # ssl.SSLError is an OSError
+            self.metrics.tls_handshakes_failed.inc()
+            held = self._floods.allow("tls")
+            if held is not None:
+                log.info("TLS handshake from %s on listener %s failed: %s%s",
+                         connection.host, listener.name,
+                         getattr(error, "verify_message", None) or error or "timed out",
+                         held_back(held))
+            return False
+        principal = _certificate_principal(writer)
+        if principal is not None:
+            connection.session.principal = principal
+            log.info("TLS client certificate from %s on listener %s: %s", connection.host,
+                     listener.name, principal)
+        return True
 
     async def close(self, grace_s: float) -> None:
         """Take no more requests; give those in flight `grace_s` to be answered; close
@@ -273,11 +330,13 @@ class Connections:
                 return  # the client closed the connection between requests
             self._busy.add(task)
             try:
-                response = await self._handle(frame, connection.host)
+                response = await self._handle(frame, connection.session)
                 if response is not None:
                     writer.write(response)
                     del response
                     await self._drain(writer)
+                if connection.session.close_after:
+                    return  # answered; closed as Kafka closes it (session.py)
             finally:
                 self._busy.discard(task)
                 self.budget.release(connection.held)  # the request is answered
@@ -299,6 +358,10 @@ class Connections:
         (size,) = _LENGTH.unpack(prefix)
         if size < 0:
             raise ProtocolError(f"negative request length {size}")
+        if not connection.session.authenticated and size > SASL_MAX_RECEIVE:
+            raise ProtocolError(f"request of {size} bytes before SASL authentication is "
+                                f"over the limit of {SASL_MAX_RECEIVE} (Kafka's "
+                                f"sasl.server.max.receive.size)")
         if size > self.settings.max_request_bytes:
             raise ProtocolError(f"request of {size} bytes is over the limit of "
                                 f"{self.settings.max_request_bytes} (max_request_bytes)")

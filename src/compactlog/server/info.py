@@ -23,8 +23,11 @@ LOCK_FILE = ".writer.lock"
 @dataclass(frozen=True)
 class ServerInfo:
     pid: int
-    kafka: str  # host:port a client on this machine can reach
+    kafka: str  # host:port a client on this machine can reach (a PLAINTEXT one if any)
     admin: str | None  # the admin API's URL, when the server has one
+    # Every Kafka listener: name -> {"protocol": ..., "address": "host:port"}, with the
+    # ports bound (port 0 asks for an ephemeral one).
+    listeners: dict[str, dict[str, str]] | None = None
 
     def write(self, data_dir: Path) -> None:
         temp = fsutil.temp_path(data_dir, "server")
@@ -43,7 +46,8 @@ def running_server(data_dir: Path) -> ServerInfo | None:
     """The server that writes `data_dir` now, or None."""
     try:
         body = json.loads((data_dir / FILE).read_bytes())
-        info = ServerInfo(int(body["pid"]), str(body["kafka"]), body.get("admin"))
+        info = ServerInfo(int(body["pid"]), str(body["kafka"]), body.get("admin"),
+                          body.get("listeners"))
         holder = (data_dir / LOCK_FILE).read_text().strip()
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -48,6 +48,13 @@ class ServerMetrics:
             "(max_connections_per_ip).", ["reason"], registry=r)
         for reason in ("total", "per_ip"):
             self.connections_refused.labels(reason)
+        self.sasl_authentications = Counter(
+            "compactlog_server_sasl_authentications", "SASL exchanges that ended, by "
+            "mechanism and result (success, failure).", ["mechanism", "result"], registry=r)
+        self.tls_handshakes_failed = Counter(
+            "compactlog_server_tls_handshakes_failed", "TLS handshakes on the Kafka "
+            "listeners that failed (an untrusted, expired or missing client certificate, a "
+            "protocol below TLS 1.2, a client that went away).", registry=r)
         self.connections_closed_idle = Counter(
             "compactlog_server_connections_closed_idle", "Connections closed because their "
             "client sent nothing, or took none of a response, for connections_max_idle_s.",

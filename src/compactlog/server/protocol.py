@@ -35,6 +35,7 @@ from kio.static.constants import EntityType
 VersionTable = Mapping[int, tuple[int, int]]
 
 API_NAMES = {
+    29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls",
     0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
     9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat",
     13: "LeaveGroup", 14: "SyncGroup", 15: "DescribeGroups", 16: "ListGroups",
@@ -43,7 +44,8 @@ API_NAMES = {
     37: "CreatePartitions", 42: "DeleteGroups", 43: "ElectLeaders",
     44: "IncrementalAlterConfigs", 45: "AlterPartitionReassignments",
     46: "ListPartitionReassignments", 47: "OffsetDelete", 60: "DescribeCluster",
-    61: "DescribeProducers",
+    61: "DescribeProducers", 17: "SaslHandshake", 36: "SaslAuthenticate",
+    50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials",
 }
 API_VERSIONS_KEY = 18
 # A request frame as read: bytes, or a read-only view of a frame read in chunks.
@@ -64,6 +66,7 @@ class Request:
     client_id: str | None
     body: Any  # the kio dataclass of this API version's request
     client_host: str = ""
+    principal: str = "User:ANONYMOUS"  # Kafka's KafkaPrincipal, set by the connection after SASL or mTLS
 
     @property
     def name(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from compactlog.server.broker import Broker
 from compactlog.server.handlers import (
+    acls,
     admin,
     cluster,
     configs,
@@ -18,6 +19,7 @@ from compactlog.server.handlers import (
     produce,
     producer_state,
     records,
+    sasl,
 )
 
 
@@ -31,3 +33,5 @@ def register_all(broker: Broker) -> None:
     cluster.register(broker)
     producer_state.register(broker)
     groups.register(broker)
+    sasl.register(broker)
+    acls.register(broker)

@@ -17,7 +17,10 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.config import TopicConfig
 from compactlog.errors import TopicExistsError
+from compactlog.server import authz
+from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
+from compactlog.server.code_policy import check_configs
 from compactlog.server.errors import error_code, error_message
 from compactlog.server.handlers.configs import config_entries
 from compactlog.server.handlers.metadata import topic_name_by_id
@@ -35,9 +38,21 @@ def register(broker: Broker) -> None:
 
 async def create_topics(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
+    # Kafka: CREATE on the cluster, or else on each topic.
+    on_cluster = authz.cluster(broker, request, Operation.CREATE)
     results = []
     for spec in body.topics:
-        results.append(await broker.run_io(_create_one, broker, spec, body.validate_only))
+        if not on_cluster and not authz.topic(broker, request, Operation.CREATE, spec.name):
+            results.append({"name": spec.name, "topic_id": uuid.UUID(int=0),
+                            "error_code": authz.TOPIC_DENIED,
+                            "error_message": authz.TOPIC_MESSAGE, "num_partitions": -1,
+                            "replication_factor": -1})
+            continue
+        result = await broker.run_io(_create_one, broker, spec, body.validate_only)
+        if not authz.topic(broker, request, Operation.DESCRIBE_CONFIGS, spec.name):
+            # Kafka: the topic is made, its configs are not shown (v5+ say why).
+            result = {**result, "configs": [], "topic_config_error_code": authz.TOPIC_DENIED}
+        results.append(result)
     return {"topics": results}
 
 
@@ -46,6 +61,9 @@ def _create_one(broker: Broker, spec: Any, validate_only: bool) -> dict[str, Any
     answer: dict[str, Any] = {"name": spec.name, "topic_id": uuid.UUID(int=0),
                               "num_partitions": partitions, "replication_factor": 1}
     try:
+        # Before any other check: a strategy naming code the server does not allow.
+        check_configs({entry.name: entry.value for entry in spec.configs},
+                      broker.allowed_functions)
         if spec.replication_factor not in (-1, 1):
             return {**answer, "error_code": ErrorCode.invalid_replication_factor,
                     "error_message": "compactlog runs a single broker: replication factor "
@@ -82,6 +100,10 @@ async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
             results.append({"name": None, "error_code": ErrorCode.unknown_topic_id,
                             "error_message": "no topic has this id"})
             continue
+        if not authz.topic(broker, request, Operation.DELETE, name):
+            results.append({"name": name, "error_code": authz.TOPIC_DENIED,
+                            "error_message": authz.TOPIC_MESSAGE})
+            continue
         try:
             await broker.run_io(broker.store.delete_topic, name)
             log.info("deleted topic %s", name)
@@ -102,6 +124,8 @@ async def create_partitions(broker: Broker, request: Request) -> dict[str, Any]:
         message: str | None
         if names.count(spec.name) > 1:
             code, message = ErrorCode.invalid_request, "Duplicate topic in request."
+        elif not authz.topic(broker, request, Operation.ALTER, spec.name):
+            code, message = authz.TOPIC_DENIED, authz.TOPIC_MESSAGE
         else:
             code, message = await broker.run_io(_partition_increase, broker, spec)
         results.append({"name": spec.name, "error_code": code, "error_message": message})

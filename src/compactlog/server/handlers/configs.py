@@ -25,7 +25,10 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.config import TOPIC_KEYS, TopicConfig, lookup
 from compactlog.errors import InvalidConfigError, UnknownTopicError, UserError
+from compactlog.server import authz
+from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
+from compactlog.server.code_policy import check_configs
 from compactlog.server.errors import error_code, error_message
 from compactlog.server.protocol import Request
 from compactlog.storage.store import Topic
@@ -82,6 +85,10 @@ def _describe_configs(broker: Broker, request: Request) -> dict[str, Any]:
     for resource in request.body.resources:
         answer = {"resource_type": resource.resource_type,
                   "resource_name": resource.resource_name}
+        denied = _denied(broker, request, resource, Operation.DESCRIBE_CONFIGS)
+        if denied is not None:
+            results.append({**answer, **denied, "configs": []})
+            continue
         if resource.resource_type != TOPIC_RESOURCE:
             results.append({**answer, "error_code": ErrorCode.invalid_request,
                             "error_message": "only topic configs are described", "configs": []})
@@ -122,6 +129,10 @@ async def _alter(broker: Broker, request: Request,
     for resource in body.resources:
         answer = {"resource_type": resource.resource_type,
                   "resource_name": resource.resource_name}
+        denied = _denied(broker, request, resource, Operation.ALTER_CONFIGS)
+        if denied is not None:
+            results.append({**answer, **denied})
+            continue
         try:
             if (resource.resource_type, resource.resource_name) in repeated:
                 # Kafka's wording (ConfigAdminManager.preprocess); both copies are refused.
@@ -133,6 +144,10 @@ async def _alter(broker: Broker, request: Request,
                 raise UserError(f"resource type {resource.resource_type} has no configs "
                                 "here: only topic configs can be altered")
             else:
+                # A function: strategy the server does not list: nothing imported.
+                check_configs({c.name: c.value for c in resource.configs
+                               if getattr(c, "config_operation", SET) in (SET, APPEND)},
+                              broker.allowed_functions)
                 await broker.run_io(_change_topic, broker, resource.resource_name,
                                     change_of(resource), body.validate_only)
             results.append({**answer, "error_code": ErrorCode.none})
@@ -140,6 +155,19 @@ async def _alter(broker: Broker, request: Request,
             results.append({**answer, "error_code": error_code(error),
                             "error_message": error_message(error)})
     return {"responses": results}
+
+
+def _denied(broker: Broker, request: Request, resource: Any,
+            operation: Operation) -> dict[str, Any] | None:
+    """Kafka's check of a config resource: the operation on the topic, or on the cluster
+    for a BROKER resource; None when allowed (other types are refused later)."""
+    if resource.resource_type == TOPIC_RESOURCE:
+        if not authz.topic(broker, request, operation, resource.resource_name):
+            return {"error_code": authz.TOPIC_DENIED, "error_message": authz.TOPIC_MESSAGE}
+    elif resource.resource_type == BROKER_RESOURCE and not authz.cluster(
+            broker, request, operation):
+        return {"error_code": authz.CLUSTER_DENIED, "error_message": authz.CLUSTER_MESSAGE}
+    return None
 
 
 def _repeated(keys: Iterable[tuple[int, str]]) -> set[tuple[int, str]]:

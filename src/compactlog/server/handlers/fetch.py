@@ -22,6 +22,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from compactlog.server import authz
+from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code, error_message
 from compactlog.server.protocol import Request
@@ -45,11 +47,14 @@ async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     wanted = [(topic.topic, part.partition, part.fetch_offset, part.partition_max_bytes)
               for topic in body.topics for part in topic.partitions]
+    # Kafka: READ on each topic, checked before anything is read.
+    denied = authz.denied_topics(broker, request, Operation.READ, (w[0] for w in wanted))
     max_wait = body.max_wait.total_seconds()
     deadline = time.monotonic() + max_wait
     while True:
         waiter = broker.data_arrived  # taken before reading, so no append is missed
-        results = await broker.run_io(_read_all, broker, wanted, max(body.max_bytes, 1))
+        results = await broker.run_io(_read_all, broker, wanted, max(body.max_bytes, 1),
+                                      denied)
         size = sum(len(r.get("records") or b"") for r in results)
         failed = any(r["error_code"] is not ErrorCode.none for r in results)
         remaining = deadline - time.monotonic()
@@ -83,10 +88,15 @@ async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
 
 
 def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
-              max_bytes: int) -> list[dict[str, Any]]:
+              max_bytes: int, denied: set[str]) -> list[dict[str, Any]]:
     budget = max_bytes
     results = []
     for name, index, offset, partition_max in wanted:
+        if name in denied:
+            results.append({"error_code": authz.TOPIC_DENIED, "high_watermark": -1,
+                            "last_stable_offset": -1, "log_start_offset": -1,
+                            "preferred_read_replica": -1, "records": b""})
+            continue
         try:
             partition = broker.store.topic(name).partition(index)
             compacted = partition.config.compacted
@@ -145,16 +155,22 @@ def _log_failure(broker: Broker, name: str, index: int, code: ErrorCode,
 async def list_offsets(broker: Broker, request: Request) -> dict[str, Any]:
     wanted = [(topic.name, part.partition_index, part.timestamp)
               for topic in request.body.topics for part in topic.partitions]
-    results = await broker.run_io(_lookup_all, broker, wanted)
+    denied = authz.denied_topics(broker, request, Operation.DESCRIBE, (w[0] for w in wanted))
+    results = await broker.run_io(_lookup_all, broker, wanted, denied)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (name, index, _), result in zip(wanted, results, strict=True):
         by_topic.setdefault(name, []).append({"partition_index": index, **result})
     return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}
 
 
-def _lookup_all(broker: Broker, wanted: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
+def _lookup_all(broker: Broker, wanted: list[tuple[str, int, int]],
+                denied: set[str]) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for name, index, timestamp in wanted:
+        if name in denied:
+            results.append({"error_code": authz.TOPIC_DENIED, "timestamp": -1, "offset": -1,
+                            "leader_epoch": -1})
+            continue
         try:
             partition = broker.store.topic(name).partition(index)
             if timestamp == EARLIEST:

@@ -8,6 +8,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import UnknownPartitionError, UnknownTopicError
+from compactlog.server import authz
+from compactlog.server.acl import Operation, ResourceType
 from compactlog.server.broker import Broker
 from compactlog.server.groups import GroupError, subscribed_topics
 from compactlog.server.handlers.transactions import (
@@ -50,6 +52,9 @@ def _coordinator(broker: Broker, request: Request, key: str, key_type: int) -> d
         # Share groups (KIP-932): as Kafka answers when it has no share coordinator.
         return {"key": key, "error_code": ErrorCode.invalid_request, "node_id": -1,
                 "host": "", "port": -1, "error_message": "only group coordinators exist here"}
+    if not authz.group(broker, request, Operation.DESCRIBE, key):
+        return {"key": key, "error_code": authz.GROUP_DENIED, "node_id": -1, "host": "",
+                "port": -1, "error_message": authz.GROUP_MESSAGE}
     return {"key": key, "error_code": ErrorCode.none, "node_id": broker.node_id,
             "host": broker.host, "port": broker.port}
 
@@ -68,6 +73,9 @@ def _failed(error: GroupError, **fields: Any) -> dict[str, Any]:
 
 async def join_group(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
+    if not authz.group(broker, request, Operation.READ, body.group_id):
+        return {"error_code": authz.GROUP_DENIED, "generation_id": -1, "leader": "",
+                "member_id": body.member_id, "members": []}
     session_timeout = body.session_timeout.total_seconds()
     rebalance = getattr(body, "rebalance_timeout", None)
     try:
@@ -85,6 +93,8 @@ async def join_group(broker: Broker, request: Request) -> dict[str, Any]:
 
 async def sync_group(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
+    if not authz.group(broker, request, Operation.READ, body.group_id):
+        return {"error_code": authz.GROUP_DENIED, "assignment": b""}
     try:
         return await broker.groups.sync(
             body.group_id, body.member_id, body.generation_id,
@@ -96,6 +106,8 @@ async def sync_group(broker: Broker, request: Request) -> dict[str, Any]:
 
 async def heartbeat(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
+    if not authz.group(broker, request, Operation.READ, body.group_id):
+        return {"error_code": authz.GROUP_DENIED}
     try:
         broker.groups.heartbeat(body.group_id, body.member_id, body.generation_id)
         return {"error_code": ErrorCode.none}
@@ -105,6 +117,8 @@ async def heartbeat(broker: Broker, request: Request) -> dict[str, Any]:
 
 async def leave_group(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
+    if not authz.group(broker, request, Operation.READ, body.group_id):
+        return {"error_code": authz.GROUP_DENIED, "members": []}
     if request.api_version >= 3:
         ids = [m.member_id for m in body.members]
         codes = broker.groups.leave(body.group_id, ids)
@@ -122,9 +136,20 @@ async def offset_commit(broker: Broker, request: Request) -> dict[str, Any]:
         generation = body.generation_id
     codes: dict[tuple[str, int], ErrorCode] = {}
     offsets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
+    # Kafka: READ on the group (else every partition gets GROUP_AUTHORIZATION_FAILED),
+    # then READ on each topic.
+    group_allowed = authz.group(broker, request, Operation.READ, body.group_id)
+    denied = authz.denied_topics(broker, request, Operation.READ,
+                                 (t.name for t in body.topics))
     for topic in body.topics:
         for part in topic.partitions:
             key = (topic.name, part.partition_index)
+            if not group_allowed:
+                codes[key] = authz.GROUP_DENIED
+                continue
+            if topic.name in denied:
+                codes[key] = authz.TOPIC_DENIED
+                continue
             if not _partition_exists(broker, *key):
                 codes[key] = ErrorCode.unknown_topic_or_partition
                 continue
@@ -132,7 +157,8 @@ async def offset_commit(broker: Broker, request: Request) -> dict[str, Any]:
                             getattr(part, "committed_leader_epoch", -1),
                             part.committed_metadata)
     try:
-        await broker.groups.commit(body.group_id, body.member_id, generation, offsets)
+        if offsets or group_allowed:
+            await broker.groups.commit(body.group_id, body.member_id, generation, offsets)
         for key in offsets:
             codes[key] = ErrorCode.none
     except GroupError as error:
@@ -155,7 +181,8 @@ def _partition_exists(broker: Broker, topic: str, partition: int) -> bool:
         return False
 
 
-def _fetched_topics(broker: Broker, group_id: str, topics: Any) -> list[dict[str, Any]]:
+def _fetched_topics(broker: Broker, request: Request, group_id: str,
+                    topics: Any) -> list[dict[str, Any]]:
     committed = broker.groups.fetch_offsets(group_id)
     if topics is None:  # null: every partition the group committed
         wanted: dict[str, list[int]] = {}
@@ -163,10 +190,20 @@ def _fetched_topics(broker: Broker, group_id: str, topics: Any) -> list[dict[str
             wanted.setdefault(name, []).append(index)
     else:
         wanted = {t.name: list(t.partition_indexes) for t in topics}
+    # Kafka: DESCRIBE on each topic; asked for all, the others are left out.
+    denied = authz.denied_topics(broker, request, Operation.DESCRIBE, wanted,
+                                 audit=topics is not None)
+    if topics is None:
+        wanted = {name: indexes for name, indexes in wanted.items() if name not in denied}
     answer = []
     for name, indexes in wanted.items():
         partitions = []
         for index in indexes:
+            if name in denied:
+                partitions.append({"partition_index": index, "committed_offset": -1,
+                                   "committed_leader_epoch": -1, "metadata": "",
+                                   "error_code": authz.TOPIC_DENIED})
+                continue
             found = committed.get((name, index))
             partitions.append({
                 "partition_index": index,
@@ -183,33 +220,60 @@ async def offset_fetch(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     if request.api_version >= 8:  # batched groups
         return {"groups": [
-            {"group_id": g.group_id, "topics": _fetched_topics(broker, g.group_id, g.topics),
+            {"group_id": g.group_id, "topics": [], "error_code": authz.GROUP_DENIED}
+            if not authz.group(broker, request, Operation.READ, g.group_id) else
+            {"group_id": g.group_id,
+             "topics": _fetched_topics(broker, request, g.group_id, g.topics),
              "error_code": ErrorCode.none}
             for g in body.groups]}
-    return {"topics": _fetched_topics(broker, body.group_id, body.topics),
+    if not authz.group(broker, request, Operation.READ, body.group_id):
+        # Kafka: the top-level error (v2+); v1 has none, so each partition gets it.
+        return {"error_code": authz.GROUP_DENIED, "topics": [
+            {"name": t.name, "partitions": [
+                {"partition_index": index, "committed_offset": -1,
+                 "committed_leader_epoch": -1, "metadata": "",
+                 "error_code": authz.GROUP_DENIED} for index in t.partition_indexes]}
+            for t in body.topics or ()]}
+    return {"topics": _fetched_topics(broker, request, body.group_id, body.topics),
             "error_code": ErrorCode.none}
 
 
 async def list_groups(broker: Broker, request: Request) -> dict[str, Any]:
     states = set(getattr(request.body, "states_filter", ()) or ())
+    # Kafka: DESCRIBE on the cluster lists every group, else those the client may
+    # DESCRIBE.
+    every = authz.cluster(broker, request, Operation.DESCRIBE, audit=False)
     groups = [
         {"group_id": g.group_id, "protocol_type": g.protocol_type or "consumer",
          "group_state": g.state, "group_type": "classic"}
         for g in broker.groups.groups.values()
-        if not states or g.state in states
+        if (not states or g.state in states)
+        and (every or authz.group(broker, request, Operation.DESCRIBE, g.group_id,
+                                  audit=False))
     ]
     return {"error_code": ErrorCode.none, "groups": groups}
 
 
 async def describe_groups(broker: Broker, request: Request) -> dict[str, Any]:
-    return {"groups": [broker.groups.describe(group_id) for group_id in request.body.groups]}
+    with_operations = getattr(request.body, "include_authorized_operations", False)
+    return {"groups": [
+        {**broker.groups.describe(group_id), "authorized_operations": (
+            authz.operations(broker, request, ResourceType.GROUP, group_id)
+            if with_operations else authz.NOT_REQUESTED)}
+        if authz.group(broker, request, Operation.DESCRIBE, group_id) else
+        {"group_id": group_id, "error_code": authz.GROUP_DENIED, "group_state": "",
+         "protocol_type": "", "protocol_data": "", "members": [],
+         "authorized_operations": -2147483648}
+        for group_id in request.body.groups]}
 
 
 async def delete_groups(broker: Broker, request: Request) -> dict[str, Any]:
     names = list(request.body.groups_names)
-    codes = await broker.groups.delete_groups(names)
-    return {"results": [{"group_id": name, "error_code": code}
-                        for name, code in zip(names, codes, strict=True)]}
+    # Kafka: DELETE on each group.
+    allowed = [n for n in names if authz.group(broker, request, Operation.DELETE, n)]
+    deleted = dict(zip(allowed, await broker.groups.delete_groups(allowed), strict=True))
+    return {"results": [{"group_id": name, "error_code": deleted.get(name, authz.GROUP_DENIED)}
+                        for name in names]}
 
 
 async def offset_delete(broker: Broker, request: Request) -> dict[str, Any]:
@@ -220,6 +284,11 @@ async def offset_delete(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     if not body.group_id:
         return {"error_code": ErrorCode.invalid_group_id, "topics": []}
+    # Kafka: DELETE on the group, then READ on each topic.
+    if not authz.group(broker, request, Operation.DELETE, body.group_id):
+        return {"error_code": authz.GROUP_DENIED, "topics": []}
+    denied = authz.denied_topics(broker, request, Operation.READ,
+                                 (t.name for t in body.topics))
     wanted = [(topic.name, part.partition_index)
               for topic in body.topics for part in topic.partitions]
     existing = await broker.run_io(
@@ -233,7 +302,9 @@ async def offset_delete(broker: Broker, request: Request) -> dict[str, Any]:
     subscribed = subscribed_topics(group)
     codes: dict[tuple[str, int], ErrorCode] = {}
     for key in wanted:
-        if key not in existing:
+        if key[0] in denied:
+            codes[key] = authz.TOPIC_DENIED
+        elif key not in existing:
             codes[key] = ErrorCode.unknown_topic_or_partition
         elif (key[0] in subscribed if subscribed is not None
               else group.protocol_type == "consumer"):  # unknown: assume in use, as Kafka

@@ -8,6 +8,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import UnknownTopicError
+from compactlog.server import authz
+from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
 from compactlog.server.protocol import Request, api_version_entries
 from compactlog.storage.store import Topic
@@ -46,18 +48,32 @@ async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
 
 def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
-    # Metadata v10+ may ask by topic id, with a null name.
+    # Metadata v10+ may ask by topic id, with a null name. Asked for every topic, a
+    # client gets those it may DESCRIBE, as from Kafka.
     wanted: list[tuple[str | None, uuid.UUID | None]] = (
-        [(name, None) for name in broker.store.list_topics()] if body.topics is None
+        [(name, None) for name in broker.store.list_topics()
+         if authz.topic(broker, request, Operation.DESCRIBE, name, audit=False)]
+        if body.topics is None
         else [(t.name, getattr(t, "topic_id", None)) for t in body.topics])
+    with_operations = getattr(body, "include_topic_authorized_operations", False)
     topics: list[dict[str, Any]] = []
     for name, topic_id in wanted:
+        by_id = name is None
         if name is None:
             name = topic_name_by_id(broker, topic_id)
             if name is None:
                 topics.append({"error_code": ErrorCode.unknown_topic_id, "name": None,
                                "topic_id": topic_id or uuid.UUID(int=0), "partitions": []})
                 continue
+        if not authz.topic(broker, request, Operation.DESCRIBE, name):
+            # Kafka answers a named topic the client may not describe with
+            # TOPIC_AUTHORIZATION_FAILED, whether or not it exists (a topic id is not
+            # secret: the name stays null).
+            topics.append({"error_code": authz.TOPIC_DENIED,
+                           "name": None if by_id else name,
+                           "topic_id": topic_id if by_id and topic_id else uuid.UUID(int=0),
+                           "partitions": []})
+            continue
         try:
             topic = broker.store.topic(name)
         except UnknownTopicError:
@@ -77,7 +93,9 @@ def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
                  "offline_replicas": []}
                 for index in range(topic.meta.partitions)
             ],
-            "topic_authorized_operations": -2147483648,  # "not requested"
+            "topic_authorized_operations": (
+                authz.topic_operations(broker, request, name) if with_operations
+                else -2147483648),  # "not requested"
         })
     return {
         "brokers": [{"node_id": broker.node_id, "host": broker.host, "port": broker.port,
@@ -85,6 +103,10 @@ def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
         "cluster_id": broker.cluster_id,
         "controller_id": broker.node_id,
         "topics": topics,
-        "cluster_authorized_operations": -2147483648,
+        # v8-10 may ask for the cluster's operations too.
+        "cluster_authorized_operations": (
+            authz.cluster_operations(broker, request)
+            if getattr(body, "include_cluster_authorized_operations", False)
+            else authz.NOT_REQUESTED),
         "error_code": ErrorCode.none,
     }

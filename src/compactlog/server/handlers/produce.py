@@ -28,6 +28,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import InvalidRecordError
+from compactlog.server import authz
+from compactlog.server.acl import Operation, ResourceType
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code, error_message
 from compactlog.server.handlers.transactions import TRANSACTIONS_REFUSED, log_refusal
@@ -60,7 +62,9 @@ async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
     body = request.body
     work = [(topic.name, part.index, bytes(part.records or b""))
             for topic in body.topic_data for part in topic.partition_data]
-    results = await broker.run_io(_append_all, broker, work)
+    # Kafka: WRITE on each topic; a denied partition is not appended to.
+    denied = authz.denied_topics(broker, request, Operation.WRITE, (w[0] for w in work))
+    results = await broker.run_io(_append_all, broker, work, denied)
     broker.notify_data()
     if body.acks == 0:
         return None
@@ -71,8 +75,12 @@ async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
                           for name, parts in by_topic.items()]}
 
 
-def _append_all(broker: Broker, work: list[tuple[str, int, bytes]]) -> list[dict[str, Any]]:
-    return [_append_one(broker, name, index, records) for name, index, records in work]
+def _append_all(broker: Broker, work: list[tuple[str, int, bytes]],
+                denied: set[str]) -> list[dict[str, Any]]:
+    return [{"error_code": authz.TOPIC_DENIED, "base_offset": -1, "log_append_time": None,
+             "log_start_offset": -1} if name in denied
+            else _append_one(broker, name, index, records)
+            for name, index, records in work]
 
 
 def _append_one(broker: Broker, name: str, index: int, records: bytes) -> dict[str, Any]:
@@ -136,6 +144,11 @@ async def init_producer_id(broker: Broker, request: Request) -> dict[str, Any]:
             return _no_producer_id(ErrorCode.invalid_request)
         log_refusal(request, body.transactional_id)
         return _no_producer_id(TRANSACTIONS_REFUSED)
+    # Kafka: an idempotent producer needs IDEMPOTENT_WRITE on the cluster, or WRITE on
+    # some topic.
+    if not (authz.cluster(broker, request, Operation.IDEMPOTENT_WRITE)
+            or authz.by_type(broker, request, Operation.WRITE, ResourceType.TOPIC)):
+        return _no_producer_id(authz.CLUSTER_DENIED)
     try:
         producer_id, epoch = await broker.run_io(
             broker.producers.init_producer_id, producer_id, epoch)

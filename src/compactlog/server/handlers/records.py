@@ -22,6 +22,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from compactlog.server import authz
+from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code
 from compactlog.server.protocol import Request
@@ -39,15 +41,19 @@ def register(broker: Broker) -> None:
 async def delete_records(broker: Broker, request: Request) -> dict[str, Any]:
     wanted = [(topic.name, part.partition_index, part.offset)
               for topic in request.body.topics for part in topic.partitions]
-    results = await broker.run_io(_delete_all, broker, wanted)
+    # Kafka: DELETE on each topic.
+    denied = authz.denied_topics(broker, request, Operation.DELETE, (w[0] for w in wanted))
+    results = await broker.run_io(_delete_all, broker, wanted, denied)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (name, index, _), result in zip(wanted, results, strict=True):
         by_topic.setdefault(name, []).append({"partition_index": index, **result})
     return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}
 
 
-def _delete_all(broker: Broker, wanted: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
-    return [_delete_one(broker, name, index, offset) for name, index, offset in wanted]
+def _delete_all(broker: Broker, wanted: list[tuple[str, int, int]],
+                denied: set[str]) -> list[dict[str, Any]]:
+    return [{"low_watermark": -1, "error_code": authz.TOPIC_DENIED} if name in denied
+            else _delete_one(broker, name, index, offset) for name, index, offset in wanted]
 
 
 def _delete_one(broker: Broker, name: str, index: int, offset: int) -> dict[str, Any]:

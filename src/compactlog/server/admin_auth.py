@@ -1,0 +1,146 @@
+"""Who is calling the admin HTTP API, and what they may do: the Kafka listener's ACLs.
+
+Invariant: an admin request is served only if (1) its principal is established, and
+(2) the authorizer allows that principal the operation the route needs (with the
+authorizer off, step 2 allows everything). A principal comes from the first source
+that knows one, in order:
+  1. a TLS client certificate, when the admin API runs over TLS (`admin_tls`) and the
+     client sent one: its principal as the Kafka listeners name it (`tls_principal`;
+     other sources plug in by `principal_sources`);
+  2. `Authorization: Bearer TOKEN`, TOKEN a line of the tokens file; a token that is
+     not in the file is refused (401), never taken for anonymous;
+  3. none: `User:ANONYMOUS`, as an unauthenticated Kafka client is, unless a tokens
+     file is configured, which makes a principal required (401).
+`/metrics` and `/v1/health` skip both steps while `admin_open_health_and_metrics`.
+Tokens are compared in constant time and never logged or echoed; log lines and errors
+name the principal and the route only.
+
+The tokens file: one `PRINCIPAL TOKEN` pair a line (`User:ops 6f1c...`), blank lines
+and lines starting with `#` ignored. It is read again when it changes, so tokens are
+added and revoked without a restart; it should be readable by the server's user only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compactlog.errors import UserError
+from compactlog.server.acl import ANONYMOUS, AclError, check_principal
+from compactlog.server.tls import certificate_principal
+
+log = logging.getLogger("compactlog.admin")
+
+# A source of principals: the principal it proves for a request, or None.
+PrincipalSource = Callable[[Any], str | None]
+
+
+class Unauthenticated(Exception):
+    """401: no principal could be established; the message is safe to show."""
+
+
+class Forbidden(Exception):
+    """403: the principal may not do this; the message is safe to show."""
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    stamp: tuple[int, int, int]
+    tokens: tuple[tuple[bytes, str], ...]  # (token, principal)
+
+
+class TokenFile:
+    """The bearer tokens of the admin API, by the file they are kept in."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._loaded: _Loaded | None = None
+        self._load()  # a bad file stops the server at start, not at the first request
+
+    def _load(self) -> tuple[tuple[bytes, str], ...]:
+        try:
+            stat = os.stat(self.path)
+        except OSError as error:
+            raise UserError(f"admin tokens file {self.path}: {error.strerror}") from None
+        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if self._loaded is not None and self._loaded.stamp == stamp:
+            return self._loaded.tokens
+        tokens = []
+        for number, line in enumerate(self.path.read_text().splitlines(), 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            parts = text.split()
+            if len(parts) != 2:
+                # The line is not quoted: it may hold a token.
+                raise UserError(f"admin tokens file {self.path}, line {number}: expected "
+                                "PRINCIPAL TOKEN (two fields)")
+            principal, token = parts
+            try:
+                check_principal(principal)
+            except AclError as error:
+                raise UserError(f"admin tokens file {self.path}, line {number}: "
+                                f"{error}") from None
+            tokens.append((token.encode(), principal))
+        self._loaded = _Loaded(stamp, tuple(tokens))
+        return self._loaded.tokens
+
+    def principal_of(self, token: str) -> str | None:
+        try:
+            tokens = self._load()
+        except UserError as error:
+            # A file broken while serving: keep the last good tokens, say why.
+            log.warning("%s; keeping the tokens read before", error)
+            tokens = self._loaded.tokens if self._loaded is not None else ()
+        given = token.encode()
+        found = None
+        for known, principal in tokens:  # every entry compared: no early exit
+            if hmac.compare_digest(known, given):
+                found = principal
+        return found
+
+
+def tls_principal(request: Any) -> str | None:
+    """The client certificate's principal, as the Kafka listeners name it
+    (server/tls.py: `User:CN=...,O=...`), when the admin API runs over TLS and the
+    client sent a certificate."""
+    transport = getattr(request, "transport", None)
+    if transport is None:
+        return None
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    return certificate_principal(ssl_object.getpeercert(binary_form=True))
+
+
+class AdminAuth:
+    """The principal of an admin request (the module doc's order)."""
+
+    def __init__(self, tokens: TokenFile | None,
+                 principal_sources: tuple[PrincipalSource, ...] = (tls_principal,)) -> None:
+        self.tokens = tokens
+        self.principal_sources = principal_sources
+
+    def principal(self, request: Any) -> str:
+        for source in self.principal_sources:
+            found = source(request)
+            if found is not None:
+                return found
+        header = request.headers.get("Authorization")
+        if header is not None:
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthenticated("the Authorization header must be 'Bearer TOKEN'")
+            principal = (self.tokens.principal_of(token.strip())
+                         if self.tokens is not None else None)
+            if principal is None:
+                raise Unauthenticated("the bearer token is not valid")
+            return principal
+        if self.tokens is not None:
+            raise Unauthenticated("a bearer token is required (Authorization: Bearer TOKEN)")
+        return ANONYMOUS
