@@ -1,7 +1,8 @@
 """The README's security example runs as written: openssl makes the CA and the server
 certificate, `compactlog users add` a SCRAM user, `compactlog serve` a SASL_SSL
 listener beside the PLAINTEXT one, kcat and confluent-kafka produce and consume over
-it. Only the ports change (free ones for 9092 and 9094)."""
+it; then the authorization example: ACLs on, alice granted with `compactlog acls`, an
+anonymous client sees no topic. Only the ports change (free ones for 9092 and 9094)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ def blocks() -> tuple[str, str, str]:
     return found[0], found[1], found[2]
 
 
+def authorization_blocks() -> tuple[str, str]:
+    readme = (ROOT / "README.md").read_text()
+    found = []
+    for name in ("toml", "shell"):
+        after = readme.split(f"<!-- authorization-example:{name} -->", 1)[1]
+        found.append(re.search(r"```\w+\n(.*?)```", after, re.S).group(1))  # type: ignore[union-attr]
+    return found[0], found[1]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -41,8 +51,10 @@ def free_port() -> int:
                     reason="needs kcat and openssl")
 def test_the_readme_security_example_works(tmp_path: Path) -> None:
     shell, python, end = blocks()
+    toml, authorization = authorization_blocks()
+    (tmp_path / "server.toml").write_text(toml)
     ports = {"9092": str(free_port()), "9094": str(free_port())}
-    script = shell + end
+    script = shell + end + 'echo "--- authorization"\n' + authorization
     for old, new in ports.items():
         script = script.replace(old, new)
         python = python.replace(old, new)
@@ -62,3 +74,6 @@ def test_the_readme_security_example_works(tmp_path: Path) -> None:
     assert "AAPL 189.5" in result.stdout
     assert "[(b'AAPL', b'189.5'), (b'MSFT', b'410.2')]" in result.stdout
     assert "alice-secret" not in result.stderr
+    after = result.stdout.split("--- authorization", 1)[1]
+    assert "189.5" in after and "410.2" in after, after  # alice reads prices
+    assert " 0 topics:" in after, after  # the anonymous client lists none
