@@ -507,6 +507,31 @@ def test_produce_of_a_good_batch_then_a_corrupt_one_appends_nothing(
         assert log_end_offset(wire, SCRATCH) == end
 
 
+def produce_acks_zero(wire: Wire, topic: str, partition: int, records: bytes) -> None:
+    wire.send(request_frame(PRODUCE, 9, {
+        "acks": 0, "timeout": timedelta(seconds=10),
+        "topic_data": [{"name": topic, "partition_data": [
+            {"index": partition, "records": records}]}],
+    }, 11))
+
+
+def test_a_failed_produce_with_acks_zero_closes_the_connection(
+        server: LoggedServer, mark: int) -> None:
+    """acks=0 has no answer to carry an error, so Kafka closes the connection (the
+    producer then refreshes its metadata); a good one leaves it open."""
+    with Wire(server.address) as wire:
+        end = log_end_offset(wire, SCRATCH)
+        produce_acks_zero(wire, SCRATCH, 0, bytes(batch(b"fine")))
+        assert log_end_offset(wire, SCRATCH) == end + 1  # no answer, and still open
+    for topic, partition, records in [("no-such-topic", 0, bytes(batch(b"x"))),
+                                      (SCRATCH, 99, bytes(batch(b"x"))),
+                                      (SCRATCH, 0, bytes(batch(b"fine")) + b"junk")]:
+        with Wire(server.address) as wire:
+            produce_acks_zero(wire, topic, partition, records)
+            assert_closed_and_logged(server, wire, mark, r"a Produce with acks=0 "
+                                     r"\(correlation id 11\) failed for " + topic)
+
+
 @pytest.mark.parametrize("version", [4, 11, 12])
 def test_fetch_of_an_unknown_topic(server: LoggedServer, mark: int, version: int) -> None:
     with Wire(server.address) as wire:

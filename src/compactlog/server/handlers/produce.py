@@ -2,9 +2,12 @@
 
 Each partition's records are validated (structure, CRC32C, record decoding, keys on
 compacted topics) and appended by the store, which assigns offsets by rewriting only
-the batch's base offset (outside the CRC). acks=0 gets no response at all; acks=1 and
-acks=-1 are the same on a single broker: the response goes once the store has taken
-the batch under the topic's flush policy.
+the batch's base offset (outside the CRC). acks=0 gets no response at all; if any of
+its partitions failed (denied, unknown, invalid, storage), the connection is closed, as
+Kafka's KafkaApis.handleProduceRequest closes it, so that the producer notices and
+refreshes its metadata instead of sending into a void. acks=1 and acks=-1 are the same
+on a single broker: the response goes once the store has taken the batch under the
+topic's flush policy.
 
 Batches with a producer id come from idempotent producers (KIP-98): InitProducerId
 hands out the ids, and server/producers.py checks each such batch's epoch and sequence
@@ -39,7 +42,7 @@ from compactlog.server.producers import (
     ProducerStateError,
     check_producer_fields,
 )
-from compactlog.server.protocol import Request
+from compactlog.server.protocol import ProtocolError, Request
 from compactlog.server.throttle import Throttle, held_back
 from compactlog.storage.records import iter_batches
 
@@ -67,6 +70,14 @@ async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
     results = await broker.run_io(_append_all, broker, work, denied)
     broker.notify_data()
     if body.acks == 0:
+        failed = [f"{name}/{index}: {ErrorCode(result['error_code']).name.upper()}"
+                  for (name, index, _), result in zip(work, results, strict=True)
+                  if result["error_code"] != ErrorCode.none]
+        if failed:
+            raise ProtocolError(
+                f"a Produce with acks=0 (correlation id {request.correlation_id}) failed "
+                f"for {', '.join(failed[:10])}{' ...' if len(failed) > 10 else ''}; the "
+                "connection is closed so that the producer notices, as Kafka does")
         return None
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (name, index, _), result in zip(work, results, strict=True):
