@@ -67,7 +67,17 @@ def cli(ctx: click.Context, data_dir: Path, debug: bool, log_level: str) -> None
 
 
 def _register() -> None:
-    from compactlog.cli import acls, compact, consume, docs, produce, serve, topics, users
+    from compactlog.cli import (
+        acls,
+        compact,
+        consume,
+        docs,
+        produce,
+        serve,
+        topics,
+        users,
+        worker,
+    )
 
     cli.add_command(topics.topics)
     cli.add_command(compact.compact)
@@ -79,6 +89,7 @@ def _register() -> None:
     cli.add_command(serve.serve)
     cli.add_command(users.users)
     cli.add_command(acls.acls)
+    cli.add_command(worker.worker)
 
 
 def _set_data_dir(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:

@@ -26,6 +26,7 @@ from compactlog.compaction import (
     PartitionSummary,
     load_factory,
 )
+from compactlog.compaction.daemon import WorkerGone, WorkerInfo, ask, running_worker
 from compactlog.compaction.runner import chosen_partitions
 from compactlog.compaction.status import CompactionStatus, is_locked, read_status
 from compactlog.compaction.worker import CompactionWorker, protocol_stdout
@@ -95,7 +96,8 @@ def compact(
     cleaner) is compacting the same partitions, waits for that run and reports it.
 
     When `compactlog serve` runs on the data directory with an admin API, the run goes
-    to the server's warm compaction worker (no Spark start-up here), unless --local or
+    to the server's warm compaction worker (no Spark start-up here); else, when a
+    worker left by `compactlog worker start` runs there, to that one; unless --local or
     a Spark option (--spark-master, --spark-conf, --service) is given.
 
     \b
@@ -125,6 +127,12 @@ def compact(
             _compact_on_server(AdminClient(server.admin), topic, list(partitions) or None,
                                no_wait, as_json)
             return
+        warm = running_worker(ctx.data_dir)
+        if warm is not None and not no_wait:
+            report = _compact_on_worker(warm, topic, list(partitions) or None)
+            if report is not None:
+                _print_report(report, as_json)
+                return
     if no_wait:
         raise click.UsageError("--no-wait needs a server to run the compaction: --server URL, "
                                "or a server with an admin API on the data directory")
@@ -143,10 +151,34 @@ def compact(
                 store, topic, load_factory(service), settings,
                 list(partitions) if partitions else None, transient=as_json,
             )
+    _print_report(report, as_json)
+
+
+def _print_report(report: CompactionReport, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report_json(report), indent=2))
     else:
         stdout_console().print(summary_table(report))
+
+
+def _compact_on_worker(worker: WorkerInfo, topic: str, partitions: list[int] | None
+                       ) -> CompactionReport | None:
+    """The run, on the warm worker `compactlog worker start` left (compaction/daemon.py);
+    None if the worker went away before it answered (then the CLI runs it itself)."""
+    console.print(f"compacting on the warm compaction worker (pid {worker.pid}, "
+                  f"{worker.spark_master}); --local runs it here")
+    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        progress.add_task(f"compaction of {topic} on the worker")
+        try:
+            answer = ask(worker, {"op": "compact", "topic": topic, "partitions": partitions})
+        except WorkerGone as gone:
+            console.print(f"{gone}; compacting here instead")
+            return None
+    if "error" in answer:
+        raise CompactionFailedError(f"compaction of {topic} on the worker failed: "
+                                    f"{answer['error']}")
+    return report_from_json(answer["report"])
 
 
 def _spark_options_given(spark_conf: tuple[str, ...], service: str | None) -> bool:

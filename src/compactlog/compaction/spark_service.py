@@ -98,3 +98,11 @@ class SparkCompactionServiceFactory:
         self, store: LogStore, topic: str, settings: Mapping[str, Any]
     ) -> SparkCompactionService:
         return SparkCompactionService(store, topic, settings)
+
+    def start_session(self, settings: Mapping[str, Any]) -> SparkSession:
+        """A session for a long-lived worker to keep (settings["spark.session"]), warmed
+        by one small job so that the first run does not pay the JVM's first-job costs."""
+        session = start_session(settings.get("spark.master") or DEFAULT_MASTER,
+                                settings.get("spark.conf") or {})
+        session.range(1000, numPartitions=2).selectExpr("sum(id)").collect()
+        return session

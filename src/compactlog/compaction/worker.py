@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -47,6 +48,18 @@ class CompactionWorker:
                 if started is not None:
                     self._kept = started
                     self.settings["spark.session"] = started
+
+    def warm_up(self) -> float:
+        """Start the engine's session now (Spark: the JVM, and one small job), so that
+        the first run is as warm as the next; the seconds it took. An engine without a
+        session to keep (its factory has no `start_session`) has nothing to warm."""
+        start = getattr(self.factory, "start_session", None)
+        if start is None or self._kept is not None:
+            return 0.0
+        began = time.monotonic()
+        self._kept = start(self.settings)
+        self.settings["spark.session"] = self._kept
+        return time.monotonic() - began
 
     def close(self) -> None:
         if self._kept is not None:
