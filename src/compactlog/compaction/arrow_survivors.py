@@ -1,0 +1,237 @@
+"""Phase 1 in plain pyarrow: one partition's surviving offsets, within a memory budget.
+
+Invariant: `partition_survivors` returns exactly the offsets that the Spark SQL
+formulation (spark_pipeline.find_survivors) returns for the same input files and
+strategy: per non-null key, compared byte for byte, the record its strategy keeps
+(tombstones included). Null-key records are never survivors; phase 2 applies the
+null-key policy to them, as with the SQL formulation. A hash of the key only ever
+chooses which bucket a key is processed in; within a bucket keys are grouped by their
+bytes, so a collision can put two keys in one bucket but never merge them.
+
+Memory: the columns phase 1 needs (key, offset, value_size and the ordering value) are
+estimated from the Parquet footers before anything is read. When the estimate, times
+the grouping's overhead, exceeds the budget, the key space is split into N buckets by
+a hash of the key and the input is read N times, keeping one bucket's rows each time
+(a row group at a time), so at most one bucket's columns are held at once.
+
+`order:header:NAME:long` and `function:` strategies are not handled here (the SQL
+formulation runs them; see `supports`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from compactlog.compaction.strategies import Strategy
+
+# Grouping (hash table or sort indices, plus the numpy work arrays) holds about this
+# many times the bytes of the columns it groups, measured with pa.total_allocated_bytes.
+GROUPING_OVERHEAD = 3.0
+ROW_BYTES = 8 + 4 + 2  # offset, value_size, validity bits and slack, per row
+HASH_SLICE_ROWS = 1 << 18
+
+
+def supports(strategy: Strategy) -> bool:
+    """Whether this module computes `strategy` (else the SQL formulation does)."""
+    if strategy.kind in ("latest", "first"):
+        return True
+    return strategy.kind == "order" and not strategy.order_as_long
+
+
+@dataclass
+class Phase1Stats:
+    """What phase 1 of one task did, for the report."""
+
+    buckets: int = 1
+    estimated_bytes: int = 0
+    read_s: float = 0.0
+    group_s: float = 0.0
+    rows: int = 0
+
+
+def needed_columns(strategy: Strategy) -> list[str]:
+    columns = ["key", "offset", "value_size"]
+    if strategy.kind == "order":
+        columns.append("timestamp" if strategy.order_header is None else "headers")
+    return columns
+
+
+def estimate_bytes(paths: list[str], columns: list[str]) -> int:
+    """Bytes the phase-1 columns of `paths` take in memory, grouping included."""
+    total = 0
+    for path in paths:
+        meta = pq.read_metadata(path)
+        names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        variable = [i for i, name in enumerate(names)
+                    if name.split(".")[0] in columns and name.split(".")[0] in ("key", "headers")]
+        for group in range(meta.num_row_groups):
+            row_group = meta.row_group(group)
+            total += row_group.num_rows * ROW_BYTES
+            total += sum(row_group.column(i).total_uncompressed_size for i in variable)
+    return int(total * GROUPING_OVERHEAD)
+
+
+def key_buckets(keys: pa.Array, buckets: int) -> np.ndarray:
+    """A bucket number in [0, buckets) per (non-null) binary key, from all its bytes."""
+    keys = keys.cast(pa.large_binary()) if keys.type != pa.large_binary() else keys
+    out = np.empty(len(keys), np.uint64)
+    for start in range(0, len(keys), HASH_SLICE_ROWS):
+        out[start:start + HASH_SLICE_ROWS] = _hash_slice(keys.slice(start, HASH_SLICE_ROWS))
+    return (out % np.uint64(buckets)).astype(np.int64)
+
+
+_WEIGHTS = np.random.default_rng(0x5EED).integers(1, 2**63, size=64, dtype=np.uint64) | 1
+
+
+def _hash_slice(keys: pa.Array) -> np.ndarray:
+    """A 64-bit polynomial hash of each key's bytes, mixed (not cryptographic)."""
+    n = len(keys)
+    _, offsets_buf, data_buf = keys.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int64, n + 1, keys.offset * 8)
+    begin, end = int(offsets[0]), int(offsets[-1])
+    data = (np.frombuffer(data_buf, np.uint8, end - begin, begin) if data_buf is not None
+            else np.empty(0, np.uint8))
+    lengths = np.diff(offsets)
+    starts = offsets[:-1] - begin
+    with np.errstate(over="ignore"):
+        hashes = lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        if len(data):
+            owner = np.repeat(np.arange(n), lengths)
+            position = np.arange(len(data)) - starts[owner]
+            terms = (data.astype(np.uint64) + np.uint64(1)) * _WEIGHTS[position % 64] * (
+                (position // 64).astype(np.uint64) + np.uint64(1))
+            nonempty = lengths > 0
+            sums = np.add.reduceat(terms, starts[nonempty])
+            hashes[nonempty] += sums
+        hashes ^= hashes >> np.uint64(31)
+        hashes *= np.uint64(0xBF58476D1CE4E5B9)
+        hashes ^= hashes >> np.uint64(29)
+    return hashes
+
+
+def _read_groups(paths: list[str], columns: list[str]) -> Iterator[pa.Table]:
+    for path in paths:
+        handle = pq.ParquetFile(path, page_checksum_verification=True)
+        try:
+            for index in range(handle.metadata.num_row_groups):
+                yield handle.read_row_group(index, columns=columns)
+        finally:
+            handle.close()
+
+
+def read_phase1(paths: list[str], strategy: Strategy, bucket: int = 0,
+                buckets: int = 1) -> pa.Table:
+    """The phase-1 columns of the rows with a non-null key (of one bucket), with the
+    tombstone flag left to `survivors` (value_size)."""
+    parts = []
+    for group in _read_groups(paths, needed_columns(strategy)):
+        group = group.filter(pc.is_valid(group.column("key")))
+        if buckets > 1 and group.num_rows:
+            mine = key_buckets(group.column("key").combine_chunks(), buckets) == bucket
+            group = group.filter(pa.array(mine))
+        if strategy.kind == "order" and strategy.order_header is not None:
+            group = group.append_column("order", header_values(group, strategy.order_header))
+            group = group.drop_columns(["headers"])
+        elif strategy.kind == "order":
+            group = group.rename_columns(["order" if name == "timestamp" else name
+                                          for name in group.column_names])
+        parts.append(group)
+    if not parts:
+        return pa.table({"key": pa.array([], pa.binary()), "offset": pa.array([], pa.int64()),
+                         "value_size": pa.array([], pa.int32())})
+    return pa.concat_tables(parts)
+
+
+def header_values(table: pa.Table, name: str) -> pa.Array:
+    """Per row, the value of its first header called `name` (null when none)."""
+    headers = table.column("headers").combine_chunks()
+    result = np.full(len(headers), -1, np.int64)
+    flat = pc.list_flatten(headers)
+    if len(flat):
+        parents = pc.list_parent_indices(headers).to_numpy()
+        match = pc.fill_null(pc.equal(flat.field("key"), name), False).to_numpy(
+            zero_copy_only=False)
+        where = np.flatnonzero(match)
+        first_parents, first = np.unique(parents[where], return_index=True)
+        result[first_parents] = where[first]
+    values = flat.field("value") if len(flat) else pa.array([], pa.binary())
+    present = result >= 0
+    taken = values.take(pa.array(np.where(present, result, 0))) if len(values) else (
+        pa.nulls(len(headers), pa.binary()))
+    return pc.if_else(pa.array(present), taken, pa.scalar(None, pa.binary()))
+
+
+def survivors(table: pa.Table, strategy: Strategy, empty_is_tombstone: bool) -> np.ndarray:
+    """The sorted surviving offsets of `table` (non-null keys only) by `strategy`."""
+    if not table.num_rows:
+        return np.empty(0, np.int64)
+    if strategy.kind == "latest":
+        grouped = table.select(["key", "offset"]).group_by("key").aggregate([("offset", "max")])
+        return np.sort(grouped.column("offset_max").to_numpy())
+    order = pc.sort_indices(table, [("key", "ascending"), ("offset", "ascending")])
+    table = table.take(order)
+    n = table.num_rows
+    keys = table.column("key").combine_chunks()
+    new_key = np.ones(n, bool)
+    if n > 1:
+        new_key[1:] = pc.not_equal(keys.slice(1), keys.slice(0, n - 1)).to_numpy(
+            zero_copy_only=False)
+    starts = np.flatnonzero(new_key)
+    group = np.cumsum(new_key) - 1
+    index = np.arange(n, dtype=np.int64)
+    size = table.column("value_size")
+    tomb = pc.is_null(size)
+    if empty_is_tombstone:
+        tomb = pc.or_(tomb, pc.fill_null(pc.equal(size, 0), False))
+    tomb_np = tomb.to_numpy(zero_copy_only=False)
+    last_tomb = np.maximum.reduceat(np.where(tomb_np, index, -1), starts)
+    candidate = (index >= last_tomb[group]) & ~tomb_np
+    if strategy.kind == "first":
+        best = np.minimum.reduceat(np.where(candidate, index, n), starts)
+        chosen = np.where(best == n, last_tomb, best)
+    else:
+        rank = _dense_rank(table.column("order").combine_chunks())
+        score = np.where(candidate, rank * n + index, -1)
+        best = np.maximum.reduceat(score, starts)
+        chosen = np.where(best < 0, last_tomb, best % n)
+    offsets = table.column("offset").to_numpy()
+    return np.sort(offsets[chosen])
+
+
+def _dense_rank(values: pa.Array) -> np.ndarray:
+    """Ranks 1.. by ascending value (bytes compare unsigned), equal values equal; 0 for
+    nulls, which lose to any value (as Spark orders a struct's null field first)."""
+    ranked = pc.rank(values, sort_keys="ascending", tiebreaker="dense")
+    ranks: np.ndarray = np.asarray(ranked.to_numpy(), dtype=np.int64).copy()
+    if values.null_count:
+        ranks[pc.is_null(values).to_numpy(zero_copy_only=False)] = 0
+    return ranks
+
+
+def partition_survivors(paths: list[str], strategy: Strategy, empty_is_tombstone: bool,
+                        budget_bytes: int, stats: Phase1Stats | None = None) -> np.ndarray:
+    """The sorted surviving offsets of one partition's input files (see the module)."""
+    stats = stats if stats is not None else Phase1Stats()
+    stats.estimated_bytes = estimate_bytes(paths, needed_columns(strategy))
+    stats.buckets = max(1, math.ceil(stats.estimated_bytes / max(budget_bytes, 1)))
+    found = []
+    for bucket in range(stats.buckets):
+        started = time.monotonic()
+        table = read_phase1(paths, strategy, bucket, stats.buckets)
+        read_done = time.monotonic()
+        stats.rows += table.num_rows
+        found.append(survivors(table, strategy, empty_is_tombstone))
+        del table
+        stats.read_s += read_done - started
+        stats.group_s += time.monotonic() - read_done
+    if len(found) == 1:
+        return found[0]
+    return np.sort(np.concatenate(found)) if found else np.empty(0, np.int64)
