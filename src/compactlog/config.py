@@ -316,7 +316,7 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "are still compared byte for byte within a bucket). Keep it below the memory one "
         "Spark Python worker may use (spark.executor.pyspark.memory when set, else the "
         "machine's memory divided by the executor's cores).",
-        minimum=1024 * 1024,
+        minimum=1024,
         maximum=LONG_MAX,
     ),
     ConfigKey(
