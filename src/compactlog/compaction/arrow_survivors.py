@@ -58,6 +58,8 @@ class Phase1Stats:
 
 
 def needed_columns(strategy: Strategy) -> list[str]:
+    if strategy.kind == "latest":
+        return ["key", "offset"]  # the greatest offset wins, tombstone or not
     columns = ["key", "offset", "value_size"]
     if strategy.kind == "order":
         columns.append("timestamp" if strategy.order_header is None else "headers")
