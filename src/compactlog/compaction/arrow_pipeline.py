@@ -138,10 +138,12 @@ def compact_one(task: dict[str, Any]) -> dict[str, Any]:
     for item in inputs:  # before any Parquet reader parses a footer
         PieceInput(str(item.path), item.is_ledger, item.info.size_bytes,
                    item.info.crc32c).verify()
+    # Every byte proven against the manifest's CRC32C: the pages' own CRCs add nothing.
+    page_checksums = any(item.info.crc32c is None for item in inputs)
     stats = Phase1Stats()
     survivors = partition_survivors(
         [str(item.path) for item in inputs], parse_strategy(task["strategy"]),
-        rules.empty_value_is_tombstone, task["budget"], stats,
+        rules.empty_value_is_tombstone, task["budget"], stats, page_checksums,
     )
     verified = time.monotonic() - started - stats.read_s - stats.group_s
     written = time.monotonic()
@@ -155,7 +157,7 @@ def compact_one(task: dict[str, Any]) -> dict[str, Any]:
              for item in files],
             piece_survivors, rules, Path(task["out_dir"]),
             ledger_file_name(task["run_id"], sequence, files[0].info.base_offset),
-            task["compression"],
+            task["compression"], page_checksums=page_checksums,
         )
         pieces.append(result.to_json())
     return {

@@ -119,9 +119,10 @@ def _hash_slice(keys: pa.Array) -> np.ndarray:
     return hashes
 
 
-def _read_groups(paths: list[str], columns: list[str]) -> Iterator[pa.Table]:
+def _read_groups(paths: list[str], columns: list[str],
+                 page_checksums: bool) -> Iterator[pa.Table]:
     for path in paths:
-        handle = pq.ParquetFile(path, page_checksum_verification=True)
+        handle = pq.ParquetFile(path, page_checksum_verification=page_checksums)
         try:
             for index in range(handle.metadata.num_row_groups):
                 yield handle.read_row_group(index, columns=columns)
@@ -130,11 +131,11 @@ def _read_groups(paths: list[str], columns: list[str]) -> Iterator[pa.Table]:
 
 
 def read_phase1(paths: list[str], strategy: Strategy, bucket: int = 0,
-                buckets: int = 1) -> pa.Table:
+                buckets: int = 1, page_checksums: bool = True) -> pa.Table:
     """The phase-1 columns of the rows with a non-null key (of one bucket), with the
     tombstone flag left to `survivors` (value_size)."""
     parts = []
-    for group in _read_groups(paths, needed_columns(strategy)):
+    for group in _read_groups(paths, needed_columns(strategy), page_checksums):
         group = group.filter(pc.is_valid(group.column("key")))
         if buckets > 1 and group.num_rows:
             mine = key_buckets(group.column("key").combine_chunks(), buckets) == bucket
@@ -219,15 +220,17 @@ def _dense_rank(values: pa.Array) -> np.ndarray:
 
 
 def partition_survivors(paths: list[str], strategy: Strategy, empty_is_tombstone: bool,
-                        budget_bytes: int, stats: Phase1Stats | None = None) -> np.ndarray:
-    """The sorted surviving offsets of one partition's input files (see the module)."""
+                        budget_bytes: int, stats: Phase1Stats | None = None,
+                        page_checksums: bool = True) -> np.ndarray:
+    """The sorted surviving offsets of one partition's input files (see the module).
+    `page_checksums=False` when the caller has proven the files whole (CRC32C)."""
     stats = stats if stats is not None else Phase1Stats()
     stats.estimated_bytes = estimate_bytes(paths, needed_columns(strategy))
     stats.buckets = max(1, math.ceil(stats.estimated_bytes / max(budget_bytes, 1)))
     found = []
     for bucket in range(stats.buckets):
         started = time.monotonic()
-        table = read_phase1(paths, strategy, bucket, stats.buckets)
+        table = read_phase1(paths, strategy, bucket, stats.buckets, page_checksums)
         read_done = time.monotonic()
         stats.rows += table.num_rows
         found.append(survivors(table, strategy, empty_is_tombstone))
