@@ -36,7 +36,7 @@ from compactlog.compaction.strategies import Strategy
 # many times the bytes of the columns it groups, measured with pa.total_allocated_bytes.
 GROUPING_OVERHEAD = 3.0
 ROW_BYTES = 8 + 4 + 2  # offset, value_size, validity bits and slack, per row
-HASH_SLICE_ROWS = 1 << 18
+HASH_SLICE_ROWS = 1 << 16
 
 
 def supports(strategy: Strategy) -> bool:
@@ -83,36 +83,36 @@ def estimate_bytes(paths: list[str], columns: list[str]) -> int:
 
 def key_buckets(keys: pa.Array, buckets: int) -> np.ndarray:
     """A bucket number in [0, buckets) per (non-null) binary key, from all its bytes."""
-    keys = keys.cast(pa.large_binary()) if keys.type != pa.large_binary() else keys
     out = np.empty(len(keys), np.uint64)
     for start in range(0, len(keys), HASH_SLICE_ROWS):
         out[start:start + HASH_SLICE_ROWS] = _hash_slice(keys.slice(start, HASH_SLICE_ROWS))
-    return (out % np.uint64(buckets)).astype(np.int64)
+    return (out % np.uint64(buckets)).astype(np.uint16 if buckets <= 1 << 16 else np.uint32)
 
 
 _WEIGHTS = np.random.default_rng(0x5EED).integers(1, 2**63, size=64, dtype=np.uint64) | 1
 
 
 def _hash_slice(keys: pa.Array) -> np.ndarray:
-    """A 64-bit polynomial hash of each key's bytes, mixed (not cryptographic)."""
+    """A 64-bit hash of each key's bytes (byte i weighted by a constant chosen by i mod
+    64, summed, then mixed): it spreads keys over buckets, it is not cryptographic."""
     n = len(keys)
+    width = np.int64 if pa.types.is_large_binary(keys.type) else np.int32
     _, offsets_buf, data_buf = keys.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int64, n + 1, keys.offset * 8)
+    offsets = np.frombuffer(offsets_buf, width, n + 1, keys.offset * np.dtype(width).itemsize)
+    offsets = np.asarray(offsets, dtype=np.int64)
     begin, end = int(offsets[0]), int(offsets[-1])
-    data = (np.frombuffer(data_buf, np.uint8, end - begin, begin) if data_buf is not None
-            else np.empty(0, np.uint8))
     lengths = np.diff(offsets)
-    starts = offsets[:-1] - begin
     with np.errstate(over="ignore"):
         hashes = lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        if len(data):
-            owner = np.repeat(np.arange(n), lengths)
-            position = np.arange(len(data)) - starts[owner]
-            terms = (data.astype(np.uint64) + np.uint64(1)) * _WEIGHTS[position % 64] * (
-                (position // 64).astype(np.uint64) + np.uint64(1))
+        if end > begin and data_buf is not None:
+            data = np.frombuffer(data_buf, np.uint8, end - begin, begin)
+            starts = (offsets[:-1] - begin).astype(np.intp)
+            position = np.arange(end - begin, dtype=np.int64)
+            position -= np.repeat(starts, lengths)
+            terms = _WEIGHTS[position & 63]
+            terms *= data + np.uint64(1)
             nonempty = lengths > 0
-            sums = np.add.reduceat(terms, starts[nonempty])
-            hashes[nonempty] += sums
+            hashes[nonempty] += np.add.reduceat(terms, starts[nonempty])
         hashes ^= hashes >> np.uint64(31)
         hashes *= np.uint64(0xBF58476D1CE4E5B9)
         hashes ^= hashes >> np.uint64(29)
@@ -121,25 +121,33 @@ def _hash_slice(keys: pa.Array) -> np.ndarray:
 
 def _read_groups(paths: list[str], columns: list[str],
                  page_checksums: bool) -> Iterator[pa.Table]:
+    """Every row group of `paths`, in order, its rows with a null key left out."""
     for path in paths:
         handle = pq.ParquetFile(path, page_checksum_verification=page_checksums)
         try:
             for index in range(handle.metadata.num_row_groups):
-                yield handle.read_row_group(index, columns=columns)
+                group = handle.read_row_group(index, columns=columns)
+                yield group.filter(pc.is_valid(group.column("key")))
         finally:
             handle.close()
 
 
+def bucket_ids(paths: list[str], buckets: int, page_checksums: bool) -> list[np.ndarray]:
+    """Per row group of `paths` (in `_read_groups` order), each row's bucket: the hash
+    is computed once per run, 2 bytes per row, whatever the number of passes."""
+    return [key_buckets(group.column("key").combine_chunks(), buckets)
+            for group in _read_groups(paths, ["key"], page_checksums)]
+
+
 def read_phase1(paths: list[str], strategy: Strategy, bucket: int = 0,
-                buckets: int = 1, page_checksums: bool = True) -> pa.Table:
-    """The phase-1 columns of the rows with a non-null key (of one bucket), with the
-    tombstone flag left to `survivors` (value_size)."""
+                ids: list[np.ndarray] | None = None, page_checksums: bool = True) -> pa.Table:
+    """The phase-1 columns of the rows with a non-null key (of one bucket when `ids`
+    gives each row's bucket), with the tombstone flag left to `survivors` (value_size)."""
     parts = []
-    for group in _read_groups(paths, needed_columns(strategy), page_checksums):
-        group = group.filter(pc.is_valid(group.column("key")))
-        if buckets > 1 and group.num_rows:
-            mine = key_buckets(group.column("key").combine_chunks(), buckets) == bucket
-            group = group.filter(pa.array(mine))
+    for number, group in enumerate(_read_groups(paths, needed_columns(strategy),
+                                                page_checksums)):
+        if ids is not None:
+            group = group.filter(pa.array(ids[number] == bucket))
         if strategy.kind == "order" and strategy.order_header is not None:
             group = group.append_column("order", header_values(group, strategy.order_header))
             group = group.drop_columns(["headers"])
@@ -228,9 +236,12 @@ def partition_survivors(paths: list[str], strategy: Strategy, empty_is_tombstone
     stats.estimated_bytes = estimate_bytes(paths, needed_columns(strategy))
     stats.buckets = max(1, math.ceil(stats.estimated_bytes / max(budget_bytes, 1)))
     found = []
+    started = time.monotonic()
+    ids = bucket_ids(paths, stats.buckets, page_checksums) if stats.buckets > 1 else None
+    stats.read_s += time.monotonic() - started
     for bucket in range(stats.buckets):
         started = time.monotonic()
-        table = read_phase1(paths, strategy, bucket, stats.buckets, page_checksums)
+        table = read_phase1(paths, strategy, bucket, ids, page_checksums)
         read_done = time.monotonic()
         stats.rows += table.num_rows
         found.append(survivors(table, strategy, empty_is_tombstone))
