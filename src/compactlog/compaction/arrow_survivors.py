@@ -187,14 +187,15 @@ def survivors(table: pa.Table, strategy: Strategy, empty_is_tombstone: bool) -> 
     if strategy.kind == "latest":
         grouped = table.select(["key", "offset"]).group_by("key").aggregate([("offset", "max")])
         return np.sort(grouped.column("offset_max").to_numpy())
-    order = pc.sort_indices(table, [("key", "ascending"), ("offset", "ascending")])
-    table = table.take(order)
-    n = table.num_rows
-    keys = table.column("key").combine_chunks()
+    # Each key's exact group number (dictionary encoding compares the bytes), then the
+    # rows sorted by (group, offset) with numpy: no sort of the binary keys themselves.
+    codes = pc.dictionary_encode(table.column("key").combine_chunks()).indices.to_numpy()
+    all_offsets = table.column("offset").to_numpy()
+    order = np.lexsort((all_offsets, codes))
+    codes, offsets = codes[order], all_offsets[order]
+    n = len(order)
     new_key = np.ones(n, bool)
-    if n > 1:
-        new_key[1:] = pc.not_equal(keys.slice(1), keys.slice(0, n - 1)).to_numpy(
-            zero_copy_only=False)
+    new_key[1:] = codes[1:] != codes[:-1]
     starts = np.flatnonzero(new_key)
     group = np.cumsum(new_key) - 1
     index = np.arange(n, dtype=np.int64)
@@ -202,24 +203,26 @@ def survivors(table: pa.Table, strategy: Strategy, empty_is_tombstone: bool) -> 
     tomb = pc.is_null(size)
     if empty_is_tombstone:
         tomb = pc.or_(tomb, pc.fill_null(pc.equal(size, 0), False))
-    tomb_np = tomb.to_numpy(zero_copy_only=False)
+    tomb_np = tomb.to_numpy(zero_copy_only=False)[order]
     last_tomb = np.maximum.reduceat(np.where(tomb_np, index, -1), starts)
     candidate = (index >= last_tomb[group]) & ~tomb_np
     if strategy.kind == "first":
         best = np.minimum.reduceat(np.where(candidate, index, n), starts)
         chosen = np.where(best == n, last_tomb, best)
     else:
-        rank = _dense_rank(table.column("order").combine_chunks())
+        rank = _dense_rank(table.column("order").combine_chunks())[order]
         score = np.where(candidate, rank * n + index, -1)
         best = np.maximum.reduceat(score, starts)
         chosen = np.where(best < 0, last_tomb, best % n)
-    offsets = table.column("offset").to_numpy()
     return np.sort(offsets[chosen])
 
 
 def _dense_rank(values: pa.Array) -> np.ndarray:
     """Ranks 1.. by ascending value (bytes compare unsigned), equal values equal; 0 for
     nulls, which lose to any value (as Spark orders a struct's null field first)."""
+    if pa.types.is_integer(values.type) and not values.null_count:
+        inverse = np.unique(values.to_numpy(), return_inverse=True)[1]
+        return np.asarray(inverse, dtype=np.int64).reshape(-1) + 1
     ranked = pc.rank(values, sort_keys="ascending", tiebreaker="dense")
     ranks: np.ndarray = np.asarray(ranked.to_numpy(), dtype=np.int64).copy()
     if values.null_count:
