@@ -58,6 +58,9 @@ def compact_twice(tmp: Path, spark: SparkSession, config: dict[str, str]) -> lis
                                                             "clock": clock})
             report = service.compact()
             assert report.total("records_out") > 0
+            arrow = config.get("compaction.phase1.engine") != "sql"
+            assert ("tasks: group" in report.stages) is arrow  # where the time went
+            assert report.total("keys") > 0
         return view(store)
 
 
