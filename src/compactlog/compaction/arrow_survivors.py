@@ -187,13 +187,13 @@ def survivors(table: pa.Table, strategy: Strategy, empty_is_tombstone: bool) -> 
     if strategy.kind == "latest":
         # Exact group numbers by dictionary encoding (it compares the bytes), then each
         # group's greatest offset: measured 1.2-1.7 times faster than Table.group_by.
-        encoded = pc.dictionary_encode(table.column("key").combine_chunks())
+        encoded = pc.dictionary_encode(_keys(table))
         latest = np.full(len(encoded.dictionary), -1, np.int64)
         np.maximum.at(latest, encoded.indices.to_numpy(), table.column("offset").to_numpy())
         return np.sort(latest)
     # Each key's exact group number (dictionary encoding compares the bytes), then the
     # rows sorted by (group, offset) with numpy: no sort of the binary keys themselves.
-    codes = pc.dictionary_encode(table.column("key").combine_chunks()).indices.to_numpy()
+    codes = pc.dictionary_encode(_keys(table)).indices.to_numpy()
     all_offsets = table.column("offset").to_numpy()
     order = np.lexsort((all_offsets, codes))
     codes, offsets = codes[order], all_offsets[order]
@@ -219,6 +219,14 @@ def survivors(table: pa.Table, strategy: Strategy, empty_is_tombstone: bool) -> 
         best = np.maximum.reduceat(score, starts)
         chosen = np.where(best < 0, last_tomb, best % n)
     return np.sort(offsets[chosen])
+
+
+def _keys(table: pa.Table) -> pa.Array:
+    """The key column as one array (64-bit offsets past 2 GiB of key bytes)."""
+    keys = table.column("key")
+    if keys.nbytes >= 2**31 - 1:
+        keys = keys.cast(pa.large_binary())
+    return keys.combine_chunks()
 
 
 def _dense_rank(values: pa.Array) -> np.ndarray:
