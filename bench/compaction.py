@@ -660,6 +660,9 @@ def print_run(run: Run) -> None:
     if run.phases:
         print("  phases: " + ", ".join(f"{name} {s:.2f} s" for name, s in run.phases.items()
                                        if s >= 0.005))
+    if run.report.stages:
+        print("  report stages: " + ", ".join(f"{name} {s:.2f} s"
+                                             for name, s in run.report.stages.items()))
     for stage in run.stages:
         print(f"  stage {stage['stage']:3} {stage['wall_s']:7.2f} s wall, {stage['tasks']:3} "
               f"tasks, run {stage['executor_run_s']:6.2f} s, cpu {stage['executor_cpu_s']:6.2f}"
@@ -718,6 +721,9 @@ class Bench:
                 with LogStore.open(work_dir) as store:
                     if number == 1:
                         check_clean(store, inputs)
+                    if args.topic_config:
+                        store.alter_topic(TOPIC, dict(item.split("=", 1)
+                                                      for item in args.topic_config))
                     service = factory.new_service(store, TOPIC, settings)
                     if owner is None:
                         owner = service
@@ -894,6 +900,9 @@ def parse_args() -> argparse.Namespace:
                         help="extra Spark setting for the service (repeatable)")
     parser.add_argument("--spark-stages", action="store_true",
                         help="turn the Spark UI on and print each stage's timings")
+    parser.add_argument("--topic-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="topic config set on each clone before it is compacted "
+                        "(repeatable), e.g. compaction.phase1.engine=sql")
     parser.add_argument("--service", default=None, metavar="MODULE:NAME",
                         help="compaction service factory (default: the Spark one)")
     parser.add_argument("--full-runs", type=int, default=2,
@@ -919,8 +928,8 @@ def parse_args() -> argparse.Namespace:
     if min(args.records, args.keys, args.value_bytes, args.partitions, args.full_runs) < 1:
         parser.error("--records, --keys, --value-bytes, --partitions and --full-runs must be "
                      ">= 1")
-    if any("=" not in item for item in args.spark_conf):
-        parser.error("--spark-conf takes KEY=VALUE")
+    if any("=" not in item for item in [*args.spark_conf, *args.topic_config]):
+        parser.error("--spark-conf and --topic-config take KEY=VALUE")
     return args
 
 

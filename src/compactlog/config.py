@@ -293,6 +293,35 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         allowed_text=STRATEGIES,
     ),
     ConfigKey(
+        "compaction.phase1.engine",
+        "string",
+        "auto",
+        "compactlog: how the Spark service finds each key's survivor. `arrow`: one Spark task "
+        "per partition reads key, offset and tombstone flag with pyarrow, groups the keys "
+        "exactly (byte for byte) and writes that partition's ledger files in the same task, "
+        "so no survivor list passes through the driver. `sql`: a Spark SQL aggregation over "
+        "all partitions, whose surviving offsets are collected to the driver and sent to the "
+        "phase-2 tasks. `auto`: `arrow`, except for the strategies it does not run "
+        "(`function:...` and `order:header:NAME:long`), which use `sql`; `arrow` falls back "
+        "the same way.",
+        choices=("auto", "arrow", "sql"),
+    ),
+    ConfigKey(
+        "compaction.task.memory.bytes",
+        "long",
+        512 * 1024 * 1024,
+        "compactlog: the memory budget of one Arrow phase-1 task (compaction.phase1.engine): "
+        "what the phase-1 columns of a partition (key, offset, tombstone flag, ordering "
+        "value) may take in memory while its keys are grouped, estimated from the Parquet "
+        "footers at 3 times their uncompressed size. A partition over the budget is split "
+        "by a hash of the key into buckets that are read and grouped one at a time (keys "
+        "are still compared byte for byte within a bucket). Keep it below the memory one "
+        "Spark Python worker may use (spark.executor.pyspark.memory when set, else the "
+        "machine's memory divided by the executor's cores).",
+        minimum=1024,
+        maximum=LONG_MAX,
+    ),
+    ConfigKey(
         "parquet.row.group.bytes",
         "int",
         4 * 1024 * 1024,

@@ -100,8 +100,8 @@ def is_tombstone_mask(table: pa.Table, empty_value_is_tombstone: bool) -> pa.Arr
     return tombstone
 
 
-def _row_groups(path: str) -> Iterator[pa.Table]:
-    handle = pq.ParquetFile(path, page_checksum_verification=True)
+def _row_groups(path: str, page_checksums: bool = True) -> Iterator[pa.Table]:
+    handle = pq.ParquetFile(path, page_checksum_verification=page_checksums)
     try:
         for index in range(handle.metadata.num_row_groups):
             yield handle.read_row_group(index)
@@ -125,12 +125,14 @@ def write_ledger_piece(
     file_name: str,
     compression: str = "zstd",
     row_group_bytes: int = 4 * 1024 * 1024,
+    page_checksums: bool = True,
 ) -> PieceResult:
     """Copy the surviving rows of `inputs` into one ledger file, in offset order.
 
     `survivors` is the sorted int64 array of surviving offsets that phase 1 chose for
     this piece's offset range (tombstones included). Rows with null keys are not in it:
-    they follow the null-key policy.
+    they follow the null-key policy. `page_checksums=False` is for a caller that has just
+    proven every input whole against its manifest CRC32C: the page CRCs add nothing then.
     """
     counts: dict[str, int] = dict.fromkeys(
         ("records_in", "bytes_in", "records_out", "tombstones_kept", "tombstones_removed",
@@ -146,7 +148,7 @@ def write_ledger_piece(
         for source in inputs:
             source.verify()
             counts["bytes_in"] += os.stat(source.path).st_size
-            for group in _row_groups(source.path):
+            for group in _row_groups(source.path, page_checksums):
                 counts["records_in"] += group.num_rows
                 kept = _filter_group(_as_ledger_table(group), survivors, rules, counts)
                 if not kept.num_rows:

@@ -50,8 +50,13 @@ class PartitionPlan:
     target_file_bytes: int
     compression: str
     oldest_tombstone_ms: int | None = None
+    # Phase 1 engine wanted (compaction.phase1.engine) and one Arrow task's memory budget.
+    phase1_engine: str = "auto"
+    task_memory_bytes: int = 512 * 1024 * 1024
     # Filled by phase 1: the sorted surviving offsets (tombstones included).
     survivors: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # Set instead by an engine whose tasks keep the survivors to themselves: how many.
+    survivor_count: int | None = None
 
     @property
     def inputs(self) -> list[InputFile]:
@@ -159,26 +164,37 @@ def plan_partition(
         compression=config["parquet.compression"],
         oldest_tombstone_ms=(None if manifest.compaction is None
                              else manifest.compaction.oldest_tombstone_ms),
+        phase1_engine=config["compaction.phase1.engine"],
+        task_memory_bytes=config["compaction.task.memory.bytes"],
     )
 
 
 def split_pieces(plan: PartitionPlan) -> list[Piece]:
     """Group the plan's input files into phase-2 pieces, by estimated surviving bytes."""
-    survivors = plan.survivors
-    pieces: list[Piece] = []
+    groups = split_inputs(plan.inputs, plan.survivors, plan.target_file_bytes,
+                          plan.rules.null_key_policy == "keep")
+    return [Piece(plan, sequence, files, survivors)
+            for sequence, (files, survivors) in enumerate(groups)]
+
+
+def split_inputs(
+    inputs: list[InputFile], survivors: np.ndarray, target_file_bytes: int, keep_nulls: bool
+) -> list[tuple[list[InputFile], np.ndarray]]:
+    """Runs of consecutive input files whose surviving bytes fill about one ledger file,
+    each with its slice of the sorted surviving offsets (files with none are skipped)."""
+    pieces: list[tuple[list[InputFile], np.ndarray]] = []
     current: list[InputFile] = []
     current_bytes = 0.0
-    keep_nulls = plan.rules.null_key_policy == "keep"
 
     def close() -> None:
         nonlocal current, current_bytes
         if current:
             low = np.searchsorted(survivors, current[0].info.base_offset, "left")
             high = np.searchsorted(survivors, current[-1].info.last_offset, "right")
-            pieces.append(Piece(plan, len(pieces), current, survivors[low:high]))
+            pieces.append((current, survivors[low:high]))
         current, current_bytes = [], 0.0
 
-    for item in plan.inputs:
+    for item in inputs:
         info = item.info
         low = np.searchsorted(survivors, info.base_offset, "left")
         high = np.searchsorted(survivors, info.last_offset, "right")
@@ -188,8 +204,7 @@ def split_pieces(plan: PartitionPlan) -> list[Piece]:
         per_record = info.size_bytes / max(info.record_count, 1)
         current.append(item)
         current_bytes += surviving * per_record
-        if current_bytes >= plan.target_file_bytes:
+        if current_bytes >= target_file_bytes:
             close()
     close()
     return pieces
-

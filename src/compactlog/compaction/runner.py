@@ -225,7 +225,8 @@ def _commit(
     summary.records_in = sum(item.info.record_count for item in plan.inputs)
     summary.bytes_in = sum(item.info.size_bytes for item in plan.inputs)
     summary.bytes_out = sum(info.size_bytes for info in new_ledger)
-    summary.keys = len(plan.survivors)
+    summary.keys = (plan.survivor_count if plan.survivor_count is not None
+                    else len(plan.survivors))
     summary.horizon = plan.new_horizon
     oldest = [p.oldest_tombstone_ms for p in pieces if p.oldest_tombstone_ms is not None]
     planned_files = [item.info.file for item in plan.clean]

@@ -1,0 +1,169 @@
+"""Phases 1 and 2 fused in one Spark task per partition, in pyarrow.
+
+Invariant: each task writes only files of its own partition's ledger directory, named
+by the run id, the piece's sequence and its first input's base offset, through a
+temporary file that is fsynced and renamed; nothing is committed by a task. So a
+task that Spark retries, or that runs twice, rewrites the same names with the same
+rows (an atomic replace of its own uncommitted output), and a file left by an attempt
+that died is an orphan of this run, deleted by the run's closing sweep
+(storage/sweep.py) unless a commit lists it. The driver still commits every
+partition's (horizon, ledger) pair itself (runner.py, step 5).
+
+A task verifies its input files against the manifest (size, CRC32C) before any
+Parquet reader parses them, finds the survivors (arrow_survivors.py: exact grouping,
+within the partition's memory budget), splits them into pieces as the SQL pipeline
+does (plan.split_inputs) and copies each piece's surviving rows into a ledger file
+(ledger.write_ledger_piece). Only the piece results (a few hundred bytes each) and the
+survivor count return to the driver: no survivor list crosses the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from compactlog.compaction.arrow_survivors import Phase1Stats, partition_survivors, supports
+from compactlog.compaction.ledger import (
+    PieceInput,
+    PieceResult,
+    TombstoneRules,
+    ledger_file_name,
+    write_ledger_piece,
+)
+from compactlog.compaction.plan import InputFile, PartitionPlan, split_inputs
+from compactlog.compaction.strategies import parse_strategy
+from compactlog.storage.manifest import SegmentInfo
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+RESULT_SCHEMA = "result string"
+# Seconds summed over the tasks, per stage, as reported (CompactionReport.stages).
+TASK_STAGES = ("tasks: read", "tasks: group", "tasks: write")
+
+
+def uses_arrow(plan: PartitionPlan) -> bool:
+    """Whether `plan` runs in Arrow tasks (compaction.phase1.engine, and the strategy)."""
+    return plan.phase1_engine != "sql" and supports(plan.strategy)
+
+
+def compact_partitions(
+    spark: SparkSession, plans: list[PartitionPlan], run_id: str,
+    stages: dict[str, float] | None = None,
+) -> dict[int, list[PieceResult]]:
+    """Run one task per plan; set each plan's survivor_count and return its pieces, in
+    order. `stages`, when given, gets the tasks' seconds per stage added to it."""
+    if not plans:
+        return {}
+    # The largest partitions first, so that the last task to start is a short one.
+    ordered = sorted(plans, key=lambda plan: -sum(item.info.size_bytes for item in plan.inputs))
+    tasks = [json.dumps(_task(plan, run_id)) for plan in ordered]
+    # One Spark task per partition: a range of one number per Spark partition, each
+    # number the index of its task in the function's closure. (A DataFrame made from a
+    # Python RDD of the tasks costs one more Python evaluation per task: measured about
+    # 0.15 s more per run on local[2].)
+    frame = spark.range(0, len(tasks), 1, len(tasks))
+    collected = frame.mapInArrow(_task_runner(tasks), RESULT_SCHEMA).collect()
+    by_partition = {plan.partition: plan for plan in plans}
+    results: dict[int, list[PieceResult]] = {plan.partition: [] for plan in plans}
+    for row in collected:
+        body = json.loads(row["result"])
+        plan = by_partition[body["partition"]]
+        plan.survivor_count = body["keys"]
+        results[plan.partition] = [PieceResult.from_json(piece) for piece in body["pieces"]]
+        if stages is not None:
+            for name, seconds in zip(TASK_STAGES, body["seconds"], strict=True):
+                stages[name] = stages.get(name, 0.0) + seconds
+    return results
+
+
+def _task(plan: PartitionPlan, run_id: str) -> dict[str, Any]:
+    return {
+        "partition": plan.partition,
+        "inputs": [[str(item.path), item.is_ledger, asdict(item.info)] for item in plan.inputs],
+        "strategy": plan.strategy.spec,
+        "budget": plan.task_memory_bytes,
+        "rules": asdict(plan.rules),
+        "out_dir": str(plan.ledger_dir),
+        "run_id": run_id,
+        "compression": plan.compression,
+        "target_file_bytes": plan.target_file_bytes,
+    }
+
+
+def _task_runner(
+    tasks: list[str],
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return run_partition_tasks(tasks, batches)
+
+    return run
+
+
+def run_partition_tasks(
+    tasks: list[str], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """The task body, run by Spark's Python workers: the tasks whose indexes come in."""
+    for batch in batches:
+        results = [json.dumps(compact_one(json.loads(tasks[index])))
+                   for index in batch.column(0).to_pylist()]
+        yield pa.RecordBatch.from_pydict({"result": results}, schema=pa.schema(
+            [("result", pa.string())]))
+
+
+def _use_task_cpus() -> None:
+    """Give pyarrow's thread pool the cores Spark gave this task (spark.task.cpus, 1 by
+    default): Spark runs as many tasks at once as it has cores, so more threads per task
+    only fight each other. Outside a Spark task, pyarrow keeps its default."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is not None:
+        pa.set_cpu_count(max(1, context.cpus()))
+
+
+def compact_one(task: dict[str, Any]) -> dict[str, Any]:
+    """Phases 1 and 2 of one partition (a task; see the module's invariant)."""
+    started = time.monotonic()
+    _use_task_cpus()
+    rules = TombstoneRules(**task["rules"])
+    inputs = [InputFile(SegmentInfo.from_json(info), Path(path), is_ledger)
+              for path, is_ledger, info in task["inputs"]]
+    for item in inputs:  # before any Parquet reader parses a footer
+        PieceInput(str(item.path), item.is_ledger, item.info.size_bytes,
+                   item.info.crc32c).verify()
+    # Every byte proven against the manifest's CRC32C: the pages' own CRCs add nothing.
+    page_checksums = any(item.info.crc32c is None for item in inputs)
+    stats = Phase1Stats()
+    survivors = partition_survivors(
+        [str(item.path) for item in inputs], parse_strategy(task["strategy"]),
+        rules.empty_value_is_tombstone, task["budget"], stats, page_checksums,
+    )
+    verified = time.monotonic() - started - stats.read_s - stats.group_s
+    written = time.monotonic()
+    pieces = []
+    groups = split_inputs(inputs, survivors, task["target_file_bytes"],
+                          rules.null_key_policy == "keep")
+    for sequence, (files, piece_survivors) in enumerate(groups):
+        result = write_ledger_piece(
+            # Verified above: the size is checked again, the whole-file CRC is not.
+            [PieceInput(str(item.path), item.is_ledger, item.info.size_bytes, None)
+             for item in files],
+            piece_survivors, rules, Path(task["out_dir"]),
+            ledger_file_name(task["run_id"], sequence, files[0].info.base_offset),
+            task["compression"], page_checksums=page_checksums,
+        )
+        pieces.append(result.to_json())
+    return {
+        "partition": task["partition"],
+        "keys": len(survivors),
+        "pieces": pieces,
+        "buckets": stats.buckets,
+        "seconds": [verified + stats.read_s, stats.group_s, time.monotonic() - written],
+    }
