@@ -75,10 +75,11 @@ class Snapshot:
 
     version: int
     body: dict[str, Any]
-    # What current.json looked like when this was read (inode, mtime, size), so that
-    # `changed_since` can tell without reading it; None when it came from an audit copy
-    # (current.json missing or damaged: then the version is not proven current).
-    stamp: tuple[int, int, int] | None
+    # What current.json looked like when this was read (inode, mtime, size; on an object
+    # store its ETag), so that `changed_since` can tell without reading it; None when it
+    # came from an audit copy (current.json missing or damaged: then the version is not
+    # proven current).
+    stamp: tuple[int, int, int] | str | None
 
     @property
     def proven(self) -> bool:
