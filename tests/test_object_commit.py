@@ -417,24 +417,75 @@ def test_a_lost_answer_is_resolved_by_rereading(s3_only: Backend) -> None:
     assert doc.history() == [1, 2, 3, 4]
 
 
-def test_a_lost_answer_for_a_commit_that_lost_resolves_to_none(s3_only: Backend) -> None:
+@pytest.mark.parametrize("how", ["timeout-after-sending", "retry-finds-its-own"])
+def test_a_lost_answer_to_the_audit_put_is_settled_by_reading_it_back(
+    s3_only: Backend, how: str
+) -> None:
+    """Step 3's answer lost after the audit copy landed, or botocore's retry of that
+    PUT answered 412 because its own first attempt landed: the commit reads the audit
+    copy back, finds its own commit_id, and goes on."""
+    doc = faulty_doc(s3_only)
+    doc.commit(0, {"v": 1})
+    real = doc.client._client  # type: ignore[attr-defined]
+
+    def after(op: str, kwargs: dict[str, Any]) -> None:
+        if is_audit_put(op, kwargs):
+            raise ReadTimeoutError(endpoint_url="http://127.0.0.1")
+
+    def before(op: str, kwargs: dict[str, Any]) -> None:
+        if is_audit_put(op, kwargs):
+            real.put_object(**kwargs)  # the first attempt, whose answer was lost
+
+    if how == "timeout-after-sending":
+        doc.client.after = after  # type: ignore[attr-defined]
+    else:
+        doc.client.before = before  # type: ignore[attr-defined]
+    assert doc.commit(1, {"v": 2}).version == 2
+    assert body_of(doc) == (2, {"v": 2})
+    assert doc.history() == [1, 2]
+
+
+def test_a_lost_audit_put_of_someone_elses_version_conflicts(s3_only: Backend) -> None:
+    doc = s3_only.open()
+    doc.commit(0, {"v": 1})
+    s3_only.put_raw(audit_name(2), b"another writer's claim")
+    with pytest.raises(ConflictError, match="being committed by another writer"):
+        doc.commit(1, {"v": 2})
+    assert s3_only.files()[audit_name(2)] == b"another writer's claim"
+
+
+@pytest.mark.parametrize("owner_purges", [False, True])
+def test_an_unknown_outcome_blocks_its_version_until_resolved(
+    s3_only: Backend, owner_purges: bool
+) -> None:
+    """While an outcome is unknown, the commit's audit copy keeps others from landing
+    that version. resolve() then lands it; or, once the owner purged that audit copy
+    and another commit landed, says None: the lost PUT was based on an ETag that is
+    gone, so it can never land."""
     doc = faulty_doc(s3_only)
     doc.commit(0, {"v": 1})
     other = s3_only.open()
 
-    def lose_request_after_another_landed(op: str, kwargs: dict[str, Any]) -> None:
+    def lose_request(op: str, kwargs: dict[str, Any]) -> None:
         if is_current_put(op, kwargs):
             doc.client.before = None  # type: ignore[attr-defined]
             raise ReadTimeoutError(endpoint_url="http://127.0.0.1")
 
-    doc.client.before = lose_request_after_another_landed  # type: ignore[attr-defined]
+    doc.client.before = lose_request  # type: ignore[attr-defined]
     with pytest.raises(ObjectCommitOutcomeUnknown) as unknown:
         doc.commit(1, {"v": 2, "by": "lost"})
-    # Its audit copy of version 2 blocks others until resolved.
     with pytest.raises(ConflictError):
         other.commit(1, {"v": 2, "by": "other"})
-    assert doc.resolve(unknown.value) is not None  # nobody else could land 2: it lands
-    assert body_of(doc) == (2, {"v": 2, "by": "lost"})
+    if owner_purges:
+        assert other.purge_uncommitted()
+        other.commit(1, {"v": 2, "by": "other"})
+        assert doc.resolve(unknown.value) is None
+        assert body_of(doc) == (2, {"v": 2, "by": "other"})
+    else:
+        resolved = doc.resolve(unknown.value)
+        assert resolved is not None and resolved.version == 2
+        assert body_of(doc) == (2, {"v": 2, "by": "lost"})
+    assert doc.history() == [1, 2]
 
 
 def test_errors_and_logs_never_show_credentials(

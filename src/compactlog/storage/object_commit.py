@@ -20,14 +20,19 @@ its own PUT when an answer was lost.
 Commit protocol (ObjectDocument.commit; the test of each step in
 tests/test_object_commit.py, which runs the same tests against LocalDocument):
   1. (no lock: the store's conditional write decides at step 4)
-  2. GET current.json (its ETag and version; past a damaged one, the newest audit copy)
-     and compare with the expected version; unequal: ConflictError;
+  2. GET current.json (its ETag and version; past a damaged one, the newest audit copy:
+     test_a_torn_current_falls_back_to_the_newest_copy_only) and compare with the
+     expected version; unequal: ConflictError;
      test_a_stale_commit_conflicts_and_changes_nothing,
      test_a_commit_stalled_before_its_compare_conflicts
   3. PUT the audit copy of the new version with `If-None-Match: *`: a 412 means another
      committer claimed that version (or died after claiming it: purge_uncommitted):
-     ConflictError. Any other failure: StorageError, nothing changed;
-     test_a_failed_audit_put_leaves_the_old_version, test_racing_writers_never_lose_a_commit
+     ConflictError; test_a_lost_audit_put_of_someone_elses_version_conflicts,
+     test_racing_writers_never_lose_a_commit. A lost answer, or a 412 to botocore's
+     retry of this same PUT, is settled by reading the copy back (its commit_id);
+     test_a_lost_answer_to_the_audit_put_is_settled_by_reading_it_back. Any other
+     failure: StorageError, nothing committed;
+     test_a_failed_audit_put_leaves_the_old_version
   4. PUT current.json with `If-Match: <ETag of 2>` (`If-None-Match: *` when there was
      none): the commit point. 412/409: another commit landed first; unless current.json
      is this commit's own (an earlier attempt of the same PUT landed and its answer was
@@ -37,7 +42,8 @@ tests/test_object_commit.py, which runs the same tests against LocalDocument):
      A 5xx or a lost answer (timeout after sending): re-read; this commit's own
      current.json is success; else CommitOutcomeUnknown, which `resolve` settles by
      re-sending the same conditional PUT (idempotent: the same bytes under the same
-     If-Match); test_a_lost_answer_is_resolved_by_rereading
+     If-Match); test_a_lost_answer_is_resolved_by_rereading,
+     test_an_unknown_outcome_blocks_its_version_until_resolved
   5. DELETE audit copies older than `keep` versions (a failure is logged; the commit
      stands); test_audit_copies_are_pruned
 A commit that dies after 3 leaves an audit copy of a version maybe never committed: it
@@ -239,6 +245,9 @@ class ObjectDocument:
         if fallback is not None and damaged is not None:
             log.warning("%s; using the audit copy of version %d, the newest, until the next "
                         "commit replaces it", damaged, fallback.version)
+        elif fallback is not None:
+            log.info("%s: no %s; the newest version is %d", self.where, CURRENT,
+                     fallback.version)
         return current, fallback
 
     def _newest_copy(self, damaged: CorruptionError | None) -> Snapshot | None:
@@ -305,25 +314,42 @@ class ObjectDocument:
         commit_id = uuid.uuid4().hex
         data = _encode(version, body, commit_id)
         audit_key = self.audit_key(version)
-        try:  # 3.
-            audit_etag = self.client.put_object(Bucket=self.bucket, Key=audit_key, Body=data,
-                                                IfNoneMatch="*")["ETag"]
-        except ClientError as error:
-            if _status(error) in _CONFLICT_STATUS:
-                raise ConflictError(
-                    f"{self.where}: version {version} is being committed by another writer "
-                    f"(its audit copy {audit_key} exists; if that writer died, the owner's "
-                    "purge_uncommitted removes it)") from None
-            raise self._failed("PUT", audit_key, error) from error
-        except BotoCoreError as error:
-            # Perhaps written: an audit copy of a version never committed, which blocks
-            # commits of that version until purge_uncommitted; never a wrong current.json.
-            raise self._failed("PUT", audit_key, error) from error
+        audit_etag = self._put_audit(version, audit_key, data, commit_id)  # 3.
         based_on = current_object.etag if current_object is not None else None
         snapshot = self._put_current(version, body, commit_id, data, based_on,
                                      audit_key, audit_etag)  # 4.
         self._prune(version)  # 5.
         return snapshot
+
+    def _put_audit(self, version: int, key: str, data: bytes, commit_id: str) -> str:
+        """Step 3: create the audit copy; its ETag. An answer lost (or a retry by botocore
+        that finds its own first attempt landed, as a 412) is settled by reading it back."""
+        try:
+            return self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
+                                          IfNoneMatch="*")["ETag"]
+        except ClientError as error:
+            status = _status(error)
+            if status < 500 and status not in _CONFLICT_STATUS:
+                raise self._failed("PUT", key, error) from error
+            cause: Exception = error
+        except BotoCoreError as error:
+            if _not_sent(error):
+                raise self._failed("PUT", key, error) from error
+            cause = error
+        try:
+            found = self._get(key)
+        except StorageError:
+            found = None
+        if found is not None and _commit_id_of(found.raw) == commit_id:
+            return found.etag
+        if isinstance(cause, ClientError) and _status(cause) in _CONFLICT_STATUS:
+            raise ConflictError(
+                f"{self.where}: version {version} is being committed by another writer "
+                f"(its audit copy {key} exists; if that writer died, the owner's "
+                "purge_uncommitted removes it)") from None
+        # Perhaps written later: then an audit copy of a version never committed, which
+        # blocks commits of that version until purge_uncommitted; never a wrong current.
+        raise self._failed("PUT", key, cause) from cause
 
     def _put_current(self, version: int, body: dict[str, Any], commit_id: str,
                      data: bytes, based_on: str | None, audit_key: str,
