@@ -9,9 +9,10 @@ What the libraries read by themselves (measured with pyarrow 26.0.1 and boto3 1.
 - boto3 reads AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_S3, the credentials
   (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), AWS_PROFILE and the
   shared config files, and the region from AWS_DEFAULT_REGION, but not AWS_REGION.
-- pyarrow's S3FileSystem reads the credentials, profiles and AWS_REGION, but neither
-  AWS_ENDPOINT_URL nor AWS_ENDPOINT_URL_S3 (it goes to amazonaws.com), and it takes the
-  endpoint's scheme (http or https) as a separate setting.
+- pyarrow's S3FileSystem() constructor reads the credentials, profiles and AWS_REGION,
+  but neither AWS_ENDPOINT_URL nor AWS_ENDPOINT_URL_S3 (it goes to amazonaws.com; only
+  `pyarrow.fs.FileSystem.from_uri("s3://...")` reads them), and it takes the endpoint's
+  scheme (http or https) as a separate setting from the host.
 So the gaps filled here are the endpoint (both variables, scheme split off for pyarrow)
 and the region (AWS_REGION, then AWS_DEFAULT_REGION, for both). Explicit credentials in
 the environment are passed to both, so the two clients never disagree; without them each
