@@ -478,6 +478,8 @@ def test_an_unknown_outcome_blocks_its_version_until_resolved(
         other.commit(1, {"v": 2, "by": "other"})
     if owner_purges:
         assert other.purge_uncommitted()
+        with pytest.raises(ObjectCommitOutcomeUnknown):
+            doc.resolve(unknown.value)  # its audit copy is gone: re-sending is unsafe
         other.commit(1, {"v": 2, "by": "other"})
         assert doc.resolve(unknown.value) is None
         assert body_of(doc) == (2, {"v": 2, "by": "other"})

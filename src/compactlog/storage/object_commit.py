@@ -409,7 +409,10 @@ class ObjectDocument:
         """Settle a lost answer: the committed Snapshot, or None if that commit did not
         land and never will. Re-sends the same conditional PUT, which lands only if the
         version it was based on is still current (the first attempt did not land), and
-        otherwise fails with 412, after which current.json shows whether it was ours."""
+        otherwise fails with 412, after which current.json shows whether it was ours.
+        Raises `unknown` again while the version is not settled and this commit's audit
+        copy is gone (purged by the owner): re-sending then could commit a version whose
+        audit copy is another writer's."""
         body = json.loads(unknown.data)["body"]
         audit_key = self.audit_key(unknown.version)
         audit = self._get(audit_key)
@@ -421,10 +424,14 @@ class ObjectDocument:
                 return Snapshot(unknown.version, body, None)
             mine = self._own_current(unknown.commit_id)
             return Snapshot(unknown.version, body, mine) if mine is not None else None
+        if audit is None or _commit_id_of(audit.raw) != unknown.commit_id:
+            # Its audit copy was purged (and perhaps another writer claimed the version):
+            # re-sending could land a version whose audit copy is not this one. Only a
+            # later commit settles it (the lost PUT's ETag is then gone).
+            raise unknown
         try:
             return self._put_current(unknown.version, body, unknown.commit_id, unknown.data,
-                                     unknown.based_on_etag, audit_key,
-                                     audit.etag if audit is not None else "*")
+                                     unknown.based_on_etag, audit_key, audit.etag)
         except ConflictError:
             return None
 
