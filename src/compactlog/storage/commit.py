@@ -40,8 +40,8 @@ A crash before 4's rename leaves the old version current, at most temporary file
 new version is current. test_a_torn_current_falls_back_to_the_newest_copy_only
 
 On an object store the same primitive is a conditional PUT of current.json (If-Match on
-the ETag read at load, If-None-Match: * for the first version); the audit copies are
-plain PUTs before it.
+the ETag read at the compare, If-None-Match: * for the first version), with create-only
+audit copies before it: object_commit.py.
 """
 
 from __future__ import annotations
@@ -75,10 +75,11 @@ class Snapshot:
 
     version: int
     body: dict[str, Any]
-    # What current.json looked like when this was read (inode, mtime, size), so that
-    # `changed_since` can tell without reading it; None when it came from an audit copy
-    # (current.json missing or damaged: then the version is not proven current).
-    stamp: tuple[int, int, int] | None
+    # What current.json looked like when this was read (inode, mtime, size; on an object
+    # store its ETag), so that `changed_since` can tell without reading it; None when it
+    # came from an audit copy (current.json missing or damaged: then the version is not
+    # proven current).
+    stamp: tuple[int, int, int] | str | None
 
     @property
     def proven(self) -> bool:

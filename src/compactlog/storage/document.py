@@ -1,0 +1,56 @@
+"""The interface of a committed metadata document, whatever stores it.
+
+Invariant: every implementation (LocalDocument in commit.py on a local directory,
+ObjectDocument in object_commit.py on an S3 prefix) gives the same guarantees: a
+commit succeeds only if the version it was based on is still current when it replaces
+it, else ConflictError and nothing changed; the newest audit copy is never older than
+the committed version, and a damaged current.json falls back to it and to nothing older;
+an outcome the committer cannot know is CommitOutcomeUnknown, resolved by re-reading.
+tests/test_object_commit.py runs the same contract tests against both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from compactlog.storage.commit import LocalDocument, Snapshot
+
+
+class Document(Protocol):
+    """A metadata document committed by compare-and-swap (see commit.py)."""
+
+    keep: int
+
+    def load(self) -> Snapshot | None:
+        """The current version, or None when nothing was ever committed."""
+        ...
+
+    def commit(self, expected_version: int, body: dict[str, Any]) -> Snapshot:
+        """Publish `body` as expected_version + 1 if expected_version is still current."""
+        ...
+
+    def history(self) -> list[int]:
+        """The versions whose audit copies are kept, oldest first."""
+        ...
+
+    def load_version(self, version: int) -> dict[str, Any]:
+        """An audit copy's body."""
+        ...
+
+    def changed_since(self, snapshot: Snapshot | None) -> bool:
+        """Whether the current version may differ from `snapshot`, cheaply."""
+        ...
+
+    def purge_uncommitted(self) -> bool:
+        """Remove audit copies of versions never committed; True if current is proven."""
+        ...
+
+    def recover(self) -> Sequence[Path | str]:
+        """Remove what crashed commits left behind; what was removed."""
+        ...
+
+
+# LocalDocument satisfies the protocol (checked by mypy, no base class needed).
+_LOCAL: type[Document] = LocalDocument

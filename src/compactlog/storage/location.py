@@ -1,0 +1,244 @@
+"""Where a store's data lives: a local directory or an `s3://BUCKET/PREFIX` URL.
+
+Invariant: a Location never holds a credential, so its repr, its str and every message
+that names it are safe to print and log. Credentials and the endpoint come only from the
+standard AWS settings (environment variables and profiles), read when a client or
+filesystem is made (`S3Settings.from_env`), and `S3Settings` never shows a secret either.
+
+What the libraries read by themselves (measured with pyarrow 26.0.1 and boto3 1.44.5):
+- boto3 reads AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_S3, the credentials
+  (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), AWS_PROFILE and the
+  shared config files, and the region from AWS_DEFAULT_REGION, but not AWS_REGION.
+- pyarrow's S3FileSystem() constructor reads the credentials, profiles and AWS_REGION,
+  but neither AWS_ENDPOINT_URL nor AWS_ENDPOINT_URL_S3 (it goes to amazonaws.com; only
+  `pyarrow.fs.FileSystem.from_uri("s3://...")` reads them), and it takes the endpoint's
+  scheme (http or https) as a separate setting from the host.
+So the gaps filled here are the endpoint (both variables, scheme split off for pyarrow)
+and the region (AWS_REGION, then AWS_DEFAULT_REGION, for both). Explicit credentials in
+the environment are passed to both, so the two clients never disagree; without them each
+library's own chain (profiles, instance metadata) applies.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from compactlog.errors import UserError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from pyarrow.fs import FileSystem
+
+S3_SCHEME = "s3"
+# S3's bucket naming rules (general purpose buckets): 3-63 characters, lower-case
+# letters, digits, dots and hyphens, starting and ending with a letter or a digit.
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+class LocationError(UserError):
+    """A data location that is neither a usable path nor a valid s3:// URL."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """A local directory (`bucket` is None, `path` absolute) or an S3 prefix (`bucket`
+    set, `path` the key prefix without leading or trailing slash, maybe empty)."""
+
+    path: str
+    bucket: str | None = None
+
+    @property
+    def is_s3(self) -> bool:
+        return self.bucket is not None
+
+    @classmethod
+    def parse(cls, text: str | os.PathLike[str]) -> Location:
+        """A Location from a path, `file://PATH` or `s3://BUCKET[/PREFIX]`."""
+        raw = os.fspath(text)
+        if not raw.strip():
+            raise LocationError("empty data location: give a directory or s3://BUCKET/PREFIX")
+        if "://" not in raw:
+            return cls(str(Path(raw).expanduser().absolute()))
+        scheme = raw.split("://", 1)[0].lower()
+        if scheme == "file":
+            return cls._parse_file(raw)
+        if scheme != S3_SCHEME:
+            hint = " (use s3://; s3a:// is a Hadoop connector name)" if scheme in (
+                "s3a", "s3n") else ""
+            raise LocationError(f"unsupported data location scheme {scheme + '://'!r} in "
+                                f"{_safe(raw)}{hint}: give a directory or s3://BUCKET/PREFIX")
+        return cls._parse_s3(raw)
+
+    @classmethod
+    def _parse_file(cls, raw: str) -> Location:
+        parts = urlsplit(raw)
+        if parts.netloc not in ("", "localhost"):
+            raise LocationError(f"{_safe(raw)}: a file:// URL names no host (file:///PATH)")
+        if not parts.path.startswith("/"):
+            raise LocationError(f"{_safe(raw)}: a file:// URL needs an absolute path")
+        return cls(str(Path(parts.path)))
+
+    @classmethod
+    def _parse_s3(cls, raw: str) -> Location:
+        rest = raw.split("://", 1)[1]
+        shown = _safe(raw)
+        netloc, _, prefix = rest.partition("/")
+        if "@" in netloc:
+            raise LocationError(f"{shown}: credentials do not belong in the URL; set "
+                                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or a profile")
+        if "?" in rest or "#" in rest:
+            raise LocationError(f"{shown}: an s3:// location takes no query or fragment "
+                                "(the endpoint comes from AWS_ENDPOINT_URL)")
+        if ":" in netloc:
+            raise LocationError(f"{shown}: {netloc!r} is not a bucket name (a port or "
+                                "endpoint goes in AWS_ENDPOINT_URL, not the URL)")
+        if not netloc:
+            raise LocationError(f"{shown}: no bucket name (s3://BUCKET/PREFIX)")
+        if not _BUCKET.match(netloc) or ".." in netloc:
+            raise LocationError(
+                f"{shown}: invalid bucket name {netloc!r}: 3-63 lower-case letters, digits, "
+                "dots and hyphens, starting and ending with a letter or digit")
+        prefix = prefix.rstrip("/")
+        segments = prefix.split("/") if prefix else []
+        for index, segment in enumerate(segments):
+            if segment in ("", ".", ".."):
+                raise LocationError(
+                    f"{shown}: path segment {index + 1} of the prefix is {segment!r}; "
+                    "empty, '.' and '..' segments are not allowed")
+        return cls(prefix, netloc)
+
+    def join(self, *children: str) -> Location:
+        """A child location (`children` are relative, '/'-separated names)."""
+        parts = [self.path] if self.path else []
+        for child in children:
+            for segment in child.split("/"):
+                if segment in ("", ".", ".."):
+                    raise LocationError(f"{self}: cannot join {child!r} (empty, '.' or '..' "
+                                        "segment)")
+                parts.append(segment)
+        if self.bucket is None:
+            return Location(str(Path(*parts)))
+        return Location("/".join(parts), self.bucket)
+
+    def key(self, name: str) -> str:
+        """The object key of `name` under an S3 location's prefix."""
+        if self.bucket is None:
+            raise LocationError(f"{self} is a local directory, not an s3:// location")
+        return self.join(name).path
+
+    @property
+    def fs_path(self) -> str:
+        """The path to give to `filesystem()`: a local path, or BUCKET/PREFIX."""
+        if self.bucket is None:
+            return self.path
+        return f"{self.bucket}/{self.path}" if self.path else self.bucket
+
+    def filesystem(self, env: Mapping[str, str] | None = None) -> FileSystem:
+        """The pyarrow filesystem that reads and writes this location's data files."""
+        from pyarrow import fs
+
+        if self.bucket is None:
+            return fs.LocalFileSystem()
+        return S3Settings.from_env(env).pyarrow_filesystem()
+
+    def __str__(self) -> str:
+        if self.bucket is None:
+            return self.path
+        return f"s3://{self.fs_path}"
+
+    def __repr__(self) -> str:
+        return f"Location({str(self)!r})"
+
+
+def _safe(raw: str) -> str:
+    """`raw` for an error message, with anything that looks like userinfo masked."""
+    scheme, sep, rest = raw.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return repr(f"{scheme}{sep}{netloc}{slash}{tail}")
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """The S3 connection settings from the standard AWS environment. Secrets are kept
+    out of repr (and there is no __str__ that shows them)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    profile: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:
+        env = os.environ if env is None else env
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+        if endpoint is not None:
+            parts = urlsplit(endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise LocationError(
+                    f"AWS_ENDPOINT_URL {endpoint!r} is not an http:// or https:// URL")
+            if parts.username or parts.password:
+                raise LocationError("AWS_ENDPOINT_URL must not contain credentials")
+        access = env.get("AWS_ACCESS_KEY_ID") or None
+        secret = env.get("AWS_SECRET_ACCESS_KEY") or None
+        if (access is None) != (secret is None):
+            present = "AWS_ACCESS_KEY_ID" if access else "AWS_SECRET_ACCESS_KEY"
+            raise LocationError(f"{present} is set but its pair is not: set both "
+                                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or neither")
+        return cls(
+            endpoint_url=endpoint,
+            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+            access_key_id=access,
+            secret_access_key=secret,
+            session_token=env.get("AWS_SESSION_TOKEN") or None,
+            profile=env.get("AWS_PROFILE") or None,
+        )
+
+    def __repr__(self) -> str:
+        credentials = "environment" if self.access_key_id else "default chain"
+        return (f"S3Settings(endpoint_url={self.endpoint_url!r}, region={self.region!r}, "
+                f"credentials={credentials!r}, profile={self.profile!r})")
+
+    __str__ = __repr__
+
+    def pyarrow_filesystem(self) -> FileSystem:
+        from pyarrow import fs
+
+        options: dict[str, Any] = {}
+        if self.endpoint_url is not None:
+            parts = urlsplit(self.endpoint_url)
+            options["scheme"] = parts.scheme
+            options["endpoint_override"] = parts.netloc + parts.path.rstrip("/")
+        if self.region is not None:
+            options["region"] = self.region
+        if self.access_key_id is not None:
+            options["access_key"] = self.access_key_id
+            options["secret_key"] = self.secret_access_key
+            if self.session_token is not None:
+                options["session_token"] = self.session_token
+        return fs.S3FileSystem(**options)
+
+    def boto3_client(self, connect_timeout_s: float = 10.0,
+                     read_timeout_s: float = 30.0) -> S3Client:
+        import boto3
+        from botocore.config import Config
+
+        session = boto3.session.Session(
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            aws_session_token=self.session_token,
+            region_name=self.region,
+            profile_name=self.profile if self.access_key_id is None else None,
+        )
+        config = Config(connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
+                        retries={"mode": "standard", "max_attempts": 3})
+        return session.client("s3", endpoint_url=self.endpoint_url, config=config)
