@@ -9,7 +9,7 @@ again (tests, a long-lived compactor) reuses it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from compactlog.compaction import CompactionReport, TopicCompactionService
@@ -23,6 +23,7 @@ from compactlog.compaction.spark_session import DEFAULT_MASTER, start_session
 from compactlog.storage.store import LogStore
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 
@@ -122,5 +123,15 @@ class SparkCompactionServiceFactory:
         by one small job so that the first run does not pay the JVM's first-job costs."""
         session = start_session(settings.get("spark.master") or DEFAULT_MASTER,
                                 settings.get("spark.conf") or {})
-        session.range(1000, numPartitions=2).selectExpr("sum(id)").collect()
+        # One task per core imports the Arrow pipeline's modules (pyarrow, Parquet,
+        # numpy) in Spark's Python workers, which local mode reuses between tasks.
+        slots = max(1, session.sparkContext.defaultParallelism)
+        session.range(0, slots, 1, slots).mapInArrow(_preload_python_worker,
+                                                     "id long").collect()
         return session
+
+
+def _preload_python_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import compactlog.compaction.arrow_pipeline  # noqa: F401  (imported for its cost)
+
+    yield from batches
