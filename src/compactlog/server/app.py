@@ -52,6 +52,7 @@ from compactlog.server.protocol import (
 from compactlog.server.request_budget import RequestBudget
 from compactlog.server.sasl import FailureDelay
 from compactlog.server.session import SaslGate, Session
+from compactlog.server.throttle import Throttle, held_back
 from compactlog.server.tls import ServerTls, TlsSettings
 from compactlog.server.upkeep import Upkeep
 from compactlog.storage.credentials import CredentialStore
@@ -162,6 +163,7 @@ class Server:
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
         self._upkeep_rounds = Upkeep(self.store)
+        self._upkeep_failures = Throttle(60.0)
         self.broker: Broker | None = None
         self.metrics = ServerMetrics()
         self._cleaner: Cleaner | None = None
@@ -301,19 +303,31 @@ class Server:
             try:
                 # One partition's failure is logged there and the round goes on.
                 await self.broker.run_io(self._upkeep_rounds.run_once)
-            except Exception:
-                log.exception("upkeep failed; retrying in %.1fs", self.config.upkeep_interval_s)
+            except Exception as error:
+                self._log_upkeep_failure("upkeep", error)
             try:
                 await self.cleaner.tick()
-            except Exception:
-                log.exception("the cleaner's check failed; retrying in %.1fs",
-                              self.config.upkeep_interval_s)
+            except Exception as error:
+                self._log_upkeep_failure("the cleaner's check", error)
             try:
                 # ACLs committed by `compactlog acls` take effect within one round.
                 await self.broker.run_io(self.broker.authorizer.refresh)
-            except Exception:
-                log.exception("reading the ACLs again failed; the ones read before stay "
-                              "in force; retrying in %.1fs", self.config.upkeep_interval_s)
+            except Exception as error:
+                self._log_upkeep_failure("reading the ACLs again (the ones read before stay "
+                                         "in force)", error)
+
+    def _log_upkeep_failure(self, step: str, error: Exception) -> None:
+        """Once a minute per step: an OSError (out of file handles, a full or failing
+        disk) in one line, as the partitions' own failures are logged; anything else
+        with its traceback, which is a bug."""
+        held = self._upkeep_failures.allow(step)
+        if held is None:
+            return
+        retry = f"retrying every {self.config.upkeep_interval_s:.1f}s{held_back(held)}"
+        if isinstance(error, OSError):
+            log.error("%s failed: %s; %s", step, error, retry)
+        else:
+            log.error("%s failed; %s", step, retry, exc_info=error)
 
     async def _handle(self, frame: Frame, session: Session) -> bytes | None:
         """The response frame to one request frame; None: no response (acks=0)."""

@@ -229,7 +229,11 @@ class LocalDocument:
         try:
             stat = os.stat(self.current_path)
         except FileNotFoundError:
-            return snapshot is None or snapshot.stamp is not None or bool(self.history())
+            # Nothing committed then: changed only if a version can be loaded now (an
+            # audit copy to fall back to). Committed then: changed (it is gone).
+            if snapshot is None:
+                return bool(self.history())
+            return snapshot.stamp is not None or bool(self.history())
         return snapshot is None or snapshot.stamp != _stamp(stat)
 
     # -- committing -------------------------------------------------------------------
