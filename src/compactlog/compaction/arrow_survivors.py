@@ -31,12 +31,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactlog.compaction.strategies import Strategy
+from compactlog.storage.deletion import drop_deleted
 
 # Grouping (hash table or sort indices, plus the numpy work arrays) holds about this
 # many times the bytes of the columns it groups, measured with pa.total_allocated_bytes.
 GROUPING_OVERHEAD = 3.0
 ROW_BYTES = 8 + 4 + 2  # offset, value_size, validity bits and slack, per row
 HASH_SLICE_ROWS = 1 << 16
+Deleted = dict[str, np.ndarray]  # per input path: offsets a deletion vector deleted
 
 
 def supports(strategy: Strategy) -> bool:
@@ -119,33 +121,39 @@ def _hash_slice(keys: pa.Array) -> np.ndarray:
     return hashes
 
 
-def _read_groups(paths: list[str], columns: list[str],
-                 page_checksums: bool) -> Iterator[pa.Table]:
-    """Every row group of `paths`, in order, its rows with a null key left out."""
+def _read_groups(paths: list[str], columns: list[str], page_checksums: bool,
+                 deleted: Deleted | None = None) -> Iterator[pa.Table]:
+    """Every row group of `paths`, in order, its rows with a null key left out, and
+    those a deletion vector deleted (`deleted`: sorted offsets per path)."""
     for path in paths:
+        gone = (deleted or {}).get(path)
+        wanted = columns if gone is None or "offset" in columns else [*columns, "offset"]
         handle = pq.ParquetFile(path, page_checksum_verification=page_checksums)
         try:
             for index in range(handle.metadata.num_row_groups):
-                group = handle.read_row_group(index, columns=columns)
+                group = handle.read_row_group(index, columns=wanted)
+                group = drop_deleted(group, gone).select(columns)
                 yield group.filter(pc.is_valid(group.column("key")))
         finally:
             handle.close()
 
 
-def bucket_ids(paths: list[str], buckets: int, page_checksums: bool) -> list[np.ndarray]:
+def bucket_ids(paths: list[str], buckets: int, page_checksums: bool,
+               deleted: Deleted | None = None) -> list[np.ndarray]:
     """Per row group of `paths` (in `_read_groups` order), each row's bucket: the hash
     is computed once per run, 2 bytes per row, whatever the number of passes."""
     return [key_buckets(group.column("key").combine_chunks(), buckets)
-            for group in _read_groups(paths, ["key"], page_checksums)]
+            for group in _read_groups(paths, ["key"], page_checksums, deleted)]
 
 
 def read_phase1(paths: list[str], strategy: Strategy, bucket: int = 0,
-                ids: list[np.ndarray] | None = None, page_checksums: bool = True) -> pa.Table:
+                ids: list[np.ndarray] | None = None, page_checksums: bool = True,
+                deleted: Deleted | None = None) -> pa.Table:
     """The phase-1 columns of the rows with a non-null key (of one bucket when `ids`
     gives each row's bucket), with the tombstone flag left to `survivors` (value_size)."""
     parts = []
     for number, group in enumerate(_read_groups(paths, needed_columns(strategy),
-                                                page_checksums)):
+                                                page_checksums, deleted)):
         if ids is not None:
             group = group.filter(pa.array(ids[number] == bucket))
         if strategy.kind == "order" and strategy.order_header is not None:
@@ -244,19 +252,22 @@ def _dense_rank(values: pa.Array) -> np.ndarray:
 
 def partition_survivors(paths: list[str], strategy: Strategy, empty_is_tombstone: bool,
                         budget_bytes: int, stats: Phase1Stats | None = None,
-                        page_checksums: bool = True) -> np.ndarray:
+                        page_checksums: bool = True,
+                        deleted: Deleted | None = None) -> np.ndarray:
     """The sorted surviving offsets of one partition's input files (see the module).
-    `page_checksums=False` when the caller has proven the files whole (CRC32C)."""
+    `page_checksums=False` when the caller has proven the files whole (CRC32C);
+    `deleted`: per ledger file path, the offsets its deletion vector deletes."""
     stats = stats if stats is not None else Phase1Stats()
     stats.estimated_bytes = estimate_bytes(paths, needed_columns(strategy))
     stats.buckets = max(1, math.ceil(stats.estimated_bytes / max(budget_bytes, 1)))
     found = []
     started = time.monotonic()
-    ids = bucket_ids(paths, stats.buckets, page_checksums) if stats.buckets > 1 else None
+    ids = (bucket_ids(paths, stats.buckets, page_checksums, deleted)
+           if stats.buckets > 1 else None)
     stats.read_s += time.monotonic() - started
     for bucket in range(stats.buckets):
         started = time.monotonic()
-        table = read_phase1(paths, strategy, bucket, ids, page_checksums)
+        table = read_phase1(paths, strategy, bucket, ids, page_checksums, deleted)
         read_done = time.monotonic()
         stats.rows += table.num_rows
         found.append(survivors(table, strategy, empty_is_tombstone))

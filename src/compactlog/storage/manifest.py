@@ -35,6 +35,17 @@ class SegmentInfo:
     # Offset ranges (first, last) that a corrupt range in the log hid when it was sealed.
     # Reads of them fail with CorruptionError rather than skip them silently.
     missing: tuple[tuple[int, int], ...] = ()
+    # Ledger files only: the current deletion vector (storage/deletion.py), its size,
+    # CRC32C and how many of the file's record_count rows it deletes. None: no DV.
+    dv_file: str | None = None
+    dv_size_bytes: int = 0
+    dv_crc32c: int | None = None
+    dv_count: int = 0
+
+    @property
+    def live_count(self) -> int:
+        """Rows of the file still in the view: record_count minus its DV's offsets."""
+        return self.record_count - self.dv_count
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> SegmentInfo:
@@ -158,6 +169,7 @@ class PartitionManifest:
         """The data files this version lists, relative to the partition directory."""
         files = {f"{SEGMENT_DIR}/{info.file}" for info in self.segments}
         files.update(f"{LEDGER_DIR}/{info.file}" for info in self.ledger)
+        files.update(f"{LEDGER_DIR}/{info.dv_file}" for info in self.ledger if info.dv_file)
         return files
 
     def retiring(self, dropped: set[str], now_ms: int, delay_ms: int) -> PartitionManifest:
