@@ -14,10 +14,12 @@ tests/test_fault_steps.py fails or stalls each one):
      retired files whose delay has passed) and write status RUNNING;
   2. plan from the current manifest: previous ledger + cleanable dirty segments;
   3. phase 1 (engine): surviving offsets per partition;
-  4. phase 2 (engine): new ledger files, each written under a temporary name, fsynced,
-     then renamed into ledger/; their names carry the run id;
-  5. commit the new (horizon, ledger) pair in one manifest version by compare-and-swap,
-     provided the manifest's pair is still the one planned from; the writer's commits
+  4. phase 2 (engine): new ledger files, and with deletion vectors new DV files
+     (compaction/incremental.py), each written under a temporary name, fsynced, then
+     renamed into ledger/; their names carry the run id;
+  5. commit the new (horizon, ledger) pair, each ledger file with its current DV, in
+     one manifest version by compare-and-swap, provided the manifest's pair (files and
+     DVs) is still the one planned from; the writer's commits
      (sealing, retention) merge in, and the previous ledger's files are retired by it;
   6. sweep ledger/ again and write each partition's status: SUCCESS where step 5
      committed; ERROR, with the error, where the run failed before it. The sweep after
