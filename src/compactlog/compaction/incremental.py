@@ -11,8 +11,9 @@ gets one fate:
     written under a name carrying the run id (storage/deletion.py), and the entry
     points at it (the old DV is retired by the commit);
   - rewrite: its live rows fall below compaction.ledger.rewrite.live.fraction of its
-    rows, or a kept tombstone has no tombstone_since_ms yet (it can only be recorded by
-    writing the row): phase 2 copies its live rows into a new file, with the dirty
+    rows, or a kept row's tombstone_since_ms is wrong for the current
+    empty.value.is.tombstone (set on a non-tombstone, or missing on a tombstone: only
+    writing the row corrects it): phase 2 copies its live rows into a new file, with the dirty
     part's survivors;
   - drop: no row is left.
 So the view over (kept files with their DVs + new files) is the view a full rewrite
@@ -38,8 +39,6 @@ from compactlog.storage.deletion import (
     write_deletion_vector,
 )
 
-COLUMNS = ["offset", "timestamp", "value_size", "tombstone_since_ms"]
-
 
 @dataclass(frozen=True)
 class Fate:
@@ -55,7 +54,10 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
            page_checksums: bool) -> Fate:
     """The fate of ledger file `item` (whose DV deletes `deleted`); writes its new DV
     when the fate is `dv`."""
-    columns = COLUMNS + (["key"] if rules.null_key_policy == "keep" else [])
+    # Only the columns the rules need (no value, no key unless null keys are kept).
+    columns = ["offset", "tombstone_since_ms", "value_size"]
+    columns += ["key"] if rules.null_key_policy == "keep" else []
+    columns += ["timestamp"] if rules.retention_ms >= 0 else []
     table = drop_deleted(pq.read_table(item.path, columns=columns,
                                        page_checksum_verification=page_checksums), deleted)
     offsets = table.column("offset").to_numpy()
@@ -66,13 +68,13 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
     else:
         null_key = np.zeros(len(offsets), bool)
         keep = chosen
+    since_column = table.column("tombstone_since_ms")
+    since_null = pc.is_null(since_column).to_numpy(zero_copy_only=False)
     size = table.column("value_size")
     tomb = pc.is_null(size)
     if rules.empty_value_is_tombstone:
         tomb = pc.or_(tomb, pc.fill_null(pc.equal(size, 0), False))
     tombstone = tomb.to_numpy(zero_copy_only=False) & ~null_key
-    since_column = table.column("tombstone_since_ms")
-    since_null = pc.is_null(since_column).to_numpy(zero_copy_only=False)
     since = since_column.fill_null(rules.now_ms).to_numpy()
     expired_tombstone = tombstone & (rules.now_ms - since >= rules.delete_retention_ms)
     tombstones_removed = int((keep & expired_tombstone).sum())
@@ -92,7 +94,10 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
     if live == 0:
         return Fate(item, "drop", PieceResult(None, len(offsets), 0, 0, 0, tombstones_removed,
                                               int((~chosen & null_key).sum()), expired))
-    if (kept_tombstones & since_null).any() or live < rewrite_below * item.info.record_count:
+    # tombstone_since_ms must be set exactly on kept tombstones: a row whose status
+    # changed with empty.value.is.tombstone can only be corrected by writing it.
+    stale = (kept_tombstones & since_null) | (keep & ~tombstone & ~since_null)
+    if stale.any() or live < rewrite_below * item.info.record_count:
         return Fate(item, "rewrite")
     oldest = int(since[kept_tombstones].min()) if kept_tombstones.any() else None
     info = item.info
