@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import SparkSession
 
 from compactlog.client.reader import Reader
 from compactlog.compaction import load_factory
@@ -184,3 +185,44 @@ def test_reads_that_seek_skip_deleted_rows(tmp_path: Path) -> None:
         assert partition.compacted.offset_for_timestamp(0) == 1
         entries = partition.compacted.read_ledger(0, 100)
         assert [r.offset for r in entries] == [*range(1, 9), 10, 11]
+
+
+def make_first_strategy_dvs(store: LogStore, clock: FakeClock) -> None:
+    """Under `first`, a key's old ledger record deleted by a tombstone whose retention
+    (0) ended at once: only the DV says the old record is gone."""
+    store.create_topic(TOPIC, 1, config(0.0, **{"compaction.strategy": "first",
+                                                 "delete.retention.ms": "0"}))
+    partition = store.topic(TOPIC).partition(0)
+    store.append(TOPIC, [ProducerRecord(b"k%d" % k, b"a") for k in range(10)])
+    partition.roll()
+    service(store, clock).compact()
+    store.append(TOPIC, [ProducerRecord(b"k1", None)])
+    partition.roll()
+    service(store, clock).compact()
+    assert partition.manifest.ledger[0].dv_count == 1
+    store.append(TOPIC, [ProducerRecord(b"k1", b"b"), ProducerRecord(b"k2", b"b")])
+    partition.roll()
+
+
+def test_every_engine_leaves_out_what_a_dv_deleted(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        make_first_strategy_dvs(store, clock)
+        factory = load_factory("local_engine:LocalCompactionServiceFactory")
+        factory.new_service(store, TOPIC, {"clock": clock}).compact()  # plain Python
+        view = {r.key: r.value for r in compacted(store, TOPIC)}
+        assert view[b"k1"] == b"b" and view[b"k2"] == b"a"
+
+
+def test_the_sql_engine_leaves_out_what_a_dv_deleted(tmp_path: Path,
+                                                     spark: SparkSession) -> None:
+    from compactlog.compaction.spark_service import SparkCompactionService
+
+    clock = FakeClock()
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        make_first_strategy_dvs(store, clock)
+        store.alter_topic(TOPIC, {"compaction.phase1.engine": "sql"})
+        SparkCompactionService(store, TOPIC, {"spark.session": spark, "clock": clock}).compact()
+        view = {r.key: r.value for r in compacted(store, TOPIC)}
+        assert view[b"k1"] == b"b" and view[b"k2"] == b"a"
+        assert not any(info.dv_file for info in store.topic(TOPIC).partition(0).manifest.ledger)
