@@ -28,7 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from compactlog.compaction.arrow_survivors import Phase1Stats, partition_survivors, supports
+from compactlog.compaction.arrow_survivors import (
+    Phase1Stats,
+    latest_over_ledger,
+    partition_survivors,
+    supports,
+)
 from compactlog.compaction.incremental import decide, runs_to_write
 from compactlog.compaction.ledger import (
     PieceInput,
@@ -155,10 +160,18 @@ def compact_one(task: dict[str, Any]) -> dict[str, Any]:
     page_checksums = any(item.info.crc32c is None for item in inputs)
     deleted = load_deleted([item for item in inputs if item.is_ledger])
     stats = Phase1Stats()
-    survivors = partition_survivors(
-        [str(item.path) for item in inputs], parse_strategy(task["strategy"]),
-        rules.empty_value_is_tombstone, task["budget"], stats, page_checksums, deleted,
-    )
+    strategy = parse_strategy(task["strategy"])
+    ledger = [str(item.path) for item in inputs if item.is_ledger]
+    survivors = None
+    if task.get("deletion_vectors") and strategy.kind == "latest" and ledger:
+        survivors = latest_over_ledger(
+            ledger, [str(item.path) for item in inputs if not item.is_ledger],
+            task["budget"], stats, page_checksums, deleted)
+    if survivors is None:
+        survivors = partition_survivors(
+            [str(item.path) for item in inputs], strategy,
+            rules.empty_value_is_tombstone, task["budget"], stats, page_checksums, deleted,
+        )
     verified = time.monotonic() - started - stats.read_s - stats.group_s
     written = time.monotonic()
     pieces: list[dict[str, Any]] = []

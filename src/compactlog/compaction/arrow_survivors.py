@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from compactlog.compaction.strategies import Strategy
+from compactlog.compaction.strategies import Strategy, parse_strategy
 from compactlog.storage.deletion import drop_deleted
 
 # Grouping (hash table or sort indices, plus the numpy work arrays) holds about this
@@ -39,6 +39,7 @@ GROUPING_OVERHEAD = 3.0
 ROW_BYTES = 8 + 4 + 2  # offset, value_size, validity bits and slack, per row
 HASH_SLICE_ROWS = 1 << 16
 Deleted = dict[str, np.ndarray]  # per input path: offsets a deletion vector deleted
+LATEST = parse_strategy("latest")
 
 
 def supports(strategy: Strategy) -> bool:
@@ -277,3 +278,36 @@ def partition_survivors(paths: list[str], strategy: Strategy, empty_is_tombstone
     if len(found) == 1:
         return found[0]
     return np.sort(np.concatenate(found)) if found else np.empty(0, np.int64)
+
+
+def latest_over_ledger(ledger_paths: list[str], dirty_paths: list[str], budget_bytes: int,
+                       stats: Phase1Stats, page_checksums: bool,
+                       deleted: Deleted | None) -> np.ndarray | None:
+    """`latest` survivors when the input is a previous ledger plus dirty segments, with
+    no grouping of the ledger's keys: every dirty offset is above every ledger offset,
+    and a ledger's live rows hold each key once, so a ledger row survives exactly when
+    its key (compared byte for byte, by a hash set of the dirty keys) is not in the
+    dirty part; the dirty part's own latest per key survives too. The same offsets as
+    `partition_survivors`. None when the dirty part's keys would not fit the budget
+    (the caller then takes the general path)."""
+    estimated = estimate_bytes(dirty_paths, ["key", "offset"])
+    if estimated > budget_bytes:
+        return None
+    stats.estimated_bytes = estimated
+    started = time.monotonic()
+    dirty = read_phase1(dirty_paths, LATEST, page_checksums=page_checksums)
+    read_done = time.monotonic()
+    found = [survivors(dirty, LATEST, False)]
+    distinct = (pc.dictionary_encode(_keys(dirty)).dictionary if dirty.num_rows
+                else pa.array([], pa.binary()))
+    stats.group_s += time.monotonic() - read_done
+    stats.read_s += read_done - started
+    stats.rows += dirty.num_rows
+    for group in _read_groups(ledger_paths, ["key", "offset"], page_checksums, deleted):
+        read_done = time.monotonic()
+        stats.rows += group.num_rows
+        superseded = pc.is_in(group.column("key"), value_set=distinct)
+        kept = group.column("offset").filter(pc.invert(superseded))
+        found.append(kept.to_numpy())
+        stats.group_s += time.monotonic() - read_done
+    return np.sort(np.concatenate(found))
