@@ -303,11 +303,17 @@ def latest_over_ledger(ledger_paths: list[str], dirty_paths: list[str], budget_b
     stats.group_s += time.monotonic() - read_done
     stats.read_s += read_done - started
     stats.rows += dirty.num_rows
-    for group in _read_groups(ledger_paths, ["key", "offset"], page_checksums, deleted):
-        read_done = time.monotonic()
-        stats.rows += group.num_rows
-        superseded = pc.is_in(group.column("key"), value_set=distinct)
-        kept = group.column("offset").filter(pc.invert(superseded))
-        found.append(kept.to_numpy())
-        stats.group_s += time.monotonic() - read_done
+    started = time.monotonic()
+    groups = list(_read_groups(ledger_paths, ["key", "offset"], page_checksums, deleted))
+    read_done = time.monotonic()
+    stats.read_s += read_done - started
+    if groups:
+        # One call: is_in builds its hash set of the dirty keys anew on every call.
+        ledger = pa.concat_tables(groups)
+        stats.rows += ledger.num_rows
+        superseded = pc.is_in(_keys(ledger), value_set=distinct.cast(
+            pa.large_binary() if ledger.column("key").nbytes >= 2**31 - 1 else pa.binary()))
+        found.append(ledger.column("offset").combine_chunks().filter(
+            pc.invert(superseded)).to_numpy())
+    stats.group_s += time.monotonic() - read_done
     return np.sort(np.concatenate(found))
