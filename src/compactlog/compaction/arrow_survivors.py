@@ -297,9 +297,13 @@ def latest_over_ledger(ledger_paths: list[str], dirty_paths: list[str], budget_b
     started = time.monotonic()
     dirty = read_phase1(dirty_paths, LATEST, page_checksums=page_checksums)
     read_done = time.monotonic()
-    found = [survivors(dirty, LATEST, False)]
-    distinct = (pc.dictionary_encode(_keys(dirty)).dictionary if dirty.num_rows
-                else pa.array([], pa.binary()))
+    # The dirty part's own latest per key, and its distinct keys, from one encoding.
+    encoded = pc.dictionary_encode(_keys(dirty))
+    distinct = encoded.dictionary
+    latest = np.full(len(distinct), -1, np.int64)
+    if dirty.num_rows:
+        np.maximum.at(latest, encoded.indices.to_numpy(), dirty.column("offset").to_numpy())
+    found = [latest]
     stats.group_s += time.monotonic() - read_done
     stats.read_s += read_done - started
     stats.rows += dirty.num_rows
