@@ -54,6 +54,13 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
            page_checksums: bool) -> Fate:
     """The fate of ledger file `item` (whose DV deletes `deleted`); writes its new DV
     when the fate is `dv`."""
+    info = item.info
+    if rules.null_key_policy != "keep":
+        # Phase 1's survivors in the file's offset range bound its live rows from above
+        # (the rules only take more away): below the threshold, rewrite without reading.
+        low, high = np.searchsorted(survivors, [info.base_offset, info.last_offset + 1])
+        if high - low < rewrite_below * info.record_count:
+            return Fate(item, "rewrite")
     # Only the columns the rules need (no value, no key unless null keys are kept).
     columns = ["offset", "tombstone_since_ms", "value_size"]
     columns += ["key"] if rules.null_key_policy == "keep" else []
@@ -100,7 +107,6 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
     if stale.any() or live < rewrite_below * item.info.record_count:
         return Fate(item, "rewrite")
     oldest = int(since[kept_tombstones].min()) if kept_tombstones.any() else None
-    info = item.info
     action = "keep"
     if len(removed):
         action = "dv"
