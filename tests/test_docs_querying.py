@@ -33,14 +33,15 @@ def blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=[True, False], ids=["with-dvs", "without-dvs"])
+def data_root(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    with_dvs: bool = request.param
     root = tmp_path_factory.mktemp("querying")
     clock = FakeClock()
     with LogStore.open(root / "compactlog-data", clock=clock) as store:
         store.create_topic("prices", PARTITIONS, {
             "cleanup.policy": "compact", "min.compaction.lag.ms": "0",
-            "compaction.deletion.vectors": "true",
+            "compaction.deletion.vectors": str(with_dvs).lower(),
             "compaction.ledger.rewrite.live.fraction": "0"})
         compactor = LocalCompactionService(store, "prices", {"clock": clock, "engine": "arrow"})
         for run, count in enumerate((2000, 150, 90)):
@@ -54,8 +55,8 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         store.append("prices", [ProducerRecord(b"SYM%d" % i, b"late") for i in range(40)])
         for partition in store.topic("prices").partitions:
             partition.roll()  # sealed above the horizon
-        assert any(info.dv_file for p in store.topic("prices").partitions
-                   for info in p.manifest.ledger)
+        assert with_dvs == any(info.dv_file for p in store.topic("prices").partitions
+                               for info in p.manifest.ledger)
     return root
 
 

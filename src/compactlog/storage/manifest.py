@@ -42,6 +42,15 @@ class SegmentInfo:
     dv_crc32c: int | None = None
     dv_count: int = 0
 
+    def to_json(self) -> dict[str, Any]:
+        """As a manifest stores it: the DV fields only when there is a DV, so that a
+        manifest without DVs reads the same to builds that predate them."""
+        body = asdict(self)
+        if self.dv_file is None:
+            for name in ("dv_file", "dv_size_bytes", "dv_crc32c", "dv_count"):
+                del body[name]
+        return body
+
     @property
     def live_count(self) -> int:
         """Rows of the file still in the view: record_count minus its DV's offsets."""
@@ -83,7 +92,7 @@ class CompactionState:
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
-        body["ledger"] = [asdict(info) for info in self.ledger]
+        body["ledger"] = [info.to_json() for info in self.ledger]
         return body
 
     @classmethod
@@ -129,7 +138,7 @@ class PartitionManifest:
     def to_json(self) -> dict[str, Any]:
         return {
             "log_start_offset": self.log_start_offset,
-            "segments": [asdict(segment) for segment in self.segments],
+            "segments": [segment.to_json() for segment in self.segments],
             "compaction": None if self.compaction is None else self.compaction.to_json(),
             "retired": [asdict(item) for item in self.retired],
             "extra": self.extra,
