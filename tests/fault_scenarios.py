@@ -111,6 +111,40 @@ def compaction(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report
         compact(store, clock)
 
 
+# Incremental runs with deletion vectors (the Arrow tasks, in process), never a rewrite:
+# the second run writes a DV for each previous ledger file and a ledger file for the new
+# survivors, and commits them in one manifest version.
+WITH_DVS = {**COMPACTED, "compaction.deletion.vectors": "true",
+            "compaction.ledger.rewrite.live.fraction": "0"}
+
+
+def prepare_dv_compaction(partitions: int) -> Callable[[Path, FakeClock], None]:
+    def prepare(data: Path, clock: FakeClock) -> None:
+        with LogStore.open(data, clock=clock) as store:
+            store.create_topic(TOPIC, partitions, WITH_DVS)
+            fill(store, 3, 12, "a")
+            compact(store, clock, engine="arrow")
+            fill(store, 2, 5, "b")  # keys k00..k04 again: their old records leave by DV
+            store.append(TOPIC, [ProducerRecord(b"k%02d" % k, None) for k in (3, 7)])
+            for partition in store.topic(TOPIC).partitions:
+                partition.roll()
+    return prepare
+
+
+def dv_compaction(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> None:
+    with contextlib.suppress(OSError, CompactlogError):
+        compact(store, clock, engine="arrow")
+
+
+def verify_dv_compaction(store: LogStore, where: str) -> None:
+    """Whichever pair is in force, every DV it lists is whole (the reads checked the
+    view against the oracle)."""
+    for partition in store.topic(TOPIC).partitions:
+        for info in partition.manifest.ledger:
+            if info.dv_file:
+                assert (partition.ledger_dir / info.dv_file).exists(), where
+
+
 def expect_compaction(store: LogStore, oracle: Oracle) -> None:
     for index, partition in enumerate(store.topic(TOPIC).partitions):
         oracle.horizons[index].add(partition.manifest.sealed_end_offset - 1)
@@ -167,6 +201,10 @@ SCENARIOS = {scenario.name: scenario for scenario in (
     Scenario("seal", prepare_seal, seal, server_mode=True),
     Scenario("compact-1", prepare_compaction(1), compaction, expect_compaction),
     Scenario("compact-2", prepare_compaction(2), compaction, expect_compaction),
+    Scenario("compact-dv-1", prepare_dv_compaction(1), dv_compaction, expect_compaction,
+             verify=verify_dv_compaction),
+    Scenario("compact-dv-2", prepare_dv_compaction(2), dv_compaction, expect_compaction,
+             verify=verify_dv_compaction),
     Scenario("retention", prepare_retention, retention, expect_retention),
     Scenario("alter", prepare_alter, alter, verify=verify_alter),
 )}

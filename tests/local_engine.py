@@ -17,12 +17,13 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from compactlog.compaction import CompactionReport, TopicCompactionService
+from compactlog.compaction.arrow_pipeline import compact_inline, uses_arrow
 from compactlog.compaction.ledger import (
     PieceResult,
     ledger_file_name,
     write_ledger_piece,
 )
-from compactlog.compaction.plan import PartitionPlan, split_pieces
+from compactlog.compaction.plan import PartitionPlan, load_deleted, split_pieces
 from compactlog.compaction.reads import LedgerReads
 from compactlog.compaction.runner import run_compaction
 from compactlog.compaction.strategies import Strategy, surviving_record
@@ -61,9 +62,11 @@ class LocalEngine:
         strategy = plan.strategy
         empty = plan.rules.empty_value_is_tombstone
         history: dict[bytes, list[Record]] = {}
+        deleted = load_deleted(plan.clean)
         for item in plan.inputs:
+            gone = set(deleted.get(str(item.path), np.empty(0, np.int64)).tolist())
             for record in table_to_records(pq.read_table(item.path)):
-                if record.key is not None:
+                if record.key is not None and record.offset not in gone:
                     history.setdefault(record.key, []).append(record)
 
         def is_tombstone(record: Record) -> bool:
@@ -113,13 +116,31 @@ class LocalEngine:
         return results
 
 
+class InlineArrowEngine(LocalEngine):
+    """The Arrow tasks of the Spark service (deletion vectors included), run in this
+    process without Spark; the strategies they do not run take LocalEngine's path."""
+
+    def find_survivors(self, plans: list[PartitionPlan]) -> None:
+        super().find_survivors([plan for plan in plans if not uses_arrow(plan)])
+
+    def write_ledgers(
+        self, plans: list[PartitionPlan], run_id: str
+    ) -> dict[int, list[PieceResult]]:
+        results = super().write_ledgers([p for p in plans if not uses_arrow(p)], run_id)
+        results.update(compact_inline([p for p in plans if uses_arrow(p)], run_id))
+        return results
+
+
 class LocalCompactionService(LedgerReads, TopicCompactionService):
+    """Settings: `clock`; `engine`: "local" (default) or "arrow" (InlineArrowEngine)."""
+
     def __init__(self, store: LogStore, topic: str, settings: Mapping[str, Any]) -> None:
         super().__init__(store, topic)
         self.clock: Callable[[], float] = settings.get("clock", time.time)
+        self.engine = InlineArrowEngine() if settings.get("engine") == "arrow" else LocalEngine()
 
     def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
-        return run_compaction(self.store, self.topic, LocalEngine(), partitions, self.clock)
+        return run_compaction(self.store, self.topic, self.engine, partitions, self.clock)
 
 
 class LocalCompactionServiceFactory:

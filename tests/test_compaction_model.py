@@ -13,6 +13,7 @@ its compactions costs a Spark job.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -86,9 +87,8 @@ class CompactionModel(RuleBasedStateMachine):
         self.ledger: dict[bytes | None, tuple[Record, int | None]] = {}
         self.null_ledger: list[Record] = []
 
-    @initialize(strategy=st.sampled_from(STRATEGIES), retention=st.sampled_from([0, RETENTION_MS]),
-                null_policy=st.sampled_from(["drop", "keep"]))
-    def create(self, strategy: str, retention: int, null_policy: str) -> None:
+    def create_topic(self, strategy: str, retention: int, null_policy: str,
+                     deletion_vectors: bool, rewrite: float) -> None:
         self.strategy = strategy
         self.retention = retention
         self.null_policy = null_policy
@@ -96,6 +96,8 @@ class CompactionModel(RuleBasedStateMachine):
             "cleanup.policy": "compact", "min.compaction.lag.ms": "0",
             "compaction.strategy": strategy, "delete.retention.ms": str(retention),
             "null.key.policy": null_policy, "segment.bytes": str(1 << 30),
+            "compaction.deletion.vectors": str(deletion_vectors).lower(),
+            "compaction.ledger.rewrite.live.fraction": str(rewrite),
         })
         self.partition = self.store.topic("m").partitions[0]
         self.service = self.make_service(self.store, "m", self.clock)
@@ -181,7 +183,16 @@ class CompactionModel(RuleBasedStateMachine):
         assert got == [r for r in expected if r.offset >= offset]
 
 
-class LocalCompactionModel(CompactionModel):
+class AnyStrategyModel(CompactionModel):
+    @initialize(strategy=st.sampled_from(STRATEGIES), retention=st.sampled_from([0, RETENTION_MS]),
+                null_policy=st.sampled_from(["drop", "keep"]), deletion_vectors=st.booleans(),
+                rewrite=st.sampled_from([0.0, 0.5, 1.0]))
+    def create(self, strategy: str, retention: int, null_policy: str, deletion_vectors: bool,
+               rewrite: float) -> None:
+        self.create_topic(strategy, retention, null_policy, deletion_vectors, rewrite)
+
+
+class LocalCompactionModel(AnyStrategyModel):
     def make_service(self, store: LogStore, topic: str, clock: Clock) -> TopicCompactionService:
         factory = load_factory("local_engine:LocalCompactionServiceFactory")
         return factory.new_service(store, topic, {"clock": clock})
@@ -194,9 +205,42 @@ TestLocalCompactionModel.settings = settings(
 )
 
 
+class ArrowDeletionVectorModel(CompactionModel):
+    """The Arrow tasks (run in this process) with deletion vectors: incremental runs
+    leave previous ledger files in place with DVs, or rewrite them below a live
+    fraction forced tiny (0: never rewrite), middling or high (1: always rewrite)."""
+
+    @initialize(strategy=st.sampled_from(["latest", "first", "order:header:v"]),
+                retention=st.sampled_from([0, RETENTION_MS]),
+                null_policy=st.sampled_from(["drop", "keep"]),
+                rewrite=st.sampled_from([0.0, 0.01, 0.5, 0.9, 1.0]))
+    def create(self, strategy: str, retention: int, null_policy: str, rewrite: float) -> None:
+        self.create_topic(strategy, retention, null_policy, True, rewrite)
+
+    def make_service(self, store: LogStore, topic: str, clock: Clock) -> TopicCompactionService:
+        factory = load_factory("local_engine:LocalCompactionServiceFactory")
+        return factory.new_service(store, topic, {"clock": clock, "engine": "arrow"})
+
+    @invariant()
+    def ledger_files_are_ordered_and_live(self) -> None:
+        if not hasattr(self, "partition"):
+            return
+        ledger = self.partition.manifest.ledger
+        for before, after in itertools.pairwise(ledger):
+            assert before.last_offset < after.base_offset
+        assert all(info.live_count > 0 for info in ledger)
+
+
+TestArrowDeletionVectorModel = ArrowDeletionVectorModel.TestCase
+TestArrowDeletionVectorModel.settings = settings(
+    max_examples=150, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
 @pytest.fixture
 def spark_model(spark: SparkSession) -> type[CompactionModel]:
-    class SparkCompactionModel(CompactionModel):
+    class SparkCompactionModel(AnyStrategyModel):
         def make_service(self, store: LogStore, topic: str,
                          clock: Clock) -> TopicCompactionService:
             return SparkCompactionService(store, topic, {"spark.session": spark,

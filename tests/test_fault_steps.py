@@ -1,7 +1,8 @@
 """Faults at every step of every commit protocol, deterministically.
 
 For each scenario (tests/fault_scenarios.py: appends that roll and seal, a seal in the
-server's way, compactions of one and two partitions, retention with its sweep, a topic
+server's way, compactions of one and two partitions (also incremental, with deletion
+vectors), retention with its sweep, a topic
 config change), the fault points the operation passes are recorded once; then, for
 each step, the operation runs again on a fresh copy of its data directory with that
 step failing with ENOSPC, failing with EIO, stalling while another committer commits
@@ -92,7 +93,7 @@ def cases(kinds: tuple[str, ...]) -> list[tuple[str, int, str]]:
 
 # Steps each operation passes; test_step_counts_are_current keeps these in line.
 STEPS = {"append": 23, "seal": 30, "compact-1": 26, "compact-2": 42, "retention": 15,
-         "alter": 9}
+         "alter": 9, "compact-dv-1": 25, "compact-dv-2": 50}
 
 
 def test_step_counts_are_current(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -142,7 +143,9 @@ def run_with_kill(name: str, root: Path, step: int) -> None:
 
 
 KILL_SAMPLE = {"append": (0, 5, 13), "seal": (3, 7), "compact-1": (10, 20),
-               "compact-2": (30,), "retention": (4,), "alter": (2,)}
+               "compact-2": (30,), "retention": (4,), "alter": (2,),
+               # a DV renamed into place but not committed; the new ledger file written
+               "compact-dv-1": (6, 10), "compact-dv-2": (20,)}
 
 
 @pytest.mark.parametrize(("name", "step"), [(name, step) for name, steps in KILL_SAMPLE.items()

@@ -15,6 +15,7 @@ from kafka.errors import InvalidRecordError, TopicAlreadyExistsError
 
 from compactlog import LogStore
 from compactlog.compaction import load_factory
+from compactlog.storage.records import ProducerRecord
 from kafka_server import running_server
 
 COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
@@ -104,6 +105,33 @@ def test_compacted_topic_reads_the_view_then_the_live_log(tmp_path: Path) -> Non
     assert view == latest, "the compacted view holds the latest value per key"
     assert [o for _, o, _, _ in seen] == sorted(o for _, o, _, _ in seen)
     assert seen[-1][2:] == (b"k1", b"live") and seen[-1][1] == horizon + 1
+
+
+def test_fetch_of_the_compacted_view_applies_deletion_vectors(tmp_path: Path) -> None:
+    """Two incremental runs with deletion vectors: Fetch serves each key once below
+    the horizon, its latest record, never one a DV deleted."""
+    data = tmp_path / "data"
+    with LogStore.open(data) as store:
+        store.create_topic("prices", 1, {**COMPACTED, "compaction.deletion.vectors": "true",
+                                         "compaction.ledger.rewrite.live.fraction": "0"})
+        partition = store.topic("prices").partition(0)
+        service = load_factory("local_engine:LocalCompactionServiceFactory").new_service(
+            store, "prices", {"engine": "arrow"})
+        for start, count in ((0, 400), (400, 30), (430, 25)):
+            store.append("prices", [ProducerRecord(b"k%d" % (i % 40), b"%d" % i)
+                                    for i in range(start, start + count)])
+            partition.roll()
+            service.compact()
+        assert any(info.dv_file for info in partition.manifest.ledger)
+        horizon = partition.manifest.horizon
+    assert horizon == 454
+    with running_server(data) as bootstrap:
+        seen = consume_all(bootstrap, "prices", 1, 1000)  # all there is (3 s idle)
+    keys = [key for _, _, key, _ in seen]
+    assert len(keys) == len(set(keys)) == 40
+    latest = {b"k%d" % k: b"%d" % max(i for i in range(455) if i % 40 == k) for k in range(40)}
+    assert {key: value for _, _, key, value in seen} == latest
+    assert [o for _, o, _, _ in seen] == sorted(o for _, o, _, _ in seen)
 
 
 def test_null_key_to_a_compacted_topic_is_refused(server: str) -> None:

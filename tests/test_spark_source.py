@@ -32,7 +32,10 @@ from compactlog.storage.store import LogStore
 Row = tuple[int, int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
 TOPIC = "prices"
 PARTITIONS = 3
-CONFIG = {"cleanup.policy": "compact", "segment.bytes": "2048", "min.compaction.lag.ms": "0"}
+# Deletion vectors on, never a rewrite: the second compaction leaves DVs on the ledger.
+CONFIG = {"cleanup.policy": "compact", "segment.bytes": "2048", "min.compaction.lag.ms": "0",
+          "compaction.deletion.vectors": "true",
+          "compaction.ledger.rewrite.live.fraction": "0"}
 
 
 def produce(store: LogStore, start: int, count: int, keys: int = 40) -> None:
@@ -54,7 +57,13 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> P
         service = SparkCompactionService(store, TOPIC, {"spark.session": spark})
         service.compact()
     with LogStore.open(path) as store:
-        produce(store, 300, 150, keys=60)  # sealed above the horizon (segment.bytes rolls)
+        produce(store, 300, 20)  # keys 20..39 again: the next run's DVs delete their old records
+        for partition in store.topic(TOPIC).partitions:
+            partition.roll()
+    with LogStore.open(path, read_only=True) as store:
+        SparkCompactionService(store, TOPIC, {"spark.session": spark}).compact()
+    with LogStore.open(path) as store:
+        produce(store, 320, 130, keys=60)  # sealed above the horizon (segment.bytes rolls)
         for partition in store.topic(TOPIC).partitions:
             partition.auto_seal = False  # from here on, rolled log segments stay unsealed
         produce(store, 450, 120, keys=60)
@@ -97,9 +106,27 @@ def test_the_fixture_has_every_kind_of_data(data_dir: Path) -> None:
             manifest = partition.manifest
             horizon = manifest.horizon
             assert horizon is not None and manifest.ledger
+            assert any(info.dv_file for info in manifest.ledger)
             assert any(s.base_offset > horizon for s in manifest.segments)
             assert len(partition.logs) > 1  # rolled, unsealed, and the active segment
             assert partition.log_end_offset > manifest.sealed_end_offset
+
+
+def test_the_compacted_view_keeps_one_record_per_key_below_the_horizon(
+        data_dir: Path) -> None:
+    """With deletion vectors applied: each key's latest record as of the horizon."""
+    compacted = reader_rows(data_dir, "compacted")
+    raw = reader_rows(data_dir, "raw")
+    with LogStore.open(data_dir, read_only=True) as store:
+        horizons = [p.manifest.horizon for p in store.topic(TOPIC).partitions]
+    for index, horizon in enumerate(horizons):
+        assert horizon is not None
+        latest: dict[bytes | None, Row] = {}
+        for row in raw:
+            if row[0] == index and row[1] <= horizon:
+                latest[row[3]] = row
+        below = [row for row in compacted if row[0] == index and row[1] <= horizon]
+        assert below == sorted(latest.values(), key=lambda row: row[1])
 
 
 @pytest.mark.parametrize("view", ["raw", "compacted"])

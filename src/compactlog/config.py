@@ -322,6 +322,29 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         maximum=LONG_MAX,
     ),
     ConfigKey(
+        "compaction.deletion.vectors",
+        "boolean",
+        False,
+        "compactlog: incremental compaction with deletion vectors (Arrow phase 1 only; see "
+        "docs/design.md). A run reads only the key and offset columns of the previous "
+        "ledger, writes ledger files for the survivors of the new segments, and for each "
+        "previous ledger file that lost records writes a small file of the deleted offsets "
+        "(a deletion vector) instead of rewriting it. Every reader of the compacted view "
+        "filters them. `false`: every run rewrites the whole ledger.",
+    ),
+    ConfigKey(
+        "compaction.ledger.rewrite.live.fraction",
+        "double",
+        0.5,
+        "compactlog: with compaction.deletion.vectors, a ledger file whose live records "
+        "fall below this fraction of its rows is rewritten (its live rows copied to a new "
+        "file, its deletion vector dropped) rather than given a larger deletion vector. "
+        "0 never rewrites a file that still holds a live record; 1 rewrites every file "
+        "that lost one.",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    ConfigKey(
         "parquet.row.group.bytes",
         "int",
         4 * 1024 * 1024,

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from compactlog.compaction.arrow_survivors import Phase1Stats, partition_survivors, supports
+from compactlog.compaction.arrow_survivors import (
+    Phase1Stats,
+    latest_over_ledger,
+    partition_survivors,
+    supports,
+)
+from compactlog.compaction.incremental import decide, runs_to_write
 from compactlog.compaction.ledger import (
     PieceInput,
     PieceResult,
@@ -36,7 +42,7 @@ from compactlog.compaction.ledger import (
     ledger_file_name,
     write_ledger_piece,
 )
-from compactlog.compaction.plan import InputFile, PartitionPlan, split_inputs
+from compactlog.compaction.plan import InputFile, PartitionPlan, load_deleted, split_inputs
 from compactlog.compaction.strategies import parse_strategy
 from compactlog.storage.manifest import SegmentInfo
 
@@ -70,10 +76,21 @@ def compact_partitions(
     # 0.15 s more per run on local[2].)
     frame = spark.range(0, len(tasks), 1, len(tasks))
     collected = frame.mapInArrow(_task_runner(tasks), RESULT_SCHEMA).collect()
+    return _results(plans, [json.loads(row["result"]) for row in collected], stages)
+
+
+def compact_inline(plans: list[PartitionPlan], run_id: str) -> dict[int, list[PieceResult]]:
+    """As compact_partitions, each task run in this process, one after another (for
+    an engine without Spark, and for tests)."""
+    return _results(plans, [compact_one(json.loads(json.dumps(_task(plan, run_id))))
+                            for plan in plans], None)
+
+
+def _results(plans: list[PartitionPlan], bodies: list[dict[str, Any]],
+             stages: dict[str, float] | None) -> dict[int, list[PieceResult]]:
     by_partition = {plan.partition: plan for plan in plans}
     results: dict[int, list[PieceResult]] = {plan.partition: [] for plan in plans}
-    for row in collected:
-        body = json.loads(row["result"])
+    for body in bodies:
         plan = by_partition[body["partition"]]
         plan.survivor_count = body["keys"]
         results[plan.partition] = [PieceResult.from_json(piece) for piece in body["pieces"]]
@@ -94,6 +111,8 @@ def _task(plan: PartitionPlan, run_id: str) -> dict[str, Any]:
         "run_id": run_id,
         "compression": plan.compression,
         "target_file_bytes": plan.target_file_bytes,
+        "deletion_vectors": plan.deletion_vectors,
+        "rewrite_below": plan.rewrite_live_fraction,
     }
 
 
@@ -136,30 +155,47 @@ def compact_one(task: dict[str, Any]) -> dict[str, Any]:
     inputs = [InputFile(SegmentInfo.from_json(info), Path(path), is_ledger)
               for path, is_ledger, info in task["inputs"]]
     for item in inputs:  # before any Parquet reader parses a footer
-        PieceInput(str(item.path), item.is_ledger, item.info.size_bytes,
-                   item.info.crc32c).verify()
+        PieceInput.of(item.path, item.is_ledger, item.info).verify()
     # Every byte proven against the manifest's CRC32C: the pages' own CRCs add nothing.
     page_checksums = any(item.info.crc32c is None for item in inputs)
+    deleted = load_deleted([item for item in inputs if item.is_ledger])
     stats = Phase1Stats()
-    survivors = partition_survivors(
-        [str(item.path) for item in inputs], parse_strategy(task["strategy"]),
-        rules.empty_value_is_tombstone, task["budget"], stats, page_checksums,
-    )
+    strategy = parse_strategy(task["strategy"])
+    ledger = [str(item.path) for item in inputs if item.is_ledger]
+    survivors = None
+    if task.get("deletion_vectors") and strategy.kind == "latest" and ledger:
+        survivors = latest_over_ledger(
+            ledger, [str(item.path) for item in inputs if not item.is_ledger],
+            task["budget"], stats, page_checksums, deleted)
+    if survivors is None:
+        survivors = partition_survivors(
+            [str(item.path) for item in inputs], strategy,
+            rules.empty_value_is_tombstone, task["budget"], stats, page_checksums, deleted,
+        )
     verified = time.monotonic() - started - stats.read_s - stats.group_s
     written = time.monotonic()
-    pieces = []
-    groups = split_inputs(inputs, survivors, task["target_file_bytes"],
-                          rules.null_key_policy == "keep")
-    for sequence, (files, piece_survivors) in enumerate(groups):
-        result = write_ledger_piece(
-            # Verified above: the size is checked again, the whole-file CRC is not.
-            [PieceInput(str(item.path), item.is_ledger, item.info.size_bytes, None)
-             for item in files],
-            piece_survivors, rules, Path(task["out_dir"]),
-            ledger_file_name(task["run_id"], sequence, files[0].info.base_offset),
-            task["compression"], page_checksums=page_checksums,
-        )
-        pieces.append(result.to_json())
+    pieces: list[dict[str, Any]] = []
+    runs = [inputs]
+    if task.get("deletion_vectors"):
+        fates = {str(item.path): decide(item, deleted.get(str(item.path)), survivors, rules,
+                                        task["rewrite_below"], task["run_id"], page_checksums)
+                 for item in inputs if item.is_ledger}
+        pieces += [fate.result.to_json() for fate in fates.values() if fate.result is not None]
+        runs = runs_to_write(inputs, fates)
+    sequence = 0
+    for run in runs:
+        groups = split_inputs(run, survivors, task["target_file_bytes"],
+                              rules.null_key_policy == "keep")
+        for files, piece_survivors in groups:
+            result = write_ledger_piece(
+                # Verified above: the size is checked again, the whole-file CRC is not.
+                [PieceInput.of(item.path, item.is_ledger, item.info, False) for item in files],
+                piece_survivors, rules, Path(task["out_dir"]),
+                ledger_file_name(task["run_id"], sequence, files[0].info.base_offset),
+                task["compression"], page_checksums=page_checksums,
+            )
+            sequence += 1
+            pieces.append(result.to_json())
     return {
         "partition": task["partition"],
         "keys": len(survivors),

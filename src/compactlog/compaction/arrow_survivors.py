@@ -30,13 +30,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from compactlog.compaction.strategies import Strategy
+from compactlog.compaction.strategies import Strategy, parse_strategy
+from compactlog.storage.deletion import drop_deleted
 
 # Grouping (hash table or sort indices, plus the numpy work arrays) holds about this
 # many times the bytes of the columns it groups, measured with pa.total_allocated_bytes.
 GROUPING_OVERHEAD = 3.0
 ROW_BYTES = 8 + 4 + 2  # offset, value_size, validity bits and slack, per row
 HASH_SLICE_ROWS = 1 << 16
+Deleted = dict[str, np.ndarray]  # per input path: offsets a deletion vector deleted
+LATEST = parse_strategy("latest")
 
 
 def supports(strategy: Strategy) -> bool:
@@ -119,33 +122,39 @@ def _hash_slice(keys: pa.Array) -> np.ndarray:
     return hashes
 
 
-def _read_groups(paths: list[str], columns: list[str],
-                 page_checksums: bool) -> Iterator[pa.Table]:
-    """Every row group of `paths`, in order, its rows with a null key left out."""
+def _read_groups(paths: list[str], columns: list[str], page_checksums: bool,
+                 deleted: Deleted | None = None) -> Iterator[pa.Table]:
+    """Every row group of `paths`, in order, its rows with a null key left out, and
+    those a deletion vector deleted (`deleted`: sorted offsets per path)."""
     for path in paths:
+        gone = (deleted or {}).get(path)
+        wanted = columns if gone is None or "offset" in columns else [*columns, "offset"]
         handle = pq.ParquetFile(path, page_checksum_verification=page_checksums)
         try:
             for index in range(handle.metadata.num_row_groups):
-                group = handle.read_row_group(index, columns=columns)
+                group = handle.read_row_group(index, columns=wanted)
+                group = drop_deleted(group, gone).select(columns)
                 yield group.filter(pc.is_valid(group.column("key")))
         finally:
             handle.close()
 
 
-def bucket_ids(paths: list[str], buckets: int, page_checksums: bool) -> list[np.ndarray]:
+def bucket_ids(paths: list[str], buckets: int, page_checksums: bool,
+               deleted: Deleted | None = None) -> list[np.ndarray]:
     """Per row group of `paths` (in `_read_groups` order), each row's bucket: the hash
     is computed once per run, 2 bytes per row, whatever the number of passes."""
     return [key_buckets(group.column("key").combine_chunks(), buckets)
-            for group in _read_groups(paths, ["key"], page_checksums)]
+            for group in _read_groups(paths, ["key"], page_checksums, deleted)]
 
 
 def read_phase1(paths: list[str], strategy: Strategy, bucket: int = 0,
-                ids: list[np.ndarray] | None = None, page_checksums: bool = True) -> pa.Table:
+                ids: list[np.ndarray] | None = None, page_checksums: bool = True,
+                deleted: Deleted | None = None) -> pa.Table:
     """The phase-1 columns of the rows with a non-null key (of one bucket when `ids`
     gives each row's bucket), with the tombstone flag left to `survivors` (value_size)."""
     parts = []
     for number, group in enumerate(_read_groups(paths, needed_columns(strategy),
-                                                page_checksums)):
+                                                page_checksums, deleted)):
         if ids is not None:
             group = group.filter(pa.array(ids[number] == bucket))
         if strategy.kind == "order" and strategy.order_header is not None:
@@ -244,19 +253,22 @@ def _dense_rank(values: pa.Array) -> np.ndarray:
 
 def partition_survivors(paths: list[str], strategy: Strategy, empty_is_tombstone: bool,
                         budget_bytes: int, stats: Phase1Stats | None = None,
-                        page_checksums: bool = True) -> np.ndarray:
+                        page_checksums: bool = True,
+                        deleted: Deleted | None = None) -> np.ndarray:
     """The sorted surviving offsets of one partition's input files (see the module).
-    `page_checksums=False` when the caller has proven the files whole (CRC32C)."""
+    `page_checksums=False` when the caller has proven the files whole (CRC32C);
+    `deleted`: per ledger file path, the offsets its deletion vector deletes."""
     stats = stats if stats is not None else Phase1Stats()
     stats.estimated_bytes = estimate_bytes(paths, needed_columns(strategy))
     stats.buckets = max(1, math.ceil(stats.estimated_bytes / max(budget_bytes, 1)))
     found = []
     started = time.monotonic()
-    ids = bucket_ids(paths, stats.buckets, page_checksums) if stats.buckets > 1 else None
+    ids = (bucket_ids(paths, stats.buckets, page_checksums, deleted)
+           if stats.buckets > 1 else None)
     stats.read_s += time.monotonic() - started
     for bucket in range(stats.buckets):
         started = time.monotonic()
-        table = read_phase1(paths, strategy, bucket, ids, page_checksums)
+        table = read_phase1(paths, strategy, bucket, ids, page_checksums, deleted)
         read_done = time.monotonic()
         stats.rows += table.num_rows
         found.append(survivors(table, strategy, empty_is_tombstone))
@@ -266,3 +278,46 @@ def partition_survivors(paths: list[str], strategy: Strategy, empty_is_tombstone
     if len(found) == 1:
         return found[0]
     return np.sort(np.concatenate(found)) if found else np.empty(0, np.int64)
+
+
+def latest_over_ledger(ledger_paths: list[str], dirty_paths: list[str], budget_bytes: int,
+                       stats: Phase1Stats, page_checksums: bool,
+                       deleted: Deleted | None) -> np.ndarray | None:
+    """`latest` survivors when the input is a previous ledger plus dirty segments, with
+    no grouping of the ledger's keys: every dirty offset is above every ledger offset,
+    and a ledger's live rows hold each key once, so a ledger row survives exactly when
+    its key (compared byte for byte, by a hash set of the dirty keys) is not in the
+    dirty part; the dirty part's own latest per key survives too. The same offsets as
+    `partition_survivors`. None when the dirty part's keys would not fit the budget
+    (the caller then takes the general path)."""
+    estimated = estimate_bytes(dirty_paths, ["key", "offset"])
+    if estimated > budget_bytes:
+        return None
+    stats.estimated_bytes = estimated
+    started = time.monotonic()
+    dirty = read_phase1(dirty_paths, LATEST, page_checksums=page_checksums)
+    read_done = time.monotonic()
+    # The dirty part's own latest per key, and its distinct keys, from one encoding.
+    encoded = pc.dictionary_encode(_keys(dirty))
+    distinct = encoded.dictionary
+    latest = np.full(len(distinct), -1, np.int64)
+    if dirty.num_rows:
+        np.maximum.at(latest, encoded.indices.to_numpy(), dirty.column("offset").to_numpy())
+    found = [latest]
+    stats.group_s += time.monotonic() - read_done
+    stats.read_s += read_done - started
+    stats.rows += dirty.num_rows
+    started = time.monotonic()
+    groups = list(_read_groups(ledger_paths, ["key", "offset"], page_checksums, deleted))
+    read_done = time.monotonic()
+    stats.read_s += read_done - started
+    if groups:
+        # One call: is_in builds its hash set of the dirty keys anew on every call.
+        ledger = pa.concat_tables(groups)
+        stats.rows += ledger.num_rows
+        superseded = pc.is_in(_keys(ledger), value_set=distinct.cast(
+            pa.large_binary() if ledger.column("key").nbytes >= 2**31 - 1 else pa.binary()))
+        found.append(ledger.column("offset").combine_chunks().filter(
+            pc.invert(superseded)).to_numpy())
+    stats.group_s += time.monotonic() - read_done
+    return np.sort(np.concatenate(found))

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactlog.storage import fsutil
+from compactlog.storage.deletion import drop_deleted, read_deletion_vector
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer, verify_file
 
@@ -57,9 +58,28 @@ class PieceInput:
     # reader does, so that damage outside the checksummed pages cannot slip through.
     size_bytes: int | None = None
     crc32c: int | None = None
+    # A ledger file's deletion vector (storage/deletion.py): its rows are not input.
+    dv_path: str | None = None
+    dv_size_bytes: int = 0
+    dv_crc32c: int | None = None
 
     def verify(self) -> None:
         verify_file(Path(self.path), self.size_bytes, self.crc32c, "compaction input")
+
+    def deleted(self) -> np.ndarray | None:
+        """The offsets this file's deletion vector deletes (None: it has none)."""
+        if self.dv_path is None:
+            return None
+        return read_deletion_vector(Path(self.dv_path), self.dv_size_bytes, self.dv_crc32c)
+
+    @classmethod
+    def of(cls, path: Path, is_ledger: bool, info: SegmentInfo,
+           checksum: bool = True) -> PieceInput:
+        """The input `path` described by its manifest entry `info` (its CRC32C is not
+        checked again when `checksum` is False: the caller proved the file whole)."""
+        dv = str(path.parent / info.dv_file) if info.dv_file else None
+        return cls(str(path), is_ledger, info.size_bytes, info.crc32c if checksum else None,
+                   dv, info.dv_size_bytes, info.dv_crc32c)
 
 
 @dataclass(frozen=True)
@@ -147,8 +167,10 @@ def write_ledger_piece(
     try:
         for source in inputs:
             source.verify()
+            deleted = source.deleted()
             counts["bytes_in"] += os.stat(source.path).st_size
             for group in _row_groups(source.path, page_checksums):
+                group = drop_deleted(group, deleted)
                 counts["records_in"] += group.num_rows
                 kept = _filter_group(_as_ledger_table(group), survivors, rules, counts)
                 if not kept.num_rows:

@@ -23,6 +23,7 @@ import numpy as np
 from compactlog.compaction.ledger import PieceInput, TombstoneRules
 from compactlog.compaction.strategies import Strategy, parse_strategy
 from compactlog.config import TopicConfig
+from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.manifest import LEDGER_DIR, PartitionManifest, SegmentInfo
 
 MAX_LEDGER_FILE_BYTES = 256 * 1024 * 1024
@@ -53,6 +54,9 @@ class PartitionPlan:
     # Phase 1 engine wanted (compaction.phase1.engine) and one Arrow task's memory budget.
     phase1_engine: str = "auto"
     task_memory_bytes: int = 512 * 1024 * 1024
+    # compaction.deletion.vectors and compaction.ledger.rewrite.live.fraction.
+    deletion_vectors: bool = False
+    rewrite_live_fraction: float = 0.5
     # Filled by phase 1: the sorted surviving offsets (tombstones included).
     survivors: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     # Set instead by an engine whose tasks keep the survivors to themselves: how many.
@@ -112,8 +116,7 @@ class Piece:
     survivors: np.ndarray
 
     def piece_inputs(self) -> list[PieceInput]:
-        return [PieceInput(str(item.path), item.is_ledger, item.info.size_bytes,
-                           item.info.crc32c) for item in self.inputs]
+        return [PieceInput.of(item.path, item.is_ledger, item.info) for item in self.inputs]
 
 
 def plan_partition(
@@ -166,7 +169,23 @@ def plan_partition(
                              else manifest.compaction.oldest_tombstone_ms),
         phase1_engine=config["compaction.phase1.engine"],
         task_memory_bytes=config["compaction.task.memory.bytes"],
+        deletion_vectors=config["compaction.deletion.vectors"],
+        rewrite_live_fraction=config["compaction.ledger.rewrite.live.fraction"],
     )
+
+
+def load_deleted(clean: list[InputFile]) -> dict[str, np.ndarray]:
+    """Per ledger file path with a deletion vector, its deleted offsets: rows that are
+    not input to phase 1 (they left the view in an earlier run)."""
+    return {str(item.path): read_deletion_vector(item.path.parent / item.info.dv_file,
+                                                 item.info.dv_size_bytes, item.info.dv_crc32c)
+            for item in clean if item.info.dv_file}
+
+
+def deleted_offsets(clean: list[InputFile]) -> np.ndarray:
+    """Every offset the ledger files' deletion vectors delete, sorted."""
+    found = list(load_deleted(clean).values())
+    return np.sort(np.concatenate(found)) if found else np.empty(0, np.int64)
 
 
 def split_pieces(plan: PartitionPlan) -> list[Piece]:

@@ -14,10 +14,12 @@ tests/test_fault_steps.py fails or stalls each one):
      retired files whose delay has passed) and write status RUNNING;
   2. plan from the current manifest: previous ledger + cleanable dirty segments;
   3. phase 1 (engine): surviving offsets per partition;
-  4. phase 2 (engine): new ledger files, each written under a temporary name, fsynced,
-     then renamed into ledger/; their names carry the run id;
-  5. commit the new (horizon, ledger) pair in one manifest version by compare-and-swap,
-     provided the manifest's pair is still the one planned from; the writer's commits
+  4. phase 2 (engine): new ledger files, and with deletion vectors new DV files
+     (compaction/incremental.py), each written under a temporary name, fsynced, then
+     renamed into ledger/; their names carry the run id;
+  5. commit the new (horizon, ledger) pair, each ledger file with its current DV, in
+     one manifest version by compare-and-swap, provided the manifest's pair (files and
+     DVs) is still the one planned from; the writer's commits
      (sealing, retention) merge in, and the previous ledger's files are retired by it;
   6. sweep ledger/ again and write each partition's status: SUCCESS where step 5
      committed; ERROR, with the error, where the run failed before it. The sweep after
@@ -215,21 +217,26 @@ def _commit(
     now_ms: int,
     summary: PartitionSummary,
 ) -> None:
-    new_ledger = [piece.info for piece in pieces if piece.info is not None]
+    # Kept ledger files (with their DVs) and new files, in offset order: their ranges
+    # never interleave (compaction/incremental.py).
+    new_ledger = sorted((piece.info for piece in pieces if piece.info is not None),
+                        key=lambda info: info.base_offset)
     for piece in pieces:
         summary.records_out += piece.records_out
         summary.tombstones_kept += piece.tombstones_kept
         summary.tombstones_removed += piece.tombstones_removed
         summary.null_keys_removed += piece.null_keys_removed
         summary.expired_removed += piece.expired_removed
-    summary.records_in = sum(item.info.record_count for item in plan.inputs)
+    summary.records_in = sum(item.info.live_count for item in plan.inputs)
     summary.bytes_in = sum(item.info.size_bytes for item in plan.inputs)
     summary.bytes_out = sum(info.size_bytes for info in new_ledger)
     summary.keys = (plan.survivor_count if plan.survivor_count is not None
                     else len(plan.survivors))
     summary.horizon = plan.new_horizon
     oldest = [p.oldest_tombstone_ms for p in pieces if p.oldest_tombstone_ms is not None]
-    planned_files = [item.info.file for item in plan.clean]
+    # The ledger's files and their deletion vectors: a run that changed only DVs
+    # replaced the pair too.
+    planned_files = [(item.info.file, item.info.dv_file) for item in plan.clean]
     assert plan.new_horizon is not None, "a plan with work has a horizon"
     compaction = CompactionState(
         horizon=plan.new_horizon,
@@ -243,7 +250,8 @@ def _commit(
     def swap(manifest: PartitionManifest) -> PartitionManifest:
         current = manifest.compaction
         if (manifest.horizon != plan.old_horizon
-                or (current.ledger_files if current else []) != planned_files):
+                or ([(info.file, info.dv_file) for info in current.ledger]
+                    if current else []) != planned_files):
             raise ConflictError(
                 f"{partition.name}: another compaction committed while this one ran"
             )

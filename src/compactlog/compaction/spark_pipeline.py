@@ -31,7 +31,7 @@ from compactlog.compaction.ledger import (
     ledger_file_name,
     write_ledger_piece,
 )
-from compactlog.compaction.plan import PartitionPlan, Piece, split_pieces
+from compactlog.compaction.plan import PartitionPlan, Piece, deleted_offsets, split_pieces
 from compactlog.compaction.strategies import Strategy, parse_strategy, surviving_record
 from compactlog.storage.records import Record
 from compactlog.storage.sealed import table_to_records
@@ -94,7 +94,18 @@ def _input_frame(spark: SparkSession, plans: list[PartitionPlan], strategy: Stra
             .alias("p"),
             *columns,
         )
-    return frame.where(F.col("key").isNotNull())
+    frame = frame.where(F.col("key").isNotNull())
+    deleted = [(plan.partition, offsets) for plan in plans
+               if len(offsets := deleted_offsets(plan.clean))]
+    if deleted:
+        # Ledger rows that deletion vectors removed are not input (storage/deletion.py).
+        table = pa.table({
+            "p": pa.array(np.concatenate([np.full(len(o), p, np.int32) for p, o in deleted])),
+            "offset": pa.array(np.concatenate([o for _, o in deleted])),
+        })
+        gone = spark.createDataFrame(table)
+        frame = frame.join(F.broadcast(gone), on=["p", "offset"], how="left_anti")
+    return frame
 
 
 def _order_column(strategy: Strategy) -> Column:
@@ -213,7 +224,8 @@ def _piece_row(piece: Piece, run_id: str) -> tuple[str]:
     task: dict[str, Any] = {
         "partition": plan.partition,
         "sequence": piece.sequence,
-        "inputs": [[item.path, item.is_ledger, item.size_bytes, item.crc32c]
+        "inputs": [[item.path, item.is_ledger, item.size_bytes, item.crc32c, item.dv_path,
+                    item.dv_size_bytes, item.dv_crc32c]
                    for item in piece.piece_inputs()],
         "survivors": base64.b64encode(piece.survivors.astype("<i8").tobytes()).decode(),
         "rules": plan.rules.__dict__,

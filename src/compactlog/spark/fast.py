@@ -10,7 +10,8 @@ only 0.48 (docs/benchmarks.md). So this function plans the same read as the data
 - the sealed segments and ledger files go to `spark.read.parquet`, one scan per partition
   and kind, with the partition number as a constant and the same offset bounds the data
   source applies; Spark prunes columns and verifies every page's checksum
-  (`parquet.page.verify-checksum.enabled`, sealed files are written with them);
+  (`parquet.page.verify-checksum.enabled`, sealed files are written with them); the
+  ledger rows that deletion vectors delete are taken out by a broadcast anti-join;
 - the unsealed tail of each partition, [sealed end, log end) at planning, goes through a
   small Python source (`compactlog-tail`) over the store's read API, which finds those
   records wherever they are by then (still in the log, or sealed meanwhile).
@@ -25,8 +26,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -35,12 +39,12 @@ from compactlog.spark.options import VIEWS, ReadOptions
 from compactlog.spark.plan import FilePart, TailPart, plan_read
 from compactlog.spark.read import read_tail
 from compactlog.spark.schema import SPARK_SCHEMA
+from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.manifest import LEDGER_DIR
 from compactlog.storage.sealed import RECORD_COLUMNS
 from compactlog.storage.store import LogStore
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 TAIL_SOURCE = "compactlog-tail"
@@ -81,6 +85,14 @@ def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
         if start > min(part.info.base_offset for part in group):
             # Only then: a filter makes even count() read the offset column.
             frame = frame.where(F.col("offset") >= start)
+        deleted = [read_deletion_vector(Path(part.path).parent / part.info.dv_file,
+                                        part.info.dv_size_bytes, part.info.dv_crc32c)
+                   for part in group if part.info.dv_file]
+        if deleted:
+            # Ledger rows that deletion vectors deleted (storage/deletion.py) are not in
+            # the view: a broadcast anti-join on their offsets.
+            gone = spark.createDataFrame(pa.table({"offset": np.concatenate(deleted)}))
+            frame = frame.join(F.broadcast(gone), on="offset", how="left_anti")
         frame = frame.select(F.lit(partition).cast("int").alias("partition"), *RECORD_COLUMNS)
         frames.append(frame)
     if tails:

@@ -3,7 +3,8 @@
 File tasks read their Parquet file through `SealedSegment`, the store's own reader: it
 checks the file's size and CRC32C against the manifest before parsing (a damaged footer
 can crash a Parquet reader rather than fail it), verifies page checksums, and slices the
-first row group at the task's start offset. Row groups go to Spark as Arrow batches, so
+first row group at the task's start offset, and drops the rows a ledger file's
+deletion vector deletes (storage/deletion.py). Row groups go to Spark as Arrow batches, so
 no Python object is built per record.
 
 Tail tasks read the unsealed log through the partition's read API, a bounded chunk at
@@ -22,6 +23,7 @@ import pyarrow as pa
 from compactlog.errors import ConflictError, RetryableError
 from compactlog.spark.plan import FilePart, TailPart
 from compactlog.spark.schema import ARROW_SCHEMA
+from compactlog.storage.deletion import drop_deleted, read_deletion_vector
 from compactlog.storage.partition import Partition
 from compactlog.storage.sealed import RECORD_COLUMNS, SealedSegment, SegmentMissingError
 
@@ -38,7 +40,13 @@ def read_part(part: FilePart | TailPart) -> Iterator[pa.RecordBatch]:
 def read_file(part: FilePart) -> Iterator[pa.RecordBatch]:
     segment = SealedSegment(Path(part.path), part.info)
     try:
+        info = part.info  # a ledger file's deletion vector: its offsets are not read
+        deleted = (read_deletion_vector(Path(part.path).parent / info.dv_file,
+                                        info.dv_size_bytes, info.dv_crc32c)
+                   if info.dv_file else None)
         for table in segment.iter_tables(part.start_offset, RECORD_COLUMNS):
+            if deleted is not None:
+                table = drop_deleted(table, deleted)
             if part.end_offset is None:
                 yield from _batches(table, part.partition)
                 continue

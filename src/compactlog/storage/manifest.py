@@ -35,6 +35,26 @@ class SegmentInfo:
     # Offset ranges (first, last) that a corrupt range in the log hid when it was sealed.
     # Reads of them fail with CorruptionError rather than skip them silently.
     missing: tuple[tuple[int, int], ...] = ()
+    # Ledger files only: the current deletion vector (storage/deletion.py), its size,
+    # CRC32C and how many of the file's record_count rows it deletes. None: no DV.
+    dv_file: str | None = None
+    dv_size_bytes: int = 0
+    dv_crc32c: int | None = None
+    dv_count: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """As a manifest stores it: the DV fields only when there is a DV, so that a
+        manifest without DVs reads the same to builds that predate them."""
+        body = asdict(self)
+        if self.dv_file is None:
+            for name in ("dv_file", "dv_size_bytes", "dv_crc32c", "dv_count"):
+                del body[name]
+        return body
+
+    @property
+    def live_count(self) -> int:
+        """Rows of the file still in the view: record_count minus its DV's offsets."""
+        return self.record_count - self.dv_count
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> SegmentInfo:
@@ -72,7 +92,7 @@ class CompactionState:
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
-        body["ledger"] = [asdict(info) for info in self.ledger]
+        body["ledger"] = [info.to_json() for info in self.ledger]
         return body
 
     @classmethod
@@ -118,7 +138,7 @@ class PartitionManifest:
     def to_json(self) -> dict[str, Any]:
         return {
             "log_start_offset": self.log_start_offset,
-            "segments": [asdict(segment) for segment in self.segments],
+            "segments": [segment.to_json() for segment in self.segments],
             "compaction": None if self.compaction is None else self.compaction.to_json(),
             "retired": [asdict(item) for item in self.retired],
             "extra": self.extra,
@@ -158,6 +178,7 @@ class PartitionManifest:
         """The data files this version lists, relative to the partition directory."""
         files = {f"{SEGMENT_DIR}/{info.file}" for info in self.segments}
         files.update(f"{LEDGER_DIR}/{info.file}" for info in self.ledger)
+        files.update(f"{LEDGER_DIR}/{info.dv_file}" for info in self.ledger if info.dv_file)
         return files
 
     def retiring(self, dropped: set[str], now_ms: int, delay_ms: int) -> PartitionManifest:

@@ -552,7 +552,7 @@ class Partition:
                 "log_bytes": log_bytes,
                 "horizon": horizon,
                 "ledger_files": len(ledger),
-                "ledger_records": sum(info.record_count for info in ledger),
+                "ledger_records": sum(info.live_count for info in ledger),
                 "ledger_bytes": ledger_bytes,
                 "dirty_bytes": dirty_bytes,
                 "dirty_ratio": dirty_bytes / total if total else 0.0,

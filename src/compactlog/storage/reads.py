@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactlog.errors import ConflictError, CorruptionError
+from compactlog.storage.deletion import cached_deletion_vector, drop_deleted
 from compactlog.storage.logfile import LogSegment
 from compactlog.storage.manifest import PartitionManifest, SegmentInfo
 from compactlog.storage.records import Record
@@ -95,11 +96,13 @@ def _file_tables(partition: Partition, path_dir: str, infos: tuple[SegmentInfo, 
                     f"offsets {hole[0]}..{hole[1]} were lost to a corrupt range in the log "
                     "before this segment was sealed",
                 )
+        deleted = (cached_deletion_vector(directory / info.dv_file, info.dv_size_bytes,
+                                          info.dv_crc32c) if info.dv_file else None)
         with partition.files.lease(directory / info.file, info) as segment:
             for table in segment.iter_tables(offset, columns):
-                yield table
                 if table.num_rows:
                     offset = table.column("offset")[-1].as_py() + 1
+                yield drop_deleted(table, deleted)
 
 
 def sealed_tables(partition: Partition, manifest: PartitionManifest, offset: int,
@@ -294,7 +297,10 @@ def last_ledger_record(partition: Partition) -> Record | None:
         if not ledger:
             return None
         last = ledger[-1]
-        tables = ledger_tables(partition, view.manifest, last.last_offset)
+        # With a DV the file's last row may be deleted; it holds a live one (a file
+        # with none leaves the ledger).
+        start = last.base_offset if last.dv_file else last.last_offset
+        tables = ledger_tables(partition, view.manifest, start)
         with closing(tables):
             found = [table for table in tables if table.num_rows]
         if not found:
@@ -342,6 +348,12 @@ def offset_for_timestamp(partition: Partition, timestamp: int,
         deleted_below = view.manifest.deleted_below
         for info in view.manifest.ledger:
             if info.max_timestamp >= timestamp and info.last_offset >= deleted_below:
+                if info.dv_file:  # the file's own index may find a deleted record
+                    found = _first_at_or_after(partition, view, max(deleted_below,
+                                                                    info.base_offset), timestamp)
+                    if found is not None:
+                        return found
+                    continue
                 with partition.files.lease(partition.ledger_dir / info.file, info) as segment:
                     found = segment.offset_for_timestamp(timestamp)
                 if found is not None and found >= deleted_below:

@@ -1,0 +1,138 @@
+"""Incremental runs with deletion vectors: what becomes of each previous ledger file.
+
+Invariant: after phase 1 over (the previous ledger's live rows + the dirty segments),
+a previous ledger file's row stays in the view exactly when phase 2 would have copied
+it (ledger._filter_group's rules: it is its key's survivor, or a null-key record under
+`null.key.policy=keep`; not a tombstone past delete.retention.ms; not older than
+retention.ms on compact,delete; not below DeleteRecords' deleted_below). Each file then
+gets one fate:
+  - keep: nothing of it left the view; its entry (and current DV, if any) is unchanged;
+  - dv: some rows left; a new DV file holding the old DV's offsets and the new ones is
+    written under a name carrying the run id (storage/deletion.py), and the entry
+    points at it (the old DV is retired by the commit);
+  - rewrite: its live rows fall below compaction.ledger.rewrite.live.fraction of its
+    rows, or a kept row's tombstone_since_ms is wrong for the current
+    empty.value.is.tombstone (set on a non-tombstone, or missing on a tombstone: only
+    writing the row corrects it): phase 2 copies its live rows into a new file, with the dirty
+    part's survivors;
+  - drop: no row is left.
+So the view over (kept files with their DVs + new files) is the view a full rewrite
+would have written, record for record, save tombstone_since_ms of rows not rewritten,
+which is unchanged and so the same too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from compactlog.compaction.ledger import PieceInput, PieceResult, TombstoneRules
+from compactlog.compaction.plan import InputFile
+from compactlog.storage.deletion import (
+    deleted_mask,
+    drop_deleted,
+    dv_file_name,
+    write_deletion_vector,
+)
+
+
+@dataclass(frozen=True)
+class Fate:
+    """What one previous ledger file becomes (see the module)."""
+
+    item: InputFile
+    action: str  # keep | dv | rewrite | drop
+    result: PieceResult | None = None  # for keep, dv and drop: the file's counts
+
+
+def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
+           rules: TombstoneRules, rewrite_below: float, run_id: str,
+           page_checksums: bool) -> Fate:
+    """The fate of ledger file `item` (whose DV deletes `deleted`); writes its new DV
+    when the fate is `dv`."""
+    info = item.info
+    if rules.null_key_policy != "keep":
+        # Phase 1's survivors in the file's offset range bound its live rows from above
+        # (the rules only take more away): below the threshold, rewrite without reading.
+        low, high = np.searchsorted(survivors, [info.base_offset, info.last_offset + 1])
+        if high - low < rewrite_below * info.record_count:
+            return Fate(item, "rewrite")
+    # Only the columns the rules need (no value, no key unless null keys are kept).
+    columns = ["offset", "tombstone_since_ms", "value_size"]
+    columns += ["key"] if rules.null_key_policy == "keep" else []
+    columns += ["timestamp"] if rules.retention_ms >= 0 else []
+    table = drop_deleted(pq.read_table(item.path, columns=columns,
+                                       page_checksum_verification=page_checksums), deleted)
+    offsets = table.column("offset").to_numpy()
+    chosen = deleted_mask(offsets, survivors)
+    if rules.null_key_policy == "keep":
+        null_key = pc.is_null(table.column("key")).to_numpy(zero_copy_only=False)
+        keep = chosen | null_key
+    else:
+        null_key = np.zeros(len(offsets), bool)
+        keep = chosen
+    since_column = table.column("tombstone_since_ms")
+    since_null = pc.is_null(since_column).to_numpy(zero_copy_only=False)
+    size = table.column("value_size")
+    tomb = pc.is_null(size)
+    if rules.empty_value_is_tombstone:
+        tomb = pc.or_(tomb, pc.fill_null(pc.equal(size, 0), False))
+    tombstone = tomb.to_numpy(zero_copy_only=False) & ~null_key
+    since = since_column.fill_null(rules.now_ms).to_numpy()
+    expired_tombstone = tombstone & (rules.now_ms - since >= rules.delete_retention_ms)
+    tombstones_removed = int((keep & expired_tombstone).sum())
+    keep &= ~expired_tombstone
+    expired = 0
+    if rules.retention_ms >= 0:
+        too_old = table.column("timestamp").to_numpy() < rules.now_ms - rules.retention_ms
+        expired += int((keep & too_old).sum())
+        keep &= ~too_old
+    if rules.deleted_below:
+        below = offsets < rules.deleted_below
+        expired += int((keep & below).sum())
+        keep &= ~below
+    live = int(keep.sum())
+    removed = offsets[~keep]
+    kept_tombstones = keep & tombstone
+    if live == 0:
+        return Fate(item, "drop", PieceResult(None, len(offsets), 0, 0, 0, tombstones_removed,
+                                              int((~chosen & null_key).sum()), expired))
+    # tombstone_since_ms must be set exactly on kept tombstones: a row whose status
+    # changed with empty.value.is.tombstone can only be corrected by writing it.
+    stale = (kept_tombstones & since_null) | (keep & ~tombstone & ~since_null)
+    if stale.any() or live < rewrite_below * item.info.record_count:
+        return Fate(item, "rewrite")
+    oldest = int(since[kept_tombstones].min()) if kept_tombstones.any() else None
+    action = "keep"
+    if len(removed):
+        action = "dv"
+        union = removed if deleted is None else np.union1d(deleted, removed)
+        name = dv_file_name(info.file, run_id)
+        dv_size, dv_crc = write_deletion_vector(item.path.parent, name, union)
+        info = replace(info, dv_file=name, dv_size_bytes=dv_size, dv_crc32c=dv_crc,
+                       dv_count=len(union))
+    return Fate(item, action, PieceResult(info, len(offsets), 0, live,
+                                          int(kept_tombstones.sum()), tombstones_removed,
+                                          0, expired, oldest))
+
+
+def runs_to_write(inputs: list[InputFile], fates: dict[str, Fate]) -> list[list[InputFile]]:
+    """The maximal runs of consecutive inputs that phase 2 writes (rewritten ledger
+    files and dirty segments), split at every ledger file that stays as it is, so that
+    the new files' offset ranges never interleave with the kept files'."""
+    runs: list[list[InputFile]] = [[]]
+    for item in inputs:
+        fate = fates.get(str(item.path))
+        if fate is None or fate.action == "rewrite":
+            runs[-1].append(item)
+        elif fate.action != "drop" and runs[-1]:
+            runs.append([])
+    return [run for run in runs if run]
+
+
+def piece_input(item: InputFile, checksum: bool) -> PieceInput:
+    return PieceInput.of(Path(item.path), item.is_ledger, item.info, checksum)

@@ -1,0 +1,95 @@
+"""Deletion vectors: per ledger file, the offsets of its records that left the view.
+
+Invariant: a deletion vector (DV) is an immutable file, written once under a name that
+carries the run id of the compaction that wrote it (temporary file, fsync, rename,
+directory fsync), never overwritten, and listed by the manifest next to the one ledger
+file it belongs to (SegmentInfo.dv_file). It holds, sorted and without duplicates,
+every offset of that ledger file that is no longer in the compacted view: a newer run
+replaces the DV by a new file holding the union, so a ledger file has at most one
+current DV. The live rows of a ledger file are its rows minus its DV's offsets; every
+reader of the compacted view filters them through `drop_deleted` (or the same test).
+
+Format: a Parquet file with one non-null int64 column `offset`, sorted ascending. The
+manifest carries its size and CRC32C, checked before it is parsed, as for data files.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from compactlog.storage import faults, fsutil
+from compactlog.storage.sealed import SegmentMissingError, file_crc32c, verify_file
+
+DV_SCHEMA = pa.schema([pa.field("offset", pa.int64(), nullable=False)])
+
+
+def dv_file_name(ledger_file: str, run_id: str) -> str:
+    """The DV of `ledger_file` written by run `run_id` (unique per file and run)."""
+    stem = ledger_file.removesuffix(".parquet")
+    return f"{stem}.dv-{run_id}.parquet"
+
+
+def write_deletion_vector(directory: Path, name: str, offsets: np.ndarray) -> tuple[int, int]:
+    """Write the sorted unique `offsets` as DV `name` in `directory`; returns the file's
+    (size, CRC32C). The file is whole under its name or absent."""
+    final = directory / name
+    temp = fsutil.temp_path(directory, name)
+    try:
+        faults.point("write", temp)
+        table = pa.table({"offset": pa.array(np.asarray(offsets, np.int64))}, schema=DV_SCHEMA)
+        pq.write_table(table, temp, compression="zstd")
+        fsutil.fsync_path(temp)
+        fsutil.publish_replace(temp, final)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return final.stat().st_size, file_crc32c(final)
+
+
+def read_deletion_vector(path: Path, size_bytes: int | None = None,
+                         crc32c: int | None = None) -> np.ndarray:
+    """The sorted deleted offsets of DV `path` (checked against size and CRC32C when
+    given). A missing file raises SegmentMissingError, so a read retries from a newer
+    manifest (reads.with_view)."""
+    try:
+        verify_file(path, size_bytes, crc32c, "deletion vector")
+        column = pq.read_table(path, columns=["offset"]).column("offset")
+    except FileNotFoundError:
+        raise SegmentMissingError(path, "deletion vector is missing") from None
+    return np.asarray(column.to_numpy(), dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=32)
+def cached_deletion_vector(path: Path, size_bytes: int | None,
+                           crc32c: int | None) -> np.ndarray:
+    """As read_deletion_vector, remembered: a DV's name is never reused for other bytes,
+    so a copy read once stays right (readers call this per read; keep it read-only)."""
+    found = read_deletion_vector(path, size_bytes, crc32c)
+    found.setflags(write=False)
+    return found
+
+
+def deleted_mask(offsets: np.ndarray, deleted: np.ndarray) -> np.ndarray:
+    """True where `offsets[i]` is in the sorted array `deleted`."""
+    if not len(deleted) or not len(offsets):
+        return np.zeros(len(offsets), bool)
+    position = np.searchsorted(deleted, offsets)
+    position[position >= len(deleted)] = 0
+    found: np.ndarray = deleted[position] == offsets
+    return found
+
+
+def drop_deleted(table: pa.Table, deleted: np.ndarray | None) -> pa.Table:
+    """`table` without the rows whose offset is in `deleted` (None: no DV)."""
+    if deleted is None or not len(deleted) or not table.num_rows:
+        return table
+    offsets = table.column("offset").to_numpy()
+    mask = deleted_mask(offsets, deleted)
+    if not mask.any():
+        return table
+    return table.filter(pa.array(~mask))
