@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import io
 import struct
 import tempfile
 import typing
@@ -30,7 +29,6 @@ from typing import Any
 import pytest
 from kio.index import UnknownEntity, load_request_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_writer
 
 from compactlog.server.broker import Broker
 from compactlog.server.handlers import register_all
@@ -42,6 +40,7 @@ from compactlog.server.protocol import (
     parse_request,
 )
 from compactlog.storage.store import LogStore
+from test_protocol_fuzz import encode_request
 
 METADATA, FETCH = 3, 1
 
@@ -67,18 +66,6 @@ SERVED_VERSIONS = [(key, version) for key, version in ADVERTISED_VERSIONS
 def is_served(api_key: int, version: int) -> bool:
     low, high = SERVED[api_key]
     return low <= version <= high
-
-
-def encode_request(body: Any, correlation_id: int = 1, client_id: str | None = "conf") -> bytes:
-    """A request frame without its length prefix, header and all, as a client writes it."""
-    schema = type(body)
-    header_schema: Any = schema.__header_schema__
-    out = io.BytesIO()
-    entity_writer(header_schema)(out, header_schema(
-        request_api_key=schema.__api_key__, request_api_version=schema.__version__,
-        correlation_id=correlation_id, client_id=client_id))
-    entity_writer(schema)(out, body)
-    return out.getvalue()
 
 
 def parsed(frame: bytes) -> Request:

@@ -32,8 +32,6 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 
-from compactlog.server.broker import Broker
-from compactlog.server.handlers import register_all
 from compactlog.server.protocol import (
     Request,
     api_version_entries,
@@ -44,25 +42,12 @@ from compactlog.server.protocol import (
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 from kafka_server import LoggedServer, logged_server
+from test_protocol_conformance import ADVERTISED, SERVED
 
 API_VERSIONS, METADATA = 18, 3
 TOPICS = ["lt-plain", "lt-prices", "other"]
 
 
-def tables() -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
-    """(served, advertised) version tables of the real server, without a server."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as directory, LogStore.open(Path(directory)) as store:
-        broker = Broker(store, "127.0.0.1", 9092)
-        try:
-            register_all(broker)
-            return dict(broker.versions), dict(broker.advertised)
-        finally:
-            broker.close()
-
-
-SERVED, ADVERTISED = tables()
 
 
 # -- a listener that records what librdkafka sends --------------------------------------

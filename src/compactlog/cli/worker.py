@@ -37,6 +37,7 @@ from compactlog.compaction.daemon import (
 from compactlog.compaction.worker import CompactionWorker
 from compactlog.config import parse_assignments
 from compactlog.errors import CompactlogError
+from compactlog.pids import is_alive
 
 LOG_FILE = "compaction-worker.log"
 START_TIMEOUT_S = 180.0
@@ -195,19 +196,9 @@ def stop(ctx: Context) -> None:
     except WorkerGone:
         os.kill(info.pid, signal.SIGTERM)  # it did not answer
     deadline = time.monotonic() + 60
-    while _alive(info.pid) and time.monotonic() < deadline:
+    while is_alive(info.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     click.echo(f"stopped the compaction worker (pid {info.pid})")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @worker.command("run", hidden=True)

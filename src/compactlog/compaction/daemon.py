@@ -37,6 +37,7 @@ from typing import Any
 from compactlog.compaction import CompactionReport
 from compactlog.compaction.worker import CompactionWorker
 from compactlog.errors import CompactlogError
+from compactlog.pids import is_alive
 from compactlog.storage import fsutil
 
 WORKER_FILE = "compaction-worker.json"
@@ -72,13 +73,8 @@ def running_worker(data_dir: Path) -> WorkerInfo | None:
                           str(body["spark_master"]), int(body["started_ms"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    try:
-        os.kill(info.pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        return None  # another user's process reuses the pid: not our worker
-    if not Path(info.socket).exists():
+    # Another user's process holding the pid is not our worker.
+    if not is_alive(info.pid, other_users=False) or not Path(info.socket).exists():
         return None
     return info
 

@@ -10,10 +10,10 @@ the running server instead of failing on the lock (cli/writer.py).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from compactlog.pids import is_alive
 from compactlog.storage import fsutil
 
 FILE = "server.json"
@@ -51,14 +51,8 @@ def running_server(data_dir: Path) -> ServerInfo | None:
         holder = (data_dir / LOCK_FILE).read_text().strip()
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if holder != f"pid {info.pid}":
+    if holder != f"pid {info.pid}" or not is_alive(info.pid):
         return None
-    try:
-        os.kill(info.pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, another user's
     return info
 
 

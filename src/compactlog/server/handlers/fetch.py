@@ -26,6 +26,7 @@ from compactlog.server import authz
 from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code, error_message
+from compactlog.server.handlers.grouping import by_topic as answers_by_topic
 from compactlog.server.protocol import Request
 from compactlog.server.throttle import held_back
 from compactlog.server.wire import read_batches, view_start_offset
@@ -157,10 +158,8 @@ async def list_offsets(broker: Broker, request: Request) -> dict[str, Any]:
               for topic in request.body.topics for part in topic.partitions]
     denied = authz.denied_topics(broker, request, Operation.DESCRIBE, (w[0] for w in wanted))
     results = await broker.run_io(_lookup_all, broker, wanted, denied)
-    by_topic: dict[str, list[dict[str, Any]]] = {}
-    for (name, index, _), result in zip(wanted, results, strict=True):
-        by_topic.setdefault(name, []).append({"partition_index": index, **result})
-    return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}
+    return {"topics": [{"name": name, "partitions": parts} for name, parts
+                       in answers_by_topic(wanted, results, "partition_index").items()]}
 
 
 def _lookup_all(broker: Broker, wanted: list[tuple[str, int, int]],

@@ -35,6 +35,7 @@ from compactlog.server import authz
 from compactlog.server.acl import Operation, ResourceType
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code, error_message
+from compactlog.server.handlers.grouping import by_topic
 from compactlog.server.handlers.transactions import TRANSACTIONS_REFUSED, log_refusal
 from compactlog.server.producers import (
     NO_EPOCH,
@@ -79,11 +80,8 @@ async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
                 f"for {', '.join(failed[:10])}{' ...' if len(failed) > 10 else ''}; the "
                 "connection is closed so that the producer notices, as Kafka does")
         return None
-    by_topic: dict[str, list[dict[str, Any]]] = {}
-    for (name, index, _), result in zip(work, results, strict=True):
-        by_topic.setdefault(name, []).append({"index": index, **result})
     return {"responses": [{"name": name, "partition_responses": parts}
-                          for name, parts in by_topic.items()]}
+                          for name, parts in by_topic(work, results, "index").items()]}
 
 
 def _append_all(broker: Broker, work: list[tuple[str, int, bytes]],

@@ -26,6 +26,7 @@ from compactlog.server import authz
 from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
 from compactlog.server.errors import error_code
+from compactlog.server.handlers.grouping import by_topic
 from compactlog.server.protocol import Request
 from compactlog.server.wire import view_start_offset
 
@@ -44,10 +45,8 @@ async def delete_records(broker: Broker, request: Request) -> dict[str, Any]:
     # Kafka: DELETE on each topic.
     denied = authz.denied_topics(broker, request, Operation.DELETE, (w[0] for w in wanted))
     results = await broker.run_io(_delete_all, broker, wanted, denied)
-    by_topic: dict[str, list[dict[str, Any]]] = {}
-    for (name, index, _), result in zip(wanted, results, strict=True):
-        by_topic.setdefault(name, []).append({"partition_index": index, **result})
-    return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}
+    return {"topics": [{"name": name, "partitions": parts} for name, parts
+                       in by_topic(wanted, results, "partition_index").items()]}
 
 
 def _delete_all(broker: Broker, wanted: list[tuple[str, int, int]],
