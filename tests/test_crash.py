@@ -45,11 +45,12 @@ import pytest
 
 from compactlog.storage.commit import LocalDocument
 from compactlog.storage.fsutil import TEMP_PREFIX
+from compactlog.storage.layout import CREATING, DELETING
 from compactlog.storage.logfile import base_offset_of
 from compactlog.storage.manifest import PartitionManifest
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import Record
-from compactlog.storage.store import CREATING, DELETING, LogStore
+from compactlog.storage.store import LogStore
 from crash_writer import KILL_POINTS, PARTITIONS, TOPIC, expected_record
 
 WRITER = Path(__file__).with_name("crash_writer.py")

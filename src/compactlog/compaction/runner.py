@@ -189,7 +189,7 @@ def _sweep(partition: Partition) -> None:
         # Orphans only when the current version is proven (storage/commit.py).
         orphan_dirs = [LEDGER_DIR] if partition.document.purge_uncommitted() else []
         partition.refresh()
-        sweep(partition.directory, partition.manifest, partition.now_ms(),
+        sweep(partition.volume, partition.manifest, partition.now_ms(),
               partition.config["file.delete.delay.ms"], orphan_dirs,
               partition.files.retire, partition.name)
     except Exception as error:

@@ -146,7 +146,7 @@ class PartitionManifest:
         }
 
     @classmethod
-    def from_json(cls, body: dict[str, Any], path: Path) -> PartitionManifest:
+    def from_json(cls, body: dict[str, Any], path: Path | str) -> PartitionManifest:
         try:
             compaction = body.get("compaction")
             return cls(

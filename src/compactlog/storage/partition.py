@@ -44,12 +44,11 @@ from compactlog.errors import (
     PartitionFailedError,
     ReadOnlyStoreError,
 )
-from compactlog.storage import appending, fsutil, reads, recovery, retention, sealing
+from compactlog.storage import appending, reads, recovery, retention, sealing
 from compactlog.storage.appending import AppendResult as AppendResult
 from compactlog.storage.commit import (
     CommitLockTimeout,
     CommitOutcomeUnknown,
-    LocalDocument,
     Snapshot,
 )
 from compactlog.storage.compacted import CompactedView
@@ -72,6 +71,7 @@ from compactlog.storage.records import (
     set_base_offset,
     validate_records,
 )
+from compactlog.storage.volume import LocalVolume, Volume
 
 log = logging.getLogger(__name__)
 
@@ -114,15 +114,20 @@ class Partition:
         writable: bool,
         clock: Clock = time.time,
         files: OpenFiles | None = None,
+        volume: Volume | None = None,
     ) -> None:
+        # `directory` is local: log segments, locks, compaction status, files being
+        # written. The durable files (manifest, sealed segments, ledger) are in `volume`:
+        # the same directory, or an S3 prefix (volume.py).
         self.directory = directory
+        self.volume: Volume = volume if volume is not None else LocalVolume(directory)
         self.topic = topic
         self.index = index
         self._config = config
         self.writable = writable
         self.clock = clock
         self.files = files if files is not None else OpenFiles()
-        self.document = LocalDocument(directory / "manifest")
+        self.document = self.volume.document("manifest")
         self.log_dir = directory / "log"
         self.segment_dir = directory / SEGMENT_DIR
         self.ledger_dir = directory / LEDGER_DIR
@@ -158,12 +163,20 @@ class Partition:
 
     @classmethod
     def create(cls, directory: Path, topic: str, index: int, config: Callable[[], TopicConfig],
-               clock: Clock = time.time) -> None:
+               clock: Clock = time.time, volume: Volume | None = None) -> None:
         """Lay out a new, empty partition: an empty manifest and an active segment at 0."""
-        for sub in ("manifest", "log", SEGMENT_DIR):
+        for sub in ("log", SEGMENT_DIR):
             (directory / sub).mkdir(parents=True, exist_ok=True)
-        LocalDocument(directory / "manifest").commit(0, PartitionManifest().to_json())
+        if volume is None:
+            (directory / "manifest").mkdir(exist_ok=True)
+            volume = LocalVolume(directory)
+        volume.document("manifest").commit(0, PartitionManifest().to_json())
         (directory / "log" / log_file_name(0)).touch()
+
+    def data_path(self, relative: str) -> Path:
+        """A local path holding data file `relative` (volume.py: on S3 a cached copy,
+        downloaded now if need be); FileNotFoundError when it is gone."""
+        return self.volume.fetch(relative)
 
     def open(self) -> Partition:
         recovery.open_partition(self)
@@ -205,10 +218,10 @@ class Partition:
     def load_manifest(self) -> None:
         """Read the current manifest (commit.py falls back past a damaged current.json)."""
         snapshot = self.document.load()
+        where = self.volume.describe("manifest/current.json")
         if snapshot is None:
-            raise FileNotFoundError(self.document.current_path)
-        self._install(snapshot, PartitionManifest.from_json(
-            snapshot.body, self.document.current_path))
+            raise FileNotFoundError(where)
+        self._install(snapshot, PartitionManifest.from_json(snapshot.body, where))
 
     def _install(self, snapshot: Snapshot, manifest: PartitionManifest) -> None:
         with self._lock:
@@ -221,7 +234,7 @@ class Partition:
             self._schedule_sweep(manifest)
         for relative in gone:
             # Readers holding the file finish with it; then it closes (filecache.py).
-            self.files.retire(self.directory / relative)
+            self.files.retire(self.volume.path_of(relative))
 
     def commit_manifest(
         self, change: Callable[[PartitionManifest], PartitionManifest], attempts: int = 20
@@ -267,9 +280,8 @@ class Partition:
         forgotten = [item.path for item in base.retired if item.path not in kept]
         try:
             for relative in forgotten:
-                path = self.directory / relative
-                self.files.retire(path)
-                if fsutil.remove(path):
+                self.files.retire(self.volume.path_of(relative))
+                if self.volume.remove(relative):
                     log.info("%s: deleted %s, retired by an earlier commit", self.name,
                              relative)
         except OSError as error:
@@ -567,7 +579,7 @@ class Partition:
                 segment.close()
             self.logs = []
             for relative in self.manifest.live_files():
-                self.files.retire(self.directory / relative)
+                self.files.retire(self.volume.path_of(relative))
 
     def _close_flush(self) -> None:
         try:

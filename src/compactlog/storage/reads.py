@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Generator
 from contextlib import closing
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import numpy as np
@@ -85,24 +86,35 @@ def view_start(manifest: PartitionManifest, compacted: bool) -> int:
 def _file_tables(partition: Partition, path_dir: str, infos: tuple[SegmentInfo, ...],
                  offset: int, columns: list[str] | None,
                  check_holes: bool) -> Tables:
-    directory = partition.directory / path_dir
     start = bisect.bisect_left([info.last_offset for info in infos], offset)
     for info in infos[start:]:
         if check_holes:
             hole = info.missing_range_at(offset)
             if hole is not None:
                 raise CorruptionError(
-                    directory / info.file,
+                    partition.volume.describe(f"{path_dir}/{info.file}"),
                     f"offsets {hole[0]}..{hole[1]} were lost to a corrupt range in the log "
                     "before this segment was sealed",
                 )
-        deleted = (cached_deletion_vector(directory / info.dv_file, info.dv_size_bytes,
-                                          info.dv_crc32c) if info.dv_file else None)
-        with partition.files.lease(directory / info.file, info) as segment:
+        deleted = (cached_deletion_vector(_local(partition, path_dir, info.dv_file),
+                                          info.dv_size_bytes, info.dv_crc32c)
+                   if info.dv_file else None)
+        with partition.files.lease(_local(partition, path_dir, info.file), info) as segment:
             for table in segment.iter_tables(offset, columns):
                 if table.num_rows:
                     offset = table.column("offset")[-1].as_py() + 1
                 yield drop_deleted(table, deleted)
+
+
+def _local(partition: Partition, path_dir: str, name: str) -> Path:
+    """A local path of a data file (volume.py: on an object store a cached copy). A file
+    that is gone raises SegmentMissingError, so the read retries from a newer manifest."""
+    relative = f"{path_dir}/{name}"
+    try:
+        return partition.data_path(relative)
+    except FileNotFoundError:
+        raise SegmentMissingError(partition.volume.describe(relative),
+                                  "listed by the manifest but gone") from None
 
 
 def sealed_tables(partition: Partition, manifest: PartitionManifest, offset: int,

@@ -85,11 +85,12 @@ def _load_or_create_manifest(partition: Partition) -> None:
     if document.load() is not None:
         partition.load_manifest()
         return
-    has_data = any(partition.segment_dir.glob("*.parquet")) or any(
+    has_data = any(item.name.endswith(".parquet")
+                   for item in partition.volume.listing(SEGMENT_DIR)) or any(
         path.stat().st_size > 0 for _, path in log_files(partition.log_dir))
     if has_data:
         raise CorruptionError(
-            document.directory,
+            partition.volume.describe("manifest"),
             f"partition {partition.name} holds data files but its manifest is missing",
         )
     if not partition.writable:
@@ -100,11 +101,13 @@ def _load_or_create_manifest(partition: Partition) -> None:
 
 def _recover_files(partition: Partition) -> None:
     removed = partition.recovery.removed_files
-    for directory in (partition.log_dir, partition.segment_dir, partition.document.directory):
+    for directory in (partition.log_dir, partition.segment_dir):
         directory.mkdir(parents=True, exist_ok=True)
+    if partition.volume.is_local:
+        (partition.directory / "manifest").mkdir(exist_ok=True)
     for directory in (partition.log_dir, partition.segment_dir):
         removed.extend(fsutil.remove_temp_files(directory))
-    removed.extend(partition.document.recover())
+    removed.extend(Path(item) for item in partition.document.recover())
     # Orphans are what a crash left; retired files past their delay are housekeeping.
     # A sweep that fails deletes nothing it should keep: open goes on, upkeep retries.
     try:
@@ -154,7 +157,7 @@ def _sweep_with_seal_lock(partition: Partition) -> SweepResult:
                 fsutil.remove_temp_files(partition.directory)
         # What another process committed before we looked counts.
         partition.refresh()
-        result = sweep(partition.directory, partition.manifest, partition.now_ms(),
+        result = sweep(partition.volume, partition.manifest, partition.now_ms(),
                        partition.config["file.delete.delay.ms"], orphan_dirs,
                        partition.files.retire, partition.name)
     finally:

@@ -7,7 +7,8 @@ deleted only after that commit, and a sealed file that no commit lists is never 
 Sealing protocol for a rolled log segment (tests/test_fault_steps.py covers a fault at
 every step, and tests/test_crash.py a kill):
   1. write the Parquet file under a temporary name in segments/ and fsync it;
-  2. rename it to its final name and fsync the directory;
+  2. publish it under its final name (volume.py: rename it and fsync the directory; on
+     S3 a create-only PUT);
   3. commit a manifest version that lists it (compare-and-swap, commit.py);
   4. delete the log files that the committed manifest's sealed segments cover.
 A failure in 1-3 leaves the log file in force; the file of 1-2, if any, is an orphan
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 from compactlog.errors import StorageError
 from compactlog.storage import fsutil
 from compactlog.storage.logfile import LogSegment
-from compactlog.storage.manifest import PartitionManifest, SegmentInfo
+from compactlog.storage.manifest import SEGMENT_DIR, PartitionManifest, SegmentInfo
 from compactlog.storage.sealed import WriteOptions, write_segment
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def _seal(partition: Partition, segment: LogSegment) -> SegmentInfo:
     temp = fsutil.temp_path(partition.segment_dir, name)
     try:
         info = write_segment(segment.iter_batches(), temp, name, options)  # 1.
-        fsutil.publish_replace(temp, partition.segment_dir / name)  # 2.
+        partition.volume.publish(temp, f"{SEGMENT_DIR}/{name}")  # 2.
         missing = tuple(
             (hole.first_offset, hole.last_offset if hole.last_offset is not None else -1)
             for hole in segment.corrupt.values()
@@ -115,11 +116,10 @@ def _remove_orphan(partition: Partition, name: str) -> None:
         partition.load_manifest()
         if not proven:
             partition.sweep_soon()  # the sweep decides once the version is proven
-        elif name not in {info.file for info in partition.manifest.segments}:
-            path = partition.segment_dir / name
-            if fsutil.remove(path):
-                fsutil.fsync_dir(partition.segment_dir)
-                log.info("%s: removed %s, sealed but not committed", partition.name, name)
+        elif (name not in {info.file for info in partition.manifest.segments}
+              and partition.volume.remove(f"{SEGMENT_DIR}/{name}")):
+            partition.volume.settle(SEGMENT_DIR)
+            log.info("%s: removed %s, sealed but not committed", partition.name, name)
     except Exception as error:  # the next sweep finds it; the seal's own error matters
         partition.sweep_soon()
         log.warning("%s: could not remove %s after a failed seal: %s", partition.name,

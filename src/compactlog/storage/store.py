@@ -1,6 +1,6 @@
-"""The log store: a data directory of topics, each with N partitions.
+"""The log store: a data location of topics, each with N partitions.
 
-Layout:
+Layout of a local data directory:
   <data dir>/.writer.lock            held (flock) by the one process that may write
   <data dir>/topics/<topic>/meta/    versioned topic document: id, partitions, config
   <data dir>/topics/<topic>/<n>/     partition n (see partition.py)
@@ -10,6 +10,11 @@ Topic creation builds the whole topic under staging/ and renames it into place, 
 crash never leaves half a topic. Deletion renames the topic into staging/ first, so it
 disappears at once, then removes the files; leftovers of either are removed on open.
 Staging lives outside topics/ so that no topic name can be taken for a leftover.
+
+A data location may also be an s3:// URL: then the durable files (metadata, manifests,
+sealed segments, ledgers) are objects, and a local directory holds the log segments,
+the writer lock and a read cache (layout.py has both layouts). `data_dir` is always the
+local directory.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import fcntl
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 import uuid
@@ -34,25 +38,24 @@ from compactlog.errors import (
     DataDirLockedError,
     InvalidTopicNameError,
     ReadOnlyStoreError,
-    TopicExistsError,
     UnknownPartitionError,
     UnknownTopicError,
     UserError,
 )
-from compactlog.storage import faults, fsutil
-from compactlog.storage.commit import LocalDocument, Snapshot
+from compactlog.storage.commit import Snapshot
 from compactlog.storage.filecache import OpenFiles
+from compactlog.storage.layout import Layout, LocalLayout, ObjectLayout, is_deleted
+from compactlog.storage.location import Location
 from compactlog.storage.partition import AppendResult, Clock, Partition, RecoveryReport
 from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
 from compactlog.storage.records import ProducerRecord
+from compactlog.storage.volume import Volume
 
 log = logging.getLogger(__name__)
 
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
 DEFAULT_MAX_OPEN_FILES = 128
-CREATING = "creating-"
-DELETING = "deleting-"
 
 
 def is_topic_name(name: str) -> bool:
@@ -96,11 +99,9 @@ class TopicMeta:
 
 
 class Topic:
-    def __init__(self, store: LogStore, directory: Path, meta: TopicMeta,
-                 snapshot: Snapshot) -> None:
+    def __init__(self, store: LogStore, meta: TopicMeta, snapshot: Snapshot) -> None:
         self.store = store
-        self.directory = directory
-        self.document = LocalDocument(directory / "meta")
+        self.document = store.layout.meta_document(meta.name)
         self.meta = meta
         self.meta_snapshot = snapshot
         self.partitions: list[Partition] = []
@@ -124,15 +125,17 @@ class Topic:
 
     def open_partitions(self) -> None:
         try:
+            layout, topic_id = self.store.layout, self.meta.topic_id
             for index in range(self.meta.partitions):
                 partition = Partition(
-                    self.directory / str(index),
+                    layout.partition_dir(self.name, topic_id, index),
                     self.name,
                     index,
                     lambda: self.meta.config,
                     writable=not self.store.read_only,
                     clock=self.store.clock,
                     files=self.store.files,
+                    volume=layout.partition_volume(self.name, topic_id, index),
                 )
                 partition.auto_seal = self.store.auto_seal
                 self.partitions.append(partition.open())
@@ -150,12 +153,19 @@ class LogStore:
     """Topics in a data directory. One writer process at a time; any number of readers."""
 
     def __init__(self, data_dir: Path, read_only: bool, clock: Clock,
-                 max_open_files: int = DEFAULT_MAX_OPEN_FILES) -> None:
+                 max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+                 location: Location | None = None) -> None:
         self.data_dir = data_dir
+        # Where the durable files are: data_dir itself, or an s3:// prefix.
+        self.location = location if location is not None else Location(str(data_dir))
+        self.layout: Layout
+        if self.location.is_s3:
+            self.layout = ObjectLayout(self.location, data_dir)
+        else:
+            self.layout = LocalLayout(data_dir)
         # Parquet files open at once, for every partition of the store (filecache.py).
         self.files = OpenFiles(max_open_files)
         self.topics_dir = data_dir / "topics"
-        self.staging_dir = data_dir / "staging"
         self.read_only = read_only
         self.clock = clock
         self._topics: dict[str, Topic] = {}
@@ -173,19 +183,30 @@ class LogStore:
 
     @classmethod
     def open(
-        cls, data_dir: str | os.PathLike[str], read_only: bool = False, clock: Clock = time.time,
-        max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+        cls, data_dir: str | os.PathLike[str] | Location, read_only: bool = False,
+        clock: Clock = time.time, max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+        local_dir: str | os.PathLike[str] | None = None,
     ) -> LogStore:
-        path = Path(data_dir)
-        store = cls(path, read_only, clock, max_open_files)
-        if read_only:
-            if not store.topics_dir.is_dir():
-                raise UserError(f"no compactlog data directory at {path}")
+        """Open the store at `data_dir`: a local directory, or an s3:// URL whose log
+        segments, writer lock and read cache go in `local_dir` (default: a directory
+        under ~/.cache/compactlog named after the URL; see `default_local_dir`)."""
+        location = data_dir if isinstance(data_dir, Location) else Location.parse(data_dir)
+        if location.is_s3:
+            path = Path(local_dir) if local_dir is not None else default_local_dir(location)
         else:
-            store.topics_dir.mkdir(parents=True, exist_ok=True)
-            store.staging_dir.mkdir(exist_ok=True)
+            path = Path(location.path)
+        store = cls(path, read_only, clock, max_open_files, location)
+        layout = store.layout
+        if read_only:
+            if isinstance(layout, LocalLayout) and not store.topics_dir.is_dir():
+                raise UserError(f"no compactlog data directory at {path}")
+            if isinstance(layout, ObjectLayout):
+                path.mkdir(parents=True, exist_ok=True)
+        else:
+            assert isinstance(layout, LocalLayout | ObjectLayout)
+            layout.prepare()
             store._take_writer_lock()
-            store._remove_leftovers()
+            layout.remove_leftovers()
         return store
 
     def __enter__(self) -> LogStore:
@@ -207,15 +228,6 @@ class LogStore:
         os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
         self._lock_fd = fd
 
-    def _remove_leftovers(self) -> None:
-        for entry in self.staging_dir.iterdir():
-            shutil.rmtree(entry, ignore_errors=True)
-            log.info("removed %s, left by an interrupted create or delete", entry.name)
-        for entry in self.topics_dir.iterdir():
-            if entry.is_dir():
-                for temp in LocalDocument(entry / "meta").recover():
-                    log.info("removed %s, left by an interrupted topic change", temp)
-
     def close(self) -> None:
         with self._lock:
             for topic in self._topics.values():
@@ -228,7 +240,7 @@ class LogStore:
 
     def _require_writable(self) -> None:
         if self.read_only:
-            raise ReadOnlyStoreError(f"data directory {self.data_dir} is open read-only")
+            raise ReadOnlyStoreError(f"data directory {self.location} is open read-only")
 
     # -- topics ---------------------------------------------------------------------
 
@@ -241,34 +253,32 @@ class LogStore:
             raise UserError(f"partitions must be in [1, {MAX_PARTITIONS}], got {partitions}")
         topic_config = TopicConfig.from_strings(config or {})
         with self._lock:
-            final = self.topics_dir / name
-            if final.exists():
-                raise TopicExistsError(name)
             meta = TopicMeta(
                 name, uuid.uuid4().hex, partitions, topic_config, int(self.clock() * 1000)
             )
-            staging = self.staging_dir / f"{CREATING}{uuid.uuid4().hex}"
-            staging.mkdir()
-            for index in range(partitions):
-                Partition.create(staging / str(index), name, index, lambda: topic_config)
-            LocalDocument(staging / "meta").commit(0, meta.to_json())
-            try:
-                faults.point("rename", final)
-                os.rename(staging, final)
-            except OSError:
-                shutil.rmtree(staging, ignore_errors=True)
-                if final.exists():
-                    raise TopicExistsError(name) from None
-                raise
-            fsutil.fsync_dir(self.topics_dir)
-            fsutil.fsync_dir(self.staging_dir)
+
+            def make_partition(directory: Path, volume: Volume) -> None:
+                Partition.create(directory, name, index=0, config=lambda: topic_config,
+                                 volume=volume)
+
+            self.layout.create(name, meta.topic_id, partitions, meta.to_json(),
+                               make_partition)
             log.info("created topic %s with %d partitions", name, partitions)
             return self.topic(name)
 
     def list_topics(self) -> list[str]:
-        if not self.topics_dir.is_dir():
-            return []
-        return sorted(entry.name for entry in self.topics_dir.iterdir() if entry.is_dir())
+        names = self.layout.names()
+        if isinstance(self.layout, LocalLayout):
+            return names
+        # On S3 a name is a key prefix: a deleted topic's (or a failed create's) stays
+        # until its metadata is gone, so ask the metadata of names not open here.
+        return [name for name in names if name in self._topics or self._is_live(name)]
+
+    def _is_live(self, name: str) -> bool:
+        if not is_topic_name(name):
+            return False
+        loaded = self.layout.meta_document(name).load()
+        return loaded is not None and not is_deleted(loaded.body)
 
     def topic(self, name: str) -> Topic:
         with self._lock:
@@ -277,16 +287,20 @@ class LogStore:
                 if self.read_only:
                     self._refresh_meta(topic)
                 return topic
-            directory = self.topics_dir / name
-            if not is_topic_name(name) or not directory.is_dir():
+            if not is_topic_name(name) or (isinstance(self.layout, LocalLayout)
+                                           and not (self.topics_dir / name).is_dir()):
                 raise UnknownTopicError(name)
-            loaded = LocalDocument(directory / "meta").load()
-            if loaded is None:
+            document = self.layout.meta_document(name)
+            loaded = document.load()
+            if loaded is None and isinstance(self.layout, LocalLayout):
                 # create renames a complete topic into place, so no crash leaves this.
                 raise CorruptionError(
-                    directory / "meta", f"topic {name!r} exists but its metadata is missing"
+                    self.topics_dir / name / "meta",
+                    f"topic {name!r} exists but its metadata is missing"
                 )
-            topic = Topic(self, directory, TopicMeta.from_json(loaded.body), loaded)
+            if loaded is None or is_deleted(loaded.body):
+                raise UnknownTopicError(name)
+            topic = Topic(self, TopicMeta.from_json(loaded.body), loaded)
             topic.open_partitions()
             self._topics[name] = topic
             return topic
@@ -294,7 +308,7 @@ class LogStore:
     def _refresh_meta(self, topic: Topic) -> None:
         if topic.document.changed_since(topic.meta_snapshot):
             loaded = topic.document.load()
-            if loaded is None:
+            if loaded is None or is_deleted(loaded.body):
                 raise UnknownTopicError(topic.name)
             topic.meta_snapshot = loaded
             topic.meta = TopicMeta.from_json(loaded.body)
@@ -318,18 +332,12 @@ class LogStore:
     def delete_topic(self, name: str) -> None:
         self._require_writable()
         with self._lock:
-            directory = self.topics_dir / name
-            if not is_topic_name(name) or not directory.is_dir():
+            if not is_topic_name(name):
                 raise UnknownTopicError(name)
             topic = self._topics.pop(name, None)
             if topic is not None:
                 topic.close()
-            doomed = self.staging_dir / f"{DELETING}{uuid.uuid4().hex}"
-            faults.point("rename", doomed)
-            os.rename(directory, doomed)
-            fsutil.fsync_dir(self.topics_dir)
-            fsutil.fsync_dir(self.staging_dir)
-            shutil.rmtree(doomed, ignore_errors=True)
+            self.layout.delete(name, None if topic is None else topic.meta_snapshot)
             log.info("deleted topic %s", name)
 
     def recovery_reports(self, name: str) -> list[RecoveryReport]:
@@ -435,3 +443,15 @@ class LogStore:
             log.warning("upkeep of %s failed (retried every tick): %s", where, error)
         if len(self._reported) > 10_000:
             self._reported.clear()
+
+
+def default_local_dir(location: Location) -> Path:
+    """The local directory of an s3:// store when none is given: COMPACTLOG_LOCAL_DIR,
+    else ~/.cache/compactlog/s3/<bucket>/<prefix> (one per URL, so two stores on one
+    machine never share log segments)."""
+    configured = os.environ.get("COMPACTLOG_LOCAL_DIR")
+    if configured:
+        return Path(configured)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    assert location.bucket is not None
+    return cache / "compactlog" / "s3" / location.bucket / (location.path or "_root")

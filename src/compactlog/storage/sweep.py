@@ -4,7 +4,9 @@ Invariant: a sealed segment or ledger file is deleted only when the current mani
 does not list it, and either a committed manifest retired it at least file.delete.delay.ms ago
 (so readers in other processes that loaded an older manifest have had that long to
 finish), or no manifest mentions it at all and no writer can still be about to commit
-it (an orphan: a seal or compaction that crashed or failed before its commit). Orphans
+it (an orphan: a seal or compaction that crashed or failed before its commit; on an
+object store also older than OBJECT_ORPHAN_MIN_AGE_MS, since a compaction on another
+machine is not excluded by this machine's locks). Orphans
 are deleted only when the current version is proven (commit.py, purge_uncommitted).
 A reader in this process that still holds a deleted file reads on (POSIX keeps an
 unlinked file's data until its last descriptor closes), and the open-file cache closes
@@ -30,6 +32,11 @@ from pathlib import Path
 
 from compactlog.storage import fsutil
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
+from compactlog.storage.volume import Volume
+
+# On an object store, an unlisted data file is an orphan only once it is this old (see
+# `sweep`): longer than any compaction run or seal takes from its first write to its commit.
+OBJECT_ORPHAN_MIN_AGE_MS = 6 * 3600 * 1000
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +55,7 @@ class SweepResult:
 
 
 def sweep(
-    partition_dir: Path,
+    volume: Volume,
     manifest: PartitionManifest,
     now_ms: int,
     delay_ms: int,
@@ -64,44 +71,43 @@ def sweep(
     """
     live = manifest.live_files()
     mentioned = live | {item.path for item in manifest.retired}
-    retired: list[Path] = []
+    retired: list[str] = []
     done: list[str] = []
-    touched: set[Path] = set()
+    touched: set[str] = set()
     for item in manifest.retired:
         if item.path in live or now_ms - item.retired_ms < delay_ms:
             continue
-        path = partition_dir / item.path
-        release(path)
-        if fsutil.remove(path):
-            retired.append(path)
-            touched.add(path.parent)
+        release(volume.path_of(item.path))
+        if volume.remove(item.path):
+            retired.append(item.path)
+            touched.add(item.path.rpartition("/")[0])
         done.append(item.path)
-    orphans: list[Path] = []
+    orphans: list[str] = []
+    # On an object store a writer elsewhere (a compaction driver on another machine)
+    # is not excluded by this machine's locks: only files older than any run are orphans.
+    min_age_ms = 0 if volume.is_local else max(delay_ms, OBJECT_ORPHAN_MIN_AGE_MS)
     for directory in orphan_dirs:
         assert directory in (SEGMENT_DIR, LEDGER_DIR), directory
-        folder = partition_dir / directory
-        if not folder.is_dir():
-            continue
-        for path in folder.iterdir():
-            if path.name.startswith(fsutil.TEMP_PREFIX):
+        for found in volume.listing(directory):
+            relative = f"{directory}/{found.name}"
+            if found.name.startswith(fsutil.TEMP_PREFIX):
                 # A writer's file before its rename: the caller excluded writers here.
-                fsutil.remove(path)
-                touched.add(folder)
+                volume.remove(relative)
+                touched.add(directory)
                 continue
-            if not path.name.endswith(".parquet"):
+            if not found.name.endswith(".parquet") or relative in mentioned:
                 continue
-            if f"{directory}/{path.name}" in mentioned:
+            if now_ms - found.modified_ms < min_age_ms:
                 continue
-            release(path)
-            if fsutil.remove(path):
-                orphans.append(path)
-                touched.add(folder)
+            release(volume.path_of(relative))
+            if volume.remove(relative):
+                orphans.append(relative)
+                touched.add(directory)
     for folder in touched:
-        fsutil.fsync_dir(folder)
-    for path in retired:
-        log.info("%s: deleted %s/%s, retired by an earlier commit", name or partition_dir,
-                 path.parent.name, path.name)
-    for path in orphans:
-        log.info("%s: deleted %s/%s, written but never committed", name or partition_dir,
-                 path.parent.name, path.name)
-    return SweepResult(retired, orphans, done)
+        volume.settle(folder)
+    for relative in retired:
+        log.info("%s: deleted %s, retired by an earlier commit", name or volume, relative)
+    for relative in orphans:
+        log.info("%s: deleted %s, written but never committed", name or volume, relative)
+    return SweepResult([volume.path_of(r) for r in retired],
+                       [volume.path_of(r) for r in orphans], done)

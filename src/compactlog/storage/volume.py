@@ -1,0 +1,382 @@
+"""Where a partition's durable files live: its data files (sealed segments, ledger files,
+deletion vectors) and its manifest, on a local directory or under an S3 prefix.
+
+Invariant: a data file is published whole under a name that is never reused, and is
+never overwritten: on a local disk by an atomic rename of an fsynced temporary file (as
+fsutil does), on S3 by a PUT with `If-None-Match: *`, so a second PUT of a taken name
+fails instead of replacing it. A reader gets a local path it can open (`fetch`): the
+file itself on a local disk; on S3 a copy downloaded whole into a local read cache, under
+a temporary name renamed into place, so a cached copy is never partial. The readers'
+checks (size and CRC32C against the manifest, sealed.verify_file) run on that copy, so a
+damaged object is caught as a damaged file is. Names are never reused, so a cached copy
+never goes stale; the cache only needs eviction, not invalidation.
+
+Everything a partition keeps that is not durable (its log segments, locks, compaction
+status, files being written) stays in the partition's local directory: see partition.py.
+
+Relative names are '/'-separated: `segments/<file>`, `ledger/<file>`, `manifest`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from compactlog.errors import StorageError
+from compactlog.storage import faults, fsutil
+from compactlog.storage.commit import LocalDocument
+from compactlog.storage.document import Document
+from compactlog.storage.location import Location, S3Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+log = logging.getLogger(__name__)
+
+# Bytes of downloaded copies a process keeps in its read cache before evicting the
+# least recently used (`storage.cache.max.bytes` in the server's config).
+DEFAULT_CACHE_BYTES = 2 * 1024**3
+_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A data file found by `Volume.listing`: its name in the folder and its age."""
+
+    name: str
+    modified_ms: int
+
+
+class Volume(Protocol):
+    """A partition's durable files (see the module's invariant)."""
+
+    @property
+    def spec(self) -> dict[str, str]:
+        """What a process elsewhere (a Spark task) needs to open the same volume."""
+        ...
+
+    @property
+    def is_local(self) -> bool:
+        ...
+
+    def document(self, name: str) -> Document:
+        """The committed document `name` (a partition's manifest)."""
+        ...
+
+    def path_of(self, relative: str) -> Path:
+        """Where the local copy of `relative` is or would be, without any I/O."""
+        ...
+
+    def fetch(self, relative: str) -> Path:
+        """A local path holding `relative` whole; FileNotFoundError when it is gone."""
+        ...
+
+    def publish(self, temp: Path, relative: str) -> None:
+        """Make the fsynced local file `temp` the data file `relative`, never replacing
+        one; `temp` is gone afterwards (moved or removed)."""
+        ...
+
+    def remove(self, relative: str) -> bool:
+        """Delete data file `relative`; True when it was there."""
+        ...
+
+    def settle(self, folder: str) -> None:
+        """Make the removals in `folder` durable (a local directory fsync)."""
+        ...
+
+    def listing(self, folder: str) -> list[Listed]:
+        """The files in `folder` (temporary ones included on a local disk)."""
+        ...
+
+    def describe(self, relative: str) -> str:
+        """`relative` as a user should see it in a message."""
+        ...
+
+
+class LocalVolume:
+    """A partition's files in its own local directory, laid out as they always were."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def spec(self) -> dict[str, str]:
+        return {"kind": "local", "root": str(self.root)}
+
+    @property
+    def is_local(self) -> bool:
+        return True
+
+    def document(self, name: str) -> Document:
+        return LocalDocument(self.root / name)
+
+    def path_of(self, relative: str) -> Path:
+        return self.root / relative
+
+    def fetch(self, relative: str) -> Path:
+        return self.root / relative
+
+    def publish(self, temp: Path, relative: str) -> None:
+        final = self.root / relative
+        if temp.parent != final.parent:
+            raise ValueError(f"{temp} must be written in {final.parent}")
+        fsutil.publish_replace(temp, final)
+
+    def remove(self, relative: str) -> bool:
+        return fsutil.remove(self.root / relative)
+
+    def settle(self, folder: str) -> None:
+        fsutil.fsync_dir(self.root / folder)
+
+    def listing(self, folder: str) -> list[Listed]:
+        directory = self.root / folder
+        if not directory.is_dir():
+            return []
+        found = []
+        for entry in directory.iterdir():
+            try:
+                found.append(Listed(entry.name, int(entry.stat().st_mtime * 1000)))
+            except FileNotFoundError:
+                continue
+        return found
+
+    def describe(self, relative: str) -> str:
+        return str(self.root / relative)
+
+
+class ReadCache:
+    """Downloaded copies of immutable objects, evicted least recently used past
+    `max_bytes`. An evicted copy that a reader still has open stays readable (POSIX)."""
+
+    def __init__(self, root: Path, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self._sizes: OrderedDict[Path, int] = OrderedDict()
+        self._total = 0
+        self._lock = threading.Lock()
+
+    def touch(self, path: Path) -> None:
+        with self._lock:
+            if path in self._sizes:
+                self._sizes.move_to_end(path)
+
+    def add(self, path: Path, size: int) -> None:
+        with self._lock:
+            self._total += size - self._sizes.pop(path, 0)
+            self._sizes[path] = size
+            while self._total > self.max_bytes and len(self._sizes) > 1:
+                victim, victim_size = self._sizes.popitem(last=False)
+                self._total -= victim_size
+                victim.unlink(missing_ok=True)
+
+    def forget(self, path: Path) -> None:
+        with self._lock:
+            self._total -= self._sizes.pop(path, 0)
+        path.unlink(missing_ok=True)
+
+
+_CACHES: dict[Path, ReadCache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def read_cache(root: Path) -> ReadCache:
+    """The process' one cache for `root` (so every volume under it shares the budget)."""
+    with _CACHES_LOCK:
+        cache = _CACHES.get(root)
+        if cache is None:
+            cache = _CACHES[root] = ReadCache(root)
+        return cache
+
+
+_CLIENTS: dict[tuple[str | None, str | None, str | None], S3Client] = {}
+
+
+def s3_client(env: Mapping[str, str] | None = None) -> S3Client:
+    """One boto3 client per endpoint, region and access key in a process (clients are
+    thread-safe and hold a connection pool; making one per volume would not reuse it)."""
+    settings = S3Settings.from_env(env)
+    key = (settings.endpoint_url, settings.region, settings.access_key_id)
+    with _CACHES_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = settings.boto3_client()
+        return client
+
+
+class ObjectVolume:
+    """A partition's durable files under an S3 prefix, with a local read cache."""
+
+    def __init__(self, location: Location, cache_dir: Path, client: S3Client | None = None,
+                 cache: ReadCache | None = None) -> None:
+        if location.bucket is None:
+            raise ValueError(f"{location} is not an s3:// location")
+        self.location = location
+        self.bucket: str = location.bucket
+        self.cache_dir = cache_dir
+        self.client = client if client is not None else s3_client()
+        self.cache = cache if cache is not None else read_cache(cache_dir)
+
+    @property
+    def spec(self) -> dict[str, str]:
+        return {"kind": "s3", "url": str(self.location)}
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+    def key(self, relative: str) -> str:
+        return self.location.key(relative)
+
+    def describe(self, relative: str) -> str:
+        return f"s3://{self.bucket}/{self.key(relative)}"
+
+    def document(self, name: str) -> Document:
+        from compactlog.storage.object_commit import ObjectDocument
+
+        return ObjectDocument(self.client, self.bucket, self.key(name))
+
+    def path_of(self, relative: str) -> Path:
+        return self.cache_dir / self.key(relative)
+
+    def _failed(self, operation: str, relative: str, error: Exception) -> StorageError:
+        return StorageError(f"{self.describe(relative)}: {operation} failed: {error}")
+
+    def fetch(self, relative: str) -> Path:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        path = self.path_of(relative)
+        if path.exists():
+            self.cache.touch(path)
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = fsutil.temp_path(path.parent, path.name)
+        try:
+            faults.point("download", path)
+            response = self.client.get_object(Bucket=self.bucket, Key=self.key(relative))
+            with open(temp, "wb") as out:
+                shutil.copyfileobj(response["Body"], out, _CHUNK)
+            size = temp.stat().st_size
+            os.replace(temp, path)
+        except ClientError as error:
+            temp.unlink(missing_ok=True)
+            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise FileNotFoundError(self.describe(relative)) from None
+            raise self._failed("GET", relative, error) from error
+        except (BotoCoreError, OSError) as error:
+            temp.unlink(missing_ok=True)
+            if isinstance(error, FileNotFoundError):
+                raise
+            raise self._failed("GET", relative, error) from error
+        self.cache.add(path, size)
+        return path
+
+    def publish(self, temp: Path, relative: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            faults.point("upload", temp)
+            with open(temp, "rb") as body:
+                self.client.put_object(Bucket=self.bucket, Key=self.key(relative), Body=body,
+                                       IfNoneMatch="*")
+        except ClientError as error:
+            temp.unlink(missing_ok=True)
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in (409, 412):
+                raise StorageError(f"{self.describe(relative)}: the name is taken; a data "
+                                   "file is never replaced") from error
+            raise self._failed("PUT", relative, error) from error
+        except (BotoCoreError, OSError) as error:
+            temp.unlink(missing_ok=True)
+            raise self._failed("PUT", relative, error) from error
+        # The uploaded bytes are the local file's: keep it as the cached copy.
+        path = self.path_of(relative)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        size = temp.stat().st_size
+        os.replace(temp, path)
+        self.cache.add(path, size)
+
+    def remove(self, relative: str) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        faults.point("unlink", self.path_of(relative))
+        self.cache.forget(self.path_of(relative))
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self.key(relative))
+        except (ClientError, BotoCoreError) as error:
+            raise self._failed("DELETE", relative, error) from error
+        return True
+
+    def settle(self, folder: str) -> None:
+        """Nothing to do: an object store's DELETE is durable when it answers."""
+
+    def listing(self, folder: str) -> list[Listed]:
+        return [Listed(name, modified) for name, modified in self._list(folder)]
+
+    def _list(self, folder: str) -> Iterator[tuple[str, int]]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        start = self.key(folder) + "/"
+        try:
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=start, Delimiter="/"):
+                for item in page.get("Contents", []):
+                    yield (item["Key"][len(start):],
+                           int(item["LastModified"].timestamp() * 1000))
+        except (ClientError, BotoCoreError) as error:
+            raise self._failed("LIST", folder, error) from error
+
+
+def remove_prefix(location: Location, client: S3Client | None = None) -> int:
+    """Delete every object under an s3:// prefix (a deleted topic's partitions); the
+    number deleted."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    assert location.bucket is not None
+    client = client if client is not None else s3_client()
+    start = location.path + "/" if location.path else ""
+    removed = 0
+    try:
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=location.bucket, Prefix=start):
+            keys = [item["Key"] for item in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=location.bucket,
+                                      Delete={"Objects": [{"Key": key} for key in keys]})
+                removed += len(keys)
+    except (ClientError, BotoCoreError) as error:
+        raise StorageError(f"{location}: deleting its objects failed: {error}") from error
+    return removed
+
+
+def volume_from_spec(spec: Mapping[str, Any], cache_dir: Path | None = None) -> Volume:
+    """The volume a `Volume.spec` names, in this process (a Spark task's). An S3 volume
+    caches into `cache_dir`, else into a directory of this process's own."""
+    if spec["kind"] == "local":
+        return LocalVolume(Path(spec["root"]))
+    if cache_dir is None:
+        cache_dir = _task_cache_dir()
+    return ObjectVolume(Location.parse(spec["url"]), cache_dir)
+
+
+_TASK_CACHE: list[Path] = []
+
+
+def _task_cache_dir() -> Path:
+    import tempfile
+
+    with _CACHES_LOCK:
+        if not _TASK_CACHE:
+            _TASK_CACHE.append(Path(tempfile.mkdtemp(prefix="compactlog-cache-")))
+        return _TASK_CACHE[0]
+
+
+def age_ms(listed: Listed) -> int:
+    return int(time.time() * 1000) - listed.modified_ms
