@@ -14,14 +14,31 @@ from typing import Any
 import click
 
 from compactlog.errors import CompactlogError
+from compactlog.storage.location import Location
+from compactlog.storage.store import default_local_dir
 
 DEFAULT_DATA_DIR = "./compactlog-data"
 
 
 class Context:
-    def __init__(self, data_dir: Path, debug: bool) -> None:
-        self.data_dir = data_dir
+    """What every command needs: where the data is, and whether to show tracebacks.
+
+    `target` is what the store opens: the data directory, or an s3:// URL. `data_dir` is
+    always local: the data directory itself, or for an s3:// URL the local directory of
+    its log segments, locks and read cache (COMPACTLOG_LOCAL_DIR, else one under
+    ~/.cache/compactlog; storage/store.py's default_local_dir). The files a running
+    server or worker leaves for the CLI (server.json, compaction-worker.json), the
+    credentials and the ACLs are there."""
+
+    def __init__(self, data_dir: str | Path, debug: bool) -> None:
         self.debug = debug
+        self.set_data_dir(data_dir)
+
+    def set_data_dir(self, value: str | Path) -> None:
+        self.location = Location.parse(value)
+        self.target: str | Path = str(self.location) if self.location.is_s3 else Path(value)
+        self.data_dir = (default_local_dir(self.location) if self.location.is_s3
+                         else Path(value))
 
 
 @click.group(
@@ -35,11 +52,10 @@ Examples:
 )
 @click.option(
     "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
     envvar="COMPACTLOG_DATA_DIR",
     default=DEFAULT_DATA_DIR,
     show_default=True,
-    help="The data directory (or set COMPACTLOG_DATA_DIR).",
+    help="The data directory, or s3://BUCKET/PREFIX (or set COMPACTLOG_DATA_DIR).",
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.option(
@@ -51,7 +67,7 @@ Examples:
 )
 @click.version_option(package_name="compactlog")
 @click.pass_context
-def cli(ctx: click.Context, data_dir: Path, debug: bool, log_level: str) -> None:
+def cli(ctx: click.Context, data_dir: str, debug: bool, log_level: str) -> None:
     """compactlog: a message log with key-compacted topics.
 
     Producers append keyed records; a null value (a tombstone) deletes a key. Sealed
@@ -63,7 +79,19 @@ def cli(ctx: click.Context, data_dir: Path, debug: bool, log_level: str) -> None
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    quiet_secret_loggers()
     ctx.obj = Context(data_dir, debug)
+
+
+# Their DEBUG logs print signed requests: the session token and the signing material.
+SECRET_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
+
+
+def quiet_secret_loggers() -> None:
+    """Never log what the AWS libraries log at DEBUG, whatever --log-level says."""
+    for name in SECRET_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.INFO))
 
 
 def _register() -> None:
@@ -92,9 +120,9 @@ def _register() -> None:
     cli.add_command(worker.worker)
 
 
-def _set_data_dir(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+def _set_data_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value is not None:
-        ctx.find_object(Context).data_dir = value  # type: ignore[union-attr]
+        ctx.find_object(Context).set_data_dir(value)  # type: ignore[union-attr]
 
 
 def _accept_data_dir_everywhere(group: click.Group) -> None:
@@ -105,9 +133,8 @@ def _accept_data_dir_everywhere(group: click.Group) -> None:
             _accept_data_dir_everywhere(command)
         elif not any("--data-dir" in p.opts for p in command.params):
             command.params.append(click.Option(
-                ["--data-dir"], type=click.Path(file_okay=False, path_type=Path),
-                default=None, expose_value=False, callback=_set_data_dir,
-                help="The data directory (as `compactlog --data-dir DIR ...`)."))
+                ["--data-dir"], default=None, expose_value=False, callback=_set_data_dir,
+                help="The data directory or s3:// URL (as `compactlog --data-dir DIR ...`)."))
 
 
 _register()

@@ -140,7 +140,7 @@ def compact(
         "spark.master": spark_master,
         "spark.conf": parse_assignments(spark_conf),
     }
-    with LogStore.open(ctx.data_dir, read_only=True) as store:
+    with LogStore.open(ctx.target, read_only=True) as store:
         # Fail fast on a bad topic or partition, before Spark starts.
         chosen = chosen_partitions(store, topic, list(partitions) if partitions else None)
         held = _wait_for_other_runs(chosen)
@@ -381,7 +381,7 @@ def compaction_status(ctx: Context, topic: str, server_url: str | None, as_json:
         body = AdminClient(server_url).get(f"/v1/topics/{quote(topic, safe='')}/compaction")
         rows = body["partitions"]
     else:
-        with LogStore.open(ctx.data_dir, read_only=True) as store:
+        with LogStore.open(ctx.target, read_only=True) as store:
             handle = store.topic(topic)
             rows = []
             for partition in handle.partitions:

@@ -60,7 +60,7 @@ def consume(
       compactlog consume prices --from latest --follow --format json --encoding base64
     """
     position = _start(start)
-    with LogStore.open(ctx.data_dir, read_only=True) as store:
+    with LogStore.open(ctx.target, read_only=True) as store:
         handle = store.topic(topic)
         indexes = [partition] if partition is not None else range(len(handle.partitions))
         readers = [

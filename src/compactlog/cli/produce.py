@@ -54,10 +54,10 @@ def produce(
     """
     produced: Counter[int] = Counter()
     pending: list[ProducerRecord] = []
-    with LogStore.open(ctx.data_dir, read_only=True) as reader:
+    with LogStore.open(ctx.target, read_only=True) as reader:
         config = reader.topic(topic).config
     refuse_null_keys = config.compacted and config["null.key.policy"] == "reject"
-    with open_writer(ctx.data_dir) as writer:
+    with open_writer(ctx.target, ctx.data_dir) as writer:
 
         def send() -> None:
             produced.update(writer.append(topic, pending, partition))

@@ -57,7 +57,7 @@ def create(ctx: Context, topic: str, partitions: int, assignments: tuple[str, ..
           --config cleanup.policy=compact --config delete.retention.ms=3600000
     """
     config = {key: str(value) for key, value in parse_assignments(assignments).items()}
-    with open_writer(ctx.data_dir) as writer:
+    with open_writer(ctx.target, ctx.data_dir) as writer:
         writer.create_topic(topic, partitions, config)
     click.echo(f"created topic {topic} with {partitions} partition(s){writer.via}")
 
@@ -71,9 +71,9 @@ def list_topics(ctx: Context) -> None:
     Example:
       compactlog topics list
     """
-    if not (ctx.data_dir / "topics").is_dir():
+    if not ctx.location.is_s3 and not (ctx.data_dir / "topics").is_dir():
         return
-    with LogStore.open(ctx.data_dir, read_only=True) as store:
+    with LogStore.open(ctx.target, read_only=True) as store:
         for name in store.list_topics():
             click.echo(name)
 
@@ -89,7 +89,7 @@ def describe(ctx: Context, topic: str, as_json: bool) -> None:
     Example:
       compactlog topics describe prices --json
     """
-    with LogStore.open(ctx.data_dir, read_only=True) as store:
+    with LogStore.open(ctx.target, read_only=True) as store:
         handle = store.topic(topic)
         meta = handle.meta
         partitions = [
@@ -183,7 +183,7 @@ def alter(
     if not assignments and not deletions:
         raise click.UsageError("nothing to change: give --config KEY=VALUE or --delete-config KEY")
     changes = {key: str(value) for key, value in parse_assignments(assignments).items()}
-    with open_writer(ctx.data_dir) as writer:
+    with open_writer(ctx.target, ctx.data_dir) as writer:
         writer.alter_topic(topic, changes, deletions)
     click.echo(f"altered topic {topic}{writer.via}")
 
@@ -199,10 +199,10 @@ def delete(ctx: Context, topic: str, yes: bool) -> None:
     Example:
       compactlog topics delete prices --yes
     """
-    with LogStore.open(ctx.data_dir, read_only=True) as store:
+    with LogStore.open(ctx.target, read_only=True) as store:
         store.topic(topic)  # fails with a clear error before asking about an unknown topic
     if not yes:
         click.confirm(f"delete topic {topic} and all its records?", abort=True)
-    with open_writer(ctx.data_dir) as writer:
+    with open_writer(ctx.target, ctx.data_dir) as writer:
         writer.delete_topic(topic)
     click.echo(f"deleted topic {topic}{writer.via}")

@@ -80,8 +80,8 @@ class ServerWriter:
     """Writes through the running server's Kafka listener (aiokafka, a dependency
     already: its record codec is the store's)."""
 
-    def __init__(self, data_dir: Path, bootstrap: str) -> None:
-        self.data_dir = data_dir
+    def __init__(self, target: str | Path, bootstrap: str) -> None:
+        self.target = target
         self.bootstrap = bootstrap
         self.via = f" through the server at {bootstrap}"
         self._loop = asyncio.new_event_loop()
@@ -118,7 +118,7 @@ class ServerWriter:
                     delete: Sequence[str]) -> None:
         # AlterConfigs replaces a topic's whole config: send the current overrides with
         # the change applied (validated here first, as the store would).
-        with LogStore.open(self.data_dir, read_only=True) as store:
+        with LogStore.open(self.target, read_only=True) as store:
             current = store.topic(name).config
         altered = current.altered(set_values, delete)
 
@@ -185,10 +185,11 @@ def _check_topic_errors(response: Any, field: str) -> None:
 
 
 @contextmanager
-def open_writer(data_dir: Path) -> Iterator[Writer]:
-    """A writer for `data_dir`: the store, or the server that holds it."""
+def open_writer(target: str | Path, data_dir: Path) -> Iterator[Writer]:
+    """A writer for the store at `target` (a directory or an s3:// URL, whose local
+    directory is `data_dir`): the store, or the server that holds it."""
     try:
-        store = LogStore.open(data_dir)
+        store = LogStore.open(target, local_dir=data_dir)
     except DataDirLockedError as locked:
         server = running_server(data_dir)
         if server is None:
@@ -200,7 +201,7 @@ def open_writer(data_dir: Path) -> Iterator[Writer]:
                 f"{locked}; the server has no PLAINTEXT listener for this command to "
                 f"write through (its listeners: {', '.join(server.listeners)}). Add one "
                 f"on 127.0.0.1 (listen = \"127.0.0.1:9092\"), or stop the server") from None
-        writer = ServerWriter(data_dir, server.kafka)
+        writer = ServerWriter(target, server.kafka)
         try:
             yield writer
         finally:

@@ -454,7 +454,7 @@ def _sealed_batches(partition: Partition,
                     info: SegmentInfo) -> Iterator[tuple[int, int, int, int, int]]:
     """(producer id, epoch, base sequence, base offset, last offset) of each batch with
     a producer id in a sealed segment, from its batch columns (one row per record)."""
-    with partition.files.lease(partition.segment_dir / info.file, info) as segment:
+    with partition.files.lease(partition.data_path(f"segments/{info.file}"), info) as segment:
         yield from _batches_of(segment.iter_tables(info.base_offset, _SEALED_COLUMNS))
 
 

@@ -41,6 +41,10 @@ S3_SCHEME = "s3"
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
+# "s3:/bucket", as a shell or Path("s3://bucket") leaves it: not meant as a directory.
+_ONE_SLASH_URL = re.compile(r"^(s3|s3a|s3n|file|gs|http|https):/[^/]", re.IGNORECASE)
+
+
 class LocationError(UserError):
     """A data location that is neither a usable path nor a valid s3:// URL."""
 
@@ -64,6 +68,10 @@ class Location:
         if not raw.strip():
             raise LocationError("empty data location: give a directory or s3://BUCKET/PREFIX")
         if "://" not in raw:
+            if _ONE_SLASH_URL.match(raw):
+                raise LocationError(
+                    f"{_safe(raw)} looks like a URL with one slash after its scheme; write "
+                    "s3://BUCKET/PREFIX (a directory with a ':' in its name: ./" + raw + ")")
             return cls(str(Path(raw).expanduser().absolute()))
         scheme = raw.split("://", 1)[0].lower()
         if scheme == "file":

@@ -71,6 +71,7 @@ from compactlog.storage.records import (
     set_base_offset,
     validate_records,
 )
+from compactlog.storage.sealed import SegmentMissingError
 from compactlog.storage.volume import LocalVolume, Volume
 
 log = logging.getLogger(__name__)
@@ -175,8 +176,13 @@ class Partition:
 
     def data_path(self, relative: str) -> Path:
         """A local path holding data file `relative` (volume.py: on S3 a cached copy,
-        downloaded now if need be); FileNotFoundError when it is gone."""
-        return self.volume.fetch(relative)
+        downloaded now if need be). A file that is gone raises SegmentMissingError, so a
+        read retries from a newer manifest (reads.with_view)."""
+        try:
+            return self.volume.fetch(relative)
+        except FileNotFoundError:
+            raise SegmentMissingError(self.volume.describe(relative),
+                                      "listed by the manifest but gone") from None
 
     def open(self) -> Partition:
         recovery.open_partition(self)

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from compactlog.errors import ConflictError, CorruptionError
 from compactlog.storage.deletion import cached_deletion_vector, drop_deleted
 from compactlog.storage.logfile import LogSegment
-from compactlog.storage.manifest import PartitionManifest, SegmentInfo
+from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest, SegmentInfo
 from compactlog.storage.records import Record
 from compactlog.storage.sealed import (
     RECORD_COLUMNS,
@@ -107,14 +107,8 @@ def _file_tables(partition: Partition, path_dir: str, infos: tuple[SegmentInfo, 
 
 
 def _local(partition: Partition, path_dir: str, name: str) -> Path:
-    """A local path of a data file (volume.py: on an object store a cached copy). A file
-    that is gone raises SegmentMissingError, so the read retries from a newer manifest."""
-    relative = f"{path_dir}/{name}"
-    try:
-        return partition.data_path(relative)
-    except FileNotFoundError:
-        raise SegmentMissingError(partition.volume.describe(relative),
-                                  "listed by the manifest but gone") from None
+    """A local path of a data file (volume.py: on an object store a cached copy)."""
+    return partition.data_path(f"{path_dir}/{name}")
 
 
 def sealed_tables(partition: Partition, manifest: PartitionManifest, offset: int,
@@ -346,7 +340,8 @@ def offset_for_timestamp(partition: Partition, timestamp: int,
         manifest = view.manifest
         for info in manifest.segments:
             if info.max_timestamp >= timestamp and info.last_offset >= manifest.log_start_offset:
-                with partition.files.lease(partition.segment_dir / info.file, info) as segment:
+                path = _local(partition, SEGMENT_DIR, info.file)
+                with partition.files.lease(path, info) as segment:
                     found = segment.offset_for_timestamp(timestamp)
                 if found is not None and found >= manifest.log_start_offset:
                     return found
@@ -366,7 +361,8 @@ def offset_for_timestamp(partition: Partition, timestamp: int,
                     if found is not None:
                         return found
                     continue
-                with partition.files.lease(partition.ledger_dir / info.file, info) as segment:
+                path = _local(partition, LEDGER_DIR, info.file)
+                with partition.files.lease(path, info) as segment:
                     found = segment.offset_for_timestamp(timestamp)
                 if found is not None and found >= deleted_below:
                     return found

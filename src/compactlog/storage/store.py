@@ -194,7 +194,8 @@ class LogStore:
         if location.is_s3:
             path = Path(local_dir) if local_dir is not None else default_local_dir(location)
         else:
-            path = Path(location.path)
+            # As given (relative stays relative, so messages show what the user typed).
+            path = Path(data_dir) if not isinstance(data_dir, Location) else Path(location.path)
         store = cls(path, read_only, clock, max_open_files, location)
         layout = store.layout
         if read_only:
@@ -230,6 +231,8 @@ class LogStore:
 
     def close(self) -> None:
         with self._lock:
+            if self.location.is_s3 and not self.read_only:
+                self._seal_everything()
             for topic in self._topics.values():
                 topic.close()
             self._topics.clear()
@@ -237,6 +240,24 @@ class LogStore:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
+
+    def _seal_everything(self) -> None:
+        """On an object store, a writer that closes seals its active segments, so that
+        everything it acknowledged is in the bucket, not only on this machine's disk
+        (a crash instead leaves them for the next writer on this local directory)."""
+        for topic in self._topics.values():
+            for partition in topic.partitions:
+                if partition.failed is not None or not partition.logs:
+                    continue
+                try:
+                    partition.flush()
+                    if not partition.active.is_empty:
+                        partition.roll()
+                    partition.seal_rolled()
+                except Exception as error:  # logged; the log files stay for the next open
+                    log.error("%s: sealing at close failed; its records stay in %s until "
+                              "the next writer on this directory seals them: %s",
+                              partition.name, partition.log_dir, error)
 
     def _require_writable(self) -> None:
         if self.read_only:

@@ -1,0 +1,41 @@
+"""The log store's model test (test_model.py) with the store on an s3:// location: a
+moto server on loopback holds the manifests and sealed segments, a local directory the
+log segments. The same rules and invariants, fewer examples (every step is HTTP)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis.stateful import run_state_machine_as_test
+
+from compactlog.storage.location import Location
+from compactlog.storage.store import LogStore
+from s3_support import (
+    S3Server,
+    s3_fixture,  # noqa: F401  (the `s3` fixture)
+)
+from test_model import LogStoreModel, model_settings
+
+
+class S3LogStoreModel(LogStoreModel):
+    server: S3Server  # set by the test before the machine runs
+    seals_on_close = True
+
+    def open_store(self, read_only: bool = False) -> LogStore:
+        if not hasattr(self, "location"):
+            self.location: Location = self.server.location("model")  # one per example
+        if read_only:
+            # A reader on the same machine: the writer's log segments are in the same
+            # local directory, as they are for a local store's readers.
+            return LogStore.open(self.location, read_only=True, local_dir=self.directory)
+        return LogStore.open(self.location, clock=self.clock, local_dir=self.directory)
+
+
+def test_the_store_on_s3_agrees_with_the_model(s3: S3Server,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    S3LogStoreModel.server = s3
+    run_state_machine_as_test(S3LogStoreModel, settings=model_settings(
+        int(os.environ.get("COMPACTLOG_MODEL_S3_EXAMPLES", "25"))))

@@ -1,0 +1,128 @@
+"""The log store on an s3:// location (moto's S3 server on loopback): topics created,
+listed, altered, deleted and re-created; a writer that closes seals what it holds, so a
+reader on another machine (another local directory) reads every record from the bucket;
+the CLI with `--data-dir s3://...`; no secret in any output."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from compactlog import LogStore, ProducerRecord
+from compactlog.errors import TopicExistsError, UnknownTopicError
+from compactlog.storage.location import Location
+from s3_support import (
+    ACCESS_KEY_ID,
+    SECRET_ACCESS_KEY,
+    SESSION_TOKEN,
+    S3Server,
+    s3_fixture,  # noqa: F401  (the `s3` fixture)
+)
+from test_cli import ok, run
+
+
+@pytest.fixture
+def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    yield s3.env
+
+
+@pytest.fixture
+def where(s3: S3Server, s3_env: dict[str, str]) -> Location:
+    return s3.location("store")
+
+
+def records(count: int, prefix: str = "k") -> list[ProducerRecord]:
+    return [ProducerRecord(f"{prefix}{i % 7}".encode(), f"v{i}".encode()) for i in range(count)]
+
+
+def test_topics_are_created_listed_altered_deleted_and_recreated(
+        where: Location, tmp_path: Path) -> None:
+    with LogStore.open(where, local_dir=tmp_path / "a") as store:
+        store.create_topic("prices", 2, {"cleanup.policy": "compact"})
+        store.create_topic("orders")
+        assert store.list_topics() == ["orders", "prices"]
+        with pytest.raises(TopicExistsError):
+            store.create_topic("prices")
+        store.alter_topic("prices", {"segment.bytes": "2048"})
+        store.append("orders", records(5))
+        store.delete_topic("orders")
+        assert store.list_topics() == ["prices"]
+        with pytest.raises(UnknownTopicError):
+            store.topic("orders")
+        recreated = store.create_topic("orders", 3)
+        assert len(recreated.partitions) == 3
+        assert all(p.log_end_offset == 0 for p in recreated.partitions)
+    # Another machine (another local directory) sees the same topics and config.
+    with LogStore.open(where, read_only=True, local_dir=tmp_path / "b") as reader:
+        assert reader.list_topics() == ["orders", "prices"]
+        assert reader.topic("prices").config["segment.bytes"] == 2048
+        with pytest.raises(UnknownTopicError):
+            reader.topic("nope")
+
+
+def test_a_closing_writer_seals_everything_into_the_bucket(where: Location,
+                                                           tmp_path: Path) -> None:
+    with LogStore.open(where, local_dir=tmp_path / "writer") as store:
+        store.create_topic("t", 2, {"segment.bytes": "1024"})
+        store.append("t", records(300))
+        ends = [p.log_end_offset for p in store.topic("t").partitions]
+        expected = [p.read(0, 10_000, 1 << 30) for p in store.topic("t").partitions]
+    assert sum(ends) == 300
+    with LogStore.open(where, read_only=True, local_dir=tmp_path / "elsewhere") as reader:
+        partitions = reader.topic("t").partitions
+        assert [p.log_end_offset for p in partitions] == ends
+        assert [p.read(0, 10_000, 1 << 30) for p in partitions] == expected
+        assert not any(p.logs for p in partitions)  # nothing came from a local log
+
+
+def test_the_cli_on_s3(where: Location, s3_env: dict[str, str], tmp_path: Path) -> None:
+    url = str(where)
+    env = {**s3_env, "COMPACTLOG_LOCAL_DIR": str(tmp_path / "local"),
+           "COMPACTLOG_DATA_DIR": url}
+    ok(run(tmp_path, "topics", "create", "prices", "--partitions", "2",
+           "--config", "cleanup.policy=compact", env=env))
+    ok(run(tmp_path, "produce", "prices", stdin="AAPL\t1\nMSFT\t2\nAAPL\t3\n", env=env))
+    assert not (tmp_path / "topics").exists()
+    # Another machine: another local directory, the same bucket.
+    other = {**env, "COMPACTLOG_LOCAL_DIR": str(tmp_path / "other")}
+    listed = ok(run(tmp_path, "topics", "list", env=other))
+    assert listed.split() == ["prices"]
+    out = ok(run(tmp_path, "consume", "prices", "--format", "json", env=other))
+    got = sorted((r["key"], r["value"]) for r in map(json.loads, out.splitlines()))
+    assert got == [("AAPL", "1"), ("AAPL", "3"), ("MSFT", "2")]
+    described = run(tmp_path, "--log-level", "debug", "topics", "describe", "prices", env=other)
+    ok(described)
+    for output in (described.stdout, described.stderr, listed, out):
+        for secret in (SECRET_ACCESS_KEY, SESSION_TOKEN, ACCESS_KEY_ID):
+            assert secret not in output
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("s3a://bucket/x", "s3a://"),
+    ("s3:/bucket/x", "one slash"),
+    ("s3://Bad_Bucket/x", "invalid bucket name"),
+])
+def test_a_bad_url_is_one_clear_line(tmp_path: Path, url: str, says: str) -> None:
+    result = run(tmp_path, "topics", "list", env={"COMPACTLOG_DATA_DIR": url})
+    assert result.returncode != 0
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())
+
+
+def test_local_dir_default_is_per_url(where: Location, monkeypatch: pytest.MonkeyPatch,
+                                      tmp_path: Path) -> None:
+    from compactlog.storage.store import default_local_dir
+
+    monkeypatch.delenv("COMPACTLOG_LOCAL_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = default_local_dir(where)
+    second = default_local_dir(where.join("other"))
+    assert first != second and first.is_relative_to(tmp_path)
+    assert os.environ.get("AWS_SECRET_ACCESS_KEY") not in str(first)
