@@ -84,6 +84,7 @@ from compactlog.storage.commit import (
     _version_of,
 )
 from compactlog.storage.location import Location, S3Settings
+from compactlog.storage.object_errors import ObjectStoreSetupError, s3_error
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -93,6 +94,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _CONFLICT_STATUS = (409, 412)  # 409: S3's ConditionalRequestConflict under a race
+# What a failed request raises (object_errors.py): retryable, or a setup error.
+_REQUEST_FAILED = (StorageError, ObjectStoreSetupError)
 
 
 class ObjectCommitOutcomeUnknown(CommitOutcomeUnknown):
@@ -183,21 +186,46 @@ class ObjectDocument:
 
     # -- requests ---------------------------------------------------------------------
 
-    def _failed(self, operation: str, key: str, error: Exception) -> StorageError:
-        return StorageError(f"{self.url_of(key)}: {operation} failed: {error}")
+    @property
+    def _attempts(self) -> int:
+        retries: dict[str, Any] = getattr(self.client.meta.config, "retries", None) or {}
+        return int(retries.get("total_max_attempts") or retries.get("max_attempts") or 1)
+
+    def _failed(self, operation: str, key: str, error: Exception) -> StorageError | \
+            ObjectStoreSetupError:
+        """A request's failure, after botocore's retries, as object_errors.py says."""
+        attempts = self._attempts
+        if isinstance(error, ClientError):
+            attempts = int(error.response.get("ResponseMetadata", {}).get(
+                "RetryAttempts", 0)) + 1
+        failed = s3_error(operation, self.url_of(key), error, self.client.meta.endpoint_url,
+                          attempts)
+        assert isinstance(failed, _REQUEST_FAILED)
+        return failed
 
     def _get(self, key: str) -> _Object | None:
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=key)
-            raw = response["Body"].read()
-        except ClientError as error:
-            if _status(error) == 404 and error.response.get("Error", {}).get(
-                    "Code") in ("NoSuchKey", "404"):
-                return None
-            raise self._failed("GET", key, error) from error
-        except BotoCoreError as error:
-            raise self._failed("GET", key, error) from error
-        return _Object(response["ETag"], raw)
+        """GET an object (None if there is none). botocore retries the request; a body
+        cut short or stalled while being read is retried here, as often."""
+        for attempt in range(1, self._attempts + 1):
+            try:
+                response = self.client.get_object(Bucket=self.bucket, Key=key)
+            except ClientError as error:
+                if _status(error) == 404 and error.response.get("Error", {}).get(
+                        "Code") in ("NoSuchKey", "404"):
+                    return None
+                raise self._failed("GET", key, error) from error
+            except BotoCoreError as error:
+                raise self._failed("GET", key, error) from error
+            try:
+                raw = response["Body"].read()
+            except BotoCoreError as error:
+                if attempt == self._attempts:
+                    raise self._failed("GET", key, error) from error
+                log.info("%s: GET's body was cut short (%s); retrying", self.url_of(key),
+                         type(error).__name__)
+                continue
+            return _Object(response["ETag"], raw)
+        raise AssertionError("unreachable")
 
     def _delete(self, key: str, if_match: str | None = None) -> None:
         try:
@@ -338,7 +366,7 @@ class ObjectDocument:
             cause = error
         try:
             found = self._get(key)
-        except StorageError:
+        except _REQUEST_FAILED:
             found = None
         if found is not None and _commit_id_of(found.raw) == commit_id:
             return found.etag
@@ -392,7 +420,7 @@ class ObjectDocument:
         """current.json's ETag if it is this commit's (None if not, or unreadable)."""
         try:
             found = self._get(self.current_key)
-        except StorageError:
+        except _REQUEST_FAILED:
             return None
         if found is not None and _commit_id_of(found.raw) == commit_id:
             return found.etag
@@ -401,7 +429,7 @@ class ObjectDocument:
     def _drop_audit(self, key: str, etag: str) -> None:
         try:
             self._delete(key, if_match=etag)
-        except StorageError as error:
+        except _REQUEST_FAILED as error:
             log.warning("%s: the audit copy of a commit that did not land stays (removed by "
                         "purge_uncommitted): %s", self.where, error)
 
@@ -440,7 +468,7 @@ class ObjectDocument:
             for old in self.history():
                 if old <= version - self.keep:
                     self._delete(self.audit_key(old))
-        except StorageError as error:
+        except _REQUEST_FAILED as error:
             log.warning("%s: version %d is committed; pruning old audit copies failed "
                         "(retried at the next commit): %s", self.where, version, error)
 
