@@ -22,8 +22,9 @@ Actions (what a matching request gets):
                        half the body, then close: a response cut short
   strip_conditions     forward it without If-Match / If-None-Match: a store that
                        ignores conditional writes
-Use the `s3_proxy` fixture (a proxy per test in front of the session's moto server); its
-`env` points the AWS settings at the proxy.
+Use: `from s3_faults import s3_proxy_fixture  # noqa: F401` (with s3_support's
+s3_fixture), then the `s3_proxy` fixture: a proxy per test in front of the session's moto
+server, whose `env` points the AWS settings at the proxy.
 """
 
 from __future__ import annotations
@@ -173,10 +174,17 @@ class S3Proxy:
     def env(self) -> dict[str, str]:
         return {**self.server.env, "AWS_ENDPOINT_URL": self.endpoint_url}
 
-    def requests(self, method: str | None = None, key: str | None = None) -> list[Seen]:
+    def requests(self, method: str | None = None, key: str | None = None,
+                 since: int = 0) -> list[Seen]:
+        """The requests seen (from the `since`th on: see `mark`) that match."""
         with self._lock:
-            return [s for s in self.seen if (method is None or s.method == method)
+            return [s for s in self.seen[since:] if (method is None or s.method == method)
                     and (key is None or re.search(key, s.key) is not None)]
+
+    def mark(self) -> int:
+        """A position in `seen`, for `requests(since=...)`."""
+        with self._lock:
+            return len(self.seen)
 
     def _decide(self, seen: Seen) -> Rule | None:
         with self._lock:
@@ -331,8 +339,8 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
 
-@pytest.fixture
-def s3_proxy(s3: S3Server) -> Iterator[S3Proxy]:
+@pytest.fixture(name="s3_proxy")
+def s3_proxy_fixture(s3: S3Server) -> Iterator[S3Proxy]:
     """A fault proxy in front of the session's moto server, stopped after the test."""
     host, _, port = s3.endpoint_url.removeprefix("http://").partition(":")
     proxy = S3Proxy((host, int(port)), s3).start()

@@ -157,11 +157,17 @@ class ObjectDocument:
 
     @classmethod
     def at(cls, location: Location, keep: int = DEFAULT_KEEP,
-           env: Mapping[str, str] | None = None) -> ObjectDocument:
-        """The document at an s3:// location, with a client from the AWS settings."""
+           env: Mapping[str, str] | None = None,
+           settings: S3Settings | None = None) -> ObjectDocument:
+        """The document at an s3:// location, with a client from the AWS settings
+        (`settings`, when given, instead of those from `env`), once the store passed
+        object_probe's check for conditional writes (once per endpoint and bucket)."""
+        from compactlog.storage.object_probe import check_conditional_writes
+
         if location.bucket is None:
             raise ValueError(f"{location} is not an s3:// location")
-        client = S3Settings.from_env(env).boto3_client()
+        client = (settings or S3Settings.from_env(env)).boto3_client()
+        check_conditional_writes(location, client)
         return cls(client, location.bucket, location.path, keep)
 
     def __repr__(self) -> str:

@@ -117,6 +117,8 @@ def s3_error(operation: str, url: str, error: Exception, endpoint: str | None = 
 _ARROW_SETUP = (
     ("NoSuchBucket", "bucket {bucket!r} does not exist at {endpoint}: create it, or "
                      "correct the bucket in the data location or AWS_ENDPOINT_URL"),
+    ("NO_SUCH_BUCKET", "bucket {bucket!r} does not exist at {endpoint}: create it, or "
+                       "correct the bucket in the data location or AWS_ENDPOINT_URL"),
     ("The specified bucket does not exist", "bucket {bucket!r} does not exist at "
      "{endpoint}: create it, or correct the bucket in the data location or "
      "AWS_ENDPOINT_URL"),
