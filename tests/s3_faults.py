@@ -20,8 +20,8 @@ Actions (what a matching request gets):
                        answering: the client cannot know whether it landed
   truncate             forward it and answer with the right Content-Length but only
                        half the body, then close: a response cut short
-  strip_conditions     forward it without If-Match / If-None-Match: a store that
-                       ignores conditional writes
+  strip_conditions     forward it without If-Match / If-None-Match (or one of them): a
+                       store that ignores conditional writes
 Use: `from s3_faults import s3_proxy_fixture  # noqa: F401` (with s3_support's
 s3_fixture), then the `s3_proxy` fixture: a proxy per test in front of the session's moto
 server, whose `env` points the AWS settings at the proxy.
@@ -30,6 +30,7 @@ server, whose `env` points the AWS settings at the proxy.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
 import re
 import socket
@@ -43,6 +44,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from compactlog.storage.location import S3Settings
 from s3_support import S3Server
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
@@ -57,6 +59,17 @@ MESSAGES = {
                              "signature you provided. Check your key and signing method.",
     "AccessDenied": "Access Denied",
 }
+
+
+ATTEMPTS = 3
+
+
+def fast(env: dict[str, str], request_timeout_s: float = 5.0) -> S3Settings:
+    """S3 settings for tests: ATTEMPTS attempts, a millisecond backoff, short timeouts."""
+    return dataclasses.replace(
+        S3Settings.from_env(env), max_attempts=ATTEMPTS, connect_timeout_s=1.0,
+        request_timeout_s=request_timeout_s, throttle_backoff_s=0.001,
+        retry_backoff_s=0.001, max_backoff_s=0.01)
 
 
 @dataclass
@@ -75,6 +88,7 @@ class Rule:
     code: str = "SlowDown"
     then: str = "forward"
     seconds: float = 30.0
+    strip: tuple[str, ...] = CONDITIONS
     matched: int = 0
     fired: int = 0
 
@@ -119,8 +133,9 @@ def truncate(**where: Any) -> Rule:
     return Rule("truncate", **where)
 
 
-def strip_conditions(**where: Any) -> Rule:
-    return Rule("strip_conditions", **{"count": None, **where})
+def strip_conditions(strip: tuple[str, ...] = CONDITIONS, **where: Any) -> Rule:
+    """Forward without the `strip` headers (lower-case): by default every condition."""
+    return Rule("strip_conditions", strip=strip, **{"count": None, **where})
 
 
 @dataclass
@@ -269,8 +284,8 @@ class _Handler(BaseHTTPRequestHandler):
             if rule.then == "drop":
                 self._drop()
                 return
-        if action == "strip_conditions":
-            headers = {k: v for k, v in headers.items() if k.lower() not in CONDITIONS}
+        if rule is not None and action == "strip_conditions":
+            headers = {k: v for k, v in headers.items() if k.lower() not in rule.strip}
         status, reason, answer_headers, answer = self._forward(owner, headers, body)
         seen.status = status
         if action == "lost_answer":

@@ -13,7 +13,6 @@ backoff of milliseconds) to keep the tests fast; nothing asserts on timing."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from typing import Any
@@ -28,8 +27,10 @@ from compactlog.storage.location import Location, S3Settings
 from compactlog.storage.object_commit import ObjectCommitOutcomeUnknown, ObjectDocument
 from compactlog.storage.object_errors import arrow_errors
 from s3_faults import (
+    ATTEMPTS,
     Rule,
     S3Proxy,
+    fast,
     internal_error,
     lost_answer,
     s3_proxy_fixture,  # noqa: F401  (the `s3_proxy` fixture: a fault proxy per test)
@@ -43,16 +44,6 @@ from s3_support import (
     S3Server,
     s3_fixture,  # noqa: F401  (the `s3` fixture: a moto server shared by the test run)
 )
-
-ATTEMPTS = 3
-
-
-def fast(env: dict[str, str], request_timeout_s: float = 5.0) -> S3Settings:
-    """Settings for tests: few attempts, a millisecond backoff, short timeouts."""
-    return dataclasses.replace(
-        S3Settings.from_env(env), max_attempts=ATTEMPTS, connect_timeout_s=1.0,
-        request_timeout_s=request_timeout_s, throttle_backoff_s=0.001,
-        retry_backoff_s=0.001, max_backoff_s=0.01)
 
 
 def fault(kind: str, **where: Any) -> Rule:

@@ -84,7 +84,7 @@ from compactlog.storage.commit import (
     _version_of,
 )
 from compactlog.storage.location import Location, S3Settings
-from compactlog.storage.object_errors import ObjectStoreSetupError, s3_error
+from compactlog.storage.object_errors import ObjectStoreSetupError, request_error
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -197,17 +197,10 @@ class ObjectDocument:
         retries: dict[str, Any] = getattr(self.client.meta.config, "retries", None) or {}
         return int(retries.get("total_max_attempts") or retries.get("max_attempts") or 1)
 
-    def _failed(self, operation: str, key: str, error: Exception) -> StorageError | \
-            ObjectStoreSetupError:
+    def _failed(self, operation: str, key: str,
+                error: Exception) -> StorageError | ObjectStoreSetupError:
         """A request's failure, after botocore's retries, as object_errors.py says."""
-        attempts = self._attempts
-        if isinstance(error, ClientError):
-            attempts = int(error.response.get("ResponseMetadata", {}).get(
-                "RetryAttempts", 0)) + 1
-        failed = s3_error(operation, self.url_of(key), error, self.client.meta.endpoint_url,
-                          attempts)
-        assert isinstance(failed, _REQUEST_FAILED)
-        return failed
+        return request_error(self.client, operation, self.url_of(key), error)
 
     def _get(self, key: str) -> _Object | None:
         """GET an object (None if there is none). botocore retries the request; a body

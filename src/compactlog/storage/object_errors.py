@@ -15,7 +15,8 @@ timeouts and dropped connections are retried with backoff first) becomes:
 - StorageError (retryable): the endpoint cannot be reached (connection refused, connect
   timeout), a request timed out or lost its connection, or the store kept answering
   with throttling or 5xx errors; any other failure of a request.
-`s3_error` maps botocore's exceptions (boto3); `arrow_error` maps the OSError pyarrow's
+`s3_error` maps botocore's exceptions (boto3), `request_error` with what a client knows
+(its endpoint, its attempts); `arrow_error` maps the OSError pyarrow's
 S3FileSystem raises, and `arrow_errors` is a context manager that applies it.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import (
     BotoCoreError,
@@ -35,6 +37,9 @@ from botocore.exceptions import (
 )
 
 from compactlog.errors import CompactlogError, StorageError, UserError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 
 class ObjectStoreSetupError(UserError):
@@ -110,6 +115,20 @@ def s3_error(operation: str, url: str, error: Exception, endpoint: str | None = 
         return StorageError(f"{where}{tries}: {type(error).__name__}: "
                             f"{_one_line(str(error))}")
     return StorageError(f"{where}: {type(error).__name__}: {_one_line(str(error))}")
+
+
+def request_error(client: S3Client, operation: str, url: str,
+                  error: Exception) -> StorageError | ObjectStoreSetupError:
+    """`s3_error` for a request made by `client`: its endpoint, and how many attempts
+    were made (the answer's RetryAttempts, else the client's max attempts)."""
+    retries: dict[str, Any] = getattr(client.meta.config, "retries", None) or {}
+    attempts = int(retries.get("total_max_attempts") or retries.get("max_attempts") or 1)
+    if isinstance(error, ClientError):
+        attempts = int(error.response.get("ResponseMetadata", {}).get(
+            "RetryAttempts", 0)) + 1
+    failed = s3_error(operation, url, error, client.meta.endpoint_url, attempts)
+    assert isinstance(failed, StorageError | ObjectStoreSetupError)
+    return failed
 
 
 # pyarrow's S3 errors carry the AWS SDK's error names (and the server's code in

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from botocore.exceptions import BotoCoreError, ClientError
 
 from compactlog.storage.location import Location, LocationError, S3Settings
-from compactlog.storage.object_errors import ObjectStoreSetupError, s3_error
+from compactlog.storage.object_errors import ObjectStoreSetupError, request_error
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -129,9 +129,9 @@ class _Probe:
                 code = error.response.get("Error", {}).get("Code", "")
                 raise self._unsupported(f"refuses conditional PUTs ({_status(error)} "
                                         f"{code})") from error
-            raise s3_error("PUT", self.url, error, self.endpoint) from error
+            raise request_error(self.client, "PUT", self.url, error) from error
         except BotoCoreError as error:
-            raise s3_error("PUT", self.url, error, self.endpoint) from error
+            raise request_error(self.client, "PUT", self.url, error) from error
 
     def _mine(self) -> bool:
         try:
@@ -149,13 +149,13 @@ class _Probe:
                 return
             if self._refused_header(error):
                 raise self._unsupported(f"refuses {condition} ({_status(error)})") from error
-            raise s3_error("PUT", self.url, error, self.endpoint) from error
+            raise request_error(self.client, "PUT", self.url, error) from error
         except BotoCoreError as error:
-            raise s3_error("PUT", self.url, error, self.endpoint) from error
+            raise request_error(self.client, "PUT", self.url, error) from error
         raise self._unsupported(ignored)
 
     def _delete(self) -> None:
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self.key)
         except (ClientError, BotoCoreError) as error:
-            log.warning("%s", s3_error("DELETE", self.url, error, self.endpoint))
+            log.warning("%s", request_error(self.client, "DELETE", self.url, error))
