@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +27,7 @@ from compactlog.storage.commit import CURRENT
 from compactlog.storage.location import Location, S3Settings
 from compactlog.storage.object_commit import ObjectCommitOutcomeUnknown, ObjectDocument
 from compactlog.storage.object_errors import arrow_errors
+from compactlog.storage.object_uploads import abort_incomplete_uploads
 from s3_faults import (
     ATTEMPTS,
     Rule,
@@ -103,7 +105,9 @@ def test_a_persistent_fault_on_a_data_file_read_names_the_key(
 def test_a_failed_multipart_upload_leaves_no_object(s3_proxy: S3Proxy, s3: S3Server) -> None:
     """A persistent 500 on the upload of a part (pyarrow writes through a multipart
     upload): the write fails with a StorageError naming the key, and no object, whole
-    or partial, appears under that name: readers never see a half-written file."""
+    or partial, appears under that name: readers never see a half-written file. The
+    incomplete upload stays until abort_incomplete_uploads removes it (if it is old
+    enough: an upload in progress looks the same)."""
     filesystem = fast(s3_proxy.env).pyarrow_filesystem()
     location, path = data_path(s3_proxy)
     s3_proxy.add(internal_error(method="PUT", key=r"\.parquet$", count=None))
@@ -112,8 +116,20 @@ def test_a_failed_multipart_upload_leaves_no_object(s3_proxy: S3Proxy, s3: S3Ser
             arrow_errors("PUT", url, s3_proxy.endpoint_url):
         pq.write_table(TABLE, path, filesystem=filesystem)
     assert len(s3_proxy.requests("PUT", r"\.parquet$")) == ATTEMPTS
-    listed = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=location.path + "/")
+    client = s3.client()
+    listed = client.list_objects_v2(Bucket=s3.bucket, Prefix=location.path + "/")
     assert listed.get("KeyCount", 0) == 0
+    # pyarrow did not abort its upload: the parts stay until abort_incomplete_uploads
+    # (object_uploads.py) or a lifecycle rule removes them. moto dates every upload
+    # 2010-11-10, so "now" is set from it to show that a young upload is left alone.
+    uploads = client.list_multipart_uploads(Bucket=s3.bucket, Prefix=location.path + "/")
+    (upload,) = uploads["Uploads"]
+    young = upload["Initiated"] + timedelta(seconds=60)
+    assert abort_incomplete_uploads(client, location, older_than_s=3600, now=young) == []
+    assert abort_incomplete_uploads(client, location, older_than_s=30, now=young) == [
+        location.key("00000000000000000000.parquet")]
+    uploads = client.list_multipart_uploads(Bucket=s3.bucket, Prefix=location.path + "/")
+    assert not uploads.get("Uploads")
 
 
 def test_a_stalled_data_file_read_is_retried_after_the_timeout(s3_proxy: S3Proxy) -> None:
