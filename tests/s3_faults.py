@@ -163,6 +163,7 @@ class S3Proxy:
     _released: threading.Event = field(default_factory=threading.Event)
     _idle: threading.Condition = field(default_factory=threading.Condition)
     _active: int = 0
+    _connections: set[socket.socket] = field(default_factory=set)
     _httpd: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
 
@@ -217,7 +218,9 @@ class S3Proxy:
             owner = proxy
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
+        # Handler threads are joined by server_close (after stop() closed their sockets).
+        self._httpd.daemon_threads = False
+        self._httpd.block_on_close = True
         host, port = self._httpd.server_address[:2]
         self.endpoint_url = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self._httpd.serve_forever,
@@ -226,18 +229,37 @@ class S3Proxy:
         return self
 
     def stop(self) -> None:
+        """Release stalls, stop accepting, close every client connection (idle
+        keep-alive ones included) and join every thread the proxy started."""
         self._released.set()
         if self._httpd is not None:
             self._httpd.shutdown()
-            self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.wait_idle()
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        if self._httpd is not None:
+            self._httpd.server_close()
 
 
 class _Handler(BaseHTTPRequestHandler):
     owner: S3Proxy
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        with self.owner._lock:
+            self.owner._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            super().finish()
+        with self.owner._lock:
+            self.owner._connections.discard(self.connection)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet: the test reads `seen`

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -392,3 +393,18 @@ def test_the_proxy_passes_everything_through_without_rules(s3_proxy: S3Proxy) ->
     assert all(s.action == "forward" for s in s3_proxy.seen)
     assert all(s.status is not None and (s.status < 300 or s.status == 404)
                for s in s3_proxy.seen)
+
+
+def test_the_proxy_stops_every_thread_it_started(s3: S3Server) -> None:
+    """stop() joins its server thread and every connection's handler thread, idle
+    keep-alive connections and stalled requests included."""
+    before = set(threading.enumerate())
+    host, _, port = s3.endpoint_url.removeprefix("http://").partition(":")
+    proxy = S3Proxy((host, int(port)), s3).start()
+    client = fast(proxy.env, request_timeout_s=1.0).boto3_client()
+    client.list_objects_v2(Bucket=s3.bucket, MaxKeys=1)  # leaves a keep-alive connection
+    proxy.add(stall(method="GET", count=None))
+    with pytest.raises(StorageError):
+        ObjectDocument(client, s3.bucket, "stalled").load()
+    proxy.stop()
+    assert set(threading.enumerate()) <= before
