@@ -22,6 +22,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import boto3
 import pyarrow as pa
@@ -290,3 +291,23 @@ def test_moto_passes_the_probe_once_per_bucket(s3_proxy: S3Proxy) -> None:
 def test_the_probe_refuses_a_local_directory() -> None:
     with pytest.raises(UserError, match="not an s3:// location"):
         check_conditional_writes(Location.parse("/tmp/x"))
+
+
+def test_no_credentials_are_named(s3: S3Server, monkeypatch: pytest.MonkeyPatch,
+                                  tmp_path: Path) -> None:
+    """No credentials anywhere (no variables, no shared files, no instance metadata):
+    the probe says so and names the variables to set."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    env = {"AWS_ENDPOINT_URL": s3.endpoint_url, "AWS_REGION": "us-east-1"}
+    location = s3.location("data")
+    with pytest.raises(ObjectStoreSetupError) as error:
+        check_conditional_writes(location, fast(env).boto3_client(), force=True)
+    assert str(error.value).startswith(f"{location}/{PROBE_PREFIX}")
+    assert str(error.value).endswith(
+        ": PUT failed: no usable credentials were found; set AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) or AWS_PROFILE")

@@ -46,6 +46,26 @@ tests/test_object_commit.py, which runs the same tests against LocalDocument):
      test_an_unknown_outcome_blocks_its_version_until_resolved
   5. DELETE audit copies older than `keep` versions (a failure is logged; the commit
      stands); test_audit_copies_are_pruned
+Faults of the store, through the fault proxy in front of moto (tests/test_s3_faults.py):
+every request is retried by botocore with backoff (S3Settings in location.py), and what
+outlasts the retries is a one-line error from object_errors.py naming the operation and
+the key. Per step:
+  2. 503/500 retried: test_a_transient_fault_at_each_commit_step_is_retried; persistent:
+     StorageError, nothing changed: test_a_persistent_fault_before_the_commit_point_
+     changes_nothing; a stall past the timeout: test_a_stalled_read_ends_in_a_clear_error;
+     a body cut short is read again by _get: test_a_document_body_cut_short_is_read_again
+  3. as 2 (same tests), and a lost answer whose retry gets 412:
+     test_a_lost_answer_to_a_commit_put_is_retried_and_settled[audit]
+  4. 503/500 retried (same test); persistent 5xx: CommitOutcomeUnknown, then resolve():
+     test_a_persistent_fault_at_the_commit_point_is_settled_by_resolve; stalled on every
+     attempt, the PUTs dropped or landing late: test_a_stalled_commit_put_is_unknown_
+     until_resolved; a lost answer: test_a_lost_answer_to_a_commit_put_is_retried_and_
+     settled[current]
+  5. retried (same test); persistent: the commit stands, pruning is retried at the next:
+     test_a_persistent_fault_when_pruning_leaves_the_commit_standing
+Bad setup (a missing bucket, refused credentials, a store without conditional writes,
+checked once by object_probe.py in `at`) is an ObjectStoreSetupError: tests/test_s3_setup.py.
+
 A commit that dies after 3 leaves an audit copy of a version maybe never committed: it
 blocks commits of that version (they conflict at 3) until `purge_uncommitted` removes it.
 On S3 nothing tells a dead committer from a stalled one, so purge_uncommitted may only be

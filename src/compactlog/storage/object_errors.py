@@ -106,8 +106,9 @@ def s3_error(operation: str, url: str, error: Exception, endpoint: str | None = 
             f"{where}{tries}: cannot connect to the S3 endpoint {shown_endpoint} "
             f"({type(error).__name__}): is it running, and is AWS_ENDPOINT_URL right?")
     if isinstance(error, NoCredentialsError | PartialCredentialsError):
-        return ObjectStoreSetupError(f"{where}: no usable credentials were found; "
-                                     f"set {CREDENTIALS_HINT}")
+        return ObjectStoreSetupError(f"{where}: no usable credentials were found; set "
+                                     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
+                                     "AWS_SESSION_TOKEN) or AWS_PROFILE")
     if isinstance(error, ReadTimeoutError):
         return StorageError(f"{where}{tries}: no answer from {shown_endpoint} within the "
                             "request timeout (S3Settings.request_timeout_s)")
