@@ -7,7 +7,10 @@ signatures still verify, and body), so a test through the proxy with no rules be
 as a test against moto. Each rule fires only on the requests the test names (method,
 key pattern, the nth match and how many after it), so a fault lands on exactly one step
 of a protocol, whatever the timing. `stop()` ends every thread the proxy started and
-releases every stalled request.
+releases every stalled request. One exception to transparency: conditional PUTs are
+forwarded one at a time, standing in for the atomicity a real S3 gives them and moto
+does not (it checks the condition, then writes, unlocked), so that stalled conditional
+PUTs released together decide as they would on S3.
 
 Actions (what a matching request gets):
   error(status, code)  an S3 XML error answer, without forwarding: 503 SlowDown
@@ -160,6 +163,7 @@ class S3Proxy:
     seen: list[Seen] = field(default_factory=list)
     endpoint_url: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _conditional: threading.Lock = field(default_factory=threading.Lock)
     _released: threading.Event = field(default_factory=threading.Event)
     _idle: threading.Condition = field(default_factory=threading.Condition)
     _active: int = 0
@@ -332,6 +336,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _forward(self, owner: S3Proxy, headers: dict[str, str],
                  body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        conditional = any(name.lower() in CONDITIONS for name in headers)
+        with owner._conditional if conditional else contextlib.nullcontext():
+            return self._send_upstream(owner, headers, body)
+
+    def _send_upstream(self, owner: S3Proxy, headers: dict[str, str],
+                       body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
         connection = http.client.HTTPConnection(*owner.upstream, timeout=60)
         try:
             connection.putrequest(self.command, self.path, skip_host=True,

@@ -292,8 +292,9 @@ def test_a_stalled_commit_put_is_unknown_until_resolved(s3_proxy: S3Proxy, then:
     """Step 4 stalls past the request timeout on every attempt. The commit says
     CommitOutcomeUnknown. "drop": the stalled PUTs never reach the store, and resolve()
     re-sends and lands the version. "forward": they reach it after the client gave up
-    (the test releases them), one lands and the others are refused (412), and resolve()
-    finds that version is its own: landed once either way."""
+    (the test releases them), one lands and the others are refused (412: the proxy
+    forwards conditional PUTs one at a time, as S3 decides them atomically and moto
+    does not), and resolve() finds that version is its own: landed once either way."""
     doc = open_doc(s3_proxy, fast(s3_proxy.env, request_timeout_s=1.0))
     doc.commit(0, {"v": 1})
     since = s3_proxy.mark()
