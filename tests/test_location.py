@@ -186,3 +186,21 @@ def test_retry_settings_their_defaults_and_bounds() -> None:
     assert (client.meta.config.connect_timeout, client.meta.config.read_timeout) == (2.0, 3.0)
     assert "max_attempts=4" in repr(tuned) and "request_timeout_s=3" in repr(tuned)
     assert type(tuned.pyarrow_filesystem()).__name__ == "S3FileSystem"
+
+
+def test_request_logs_of_unknown_credentials_are_masked(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """Credentials the settings do not hold (found by botocore's chain in a profile or
+    instance metadata) are masked by their header forms in botocore's request logs."""
+    caplog.set_level(logging.DEBUG)
+    S3Settings(region="us-east-1").boto3_client()  # installs the filter
+    token, key_id = "IQoJb3JpZ2luX2VjEXAMPLETOKEN+/=", "ASIAEXAMPLEKEYID0002"
+    logging.getLogger("botocore.endpoint").debug(
+        "Sending http request: headers={'X-Amz-Security-Token': b'%s', 'Authorization': "
+        "b'AWS4-HMAC-SHA256 Credential=%s/20261124/us-east-1/s3/aws4_request'}",
+        token, key_id)
+    logging.getLogger("botocore.auth").debug("CanonicalRequest:\nx-amz-security-token:%s\n",
+                                            token)
+    assert caplog.records and token not in caplog.text and key_id not in caplog.text
+    assert "X-Amz-Security-Token': b'***'" in caplog.text and "Credential=***/" in caplog.text

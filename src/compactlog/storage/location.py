@@ -4,6 +4,9 @@ Invariant: a Location never holds a credential, so its repr, its str and every m
 that names it are safe to print and log. Credentials and the endpoint come only from the
 standard AWS settings (environment variables and profiles), read when a client or
 filesystem is made (`S3Settings.from_env`), and `S3Settings` never shows a secret either.
+botocore and urllib3 log requests at DEBUG with their headers (the session token, the
+access key id) and the strings they sign: a filter installed on those loggers when a
+boto3 client is made masks them (`_RedactCredentials`).
 
 What the libraries read by themselves (measured with pyarrow 26.0.1 and boto3 1.44.5):
 - boto3 reads AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_S3, the credentials
@@ -35,6 +38,7 @@ bounded by construction: `max_attempts` requests per operation, each at most
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -290,9 +294,61 @@ class S3Settings:
         config = Config(connect_timeout=self.connect_timeout_s,
                         read_timeout=self.request_timeout_s,
                         retries={"mode": "standard", "total_max_attempts": self.max_attempts})
+        _redact_logs(self)
         client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
         _use_backoff(client, self)
         return client
+
+
+# Loggers of the libraries under boto3 that, at DEBUG, log requests with their headers
+# (the session token, the access key id in Authorization) or the string they sign.
+_REQUEST_LOGGERS = ("botocore.endpoint", "botocore.auth", "botocore.hooks",
+                    "botocore.parsers", "botocore.httpsession", "botocore.awsrequest",
+                    "botocore.credentials", "botocore.retryhandler", "botocore.utils",
+                    "botocore.regions", "urllib3.connectionpool")
+_CREDENTIAL_PATTERNS = (
+    re.compile(r"(?i)(x-amz-security-token['\"]?\s*[:=]\s*b?['\"]?)[^'\"\s,}\\]+"),
+    re.compile(r"(Credential=)[^/\s'\",]+"),
+    re.compile(r"(?i)(X-Amz-Credential=)[^%&\s'\"]+"),
+)
+
+
+class _RedactCredentials(logging.Filter):
+    """Masks credentials in the records of _REQUEST_LOGGERS: every secret value of the
+    settings that made a client (known), and token and key-id header forms (whatever
+    the credential chain found). Installed once per process, by boto3_client."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.known: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record is the logging module's to report
+            return True
+        redacted = message
+        for value in self.known:
+            redacted = redacted.replace(value, "***")
+        for pattern in _CREDENTIAL_PATTERNS:
+            redacted = pattern.sub(r"\1***", redacted)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+_REDACT = _RedactCredentials()
+
+
+def _redact_logs(settings: S3Settings) -> None:
+    for value in (settings.access_key_id, settings.secret_access_key,
+                  settings.session_token):
+        if value:
+            _REDACT.known.add(value)
+    for name in _REQUEST_LOGGERS:
+        logger = logging.getLogger(name)
+        if _REDACT not in logger.filters:
+            logger.addFilter(_REDACT)
 
 
 def _use_backoff(client: S3Client, settings: S3Settings) -> None:
