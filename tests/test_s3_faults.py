@@ -13,9 +13,11 @@ backoff of milliseconds) to keep the tests fast; nothing asserts on timing."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -414,3 +416,34 @@ def test_the_proxy_stops_every_thread_it_started(s3: S3Server) -> None:
         ObjectDocument(client, s3.bucket, "stalled").load()
     proxy.stop()
     assert set(threading.enumerate()) <= before
+
+
+@pytest.mark.parametrize("kind", ["503", "500"])
+def test_boto3_backs_off_with_the_settings_bases(
+    s3_proxy: S3Proxy, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The delays botocore sleeps between attempts are the settings' (location.py):
+    with the jitter pinned to its maximum, base * 2 ** (i - 1) capped at max_backoff_s,
+    the base being throttle_backoff_s after a 503 SlowDown and retry_backoff_s after a
+    500. (The delays are read, not timed.)"""
+    import botocore.endpoint
+
+    delays: list[float] = []
+    real_sleep = time.sleep
+    caller = threading.current_thread()
+
+    def sleep(seconds: float) -> None:  # botocore's, in this thread; others really sleep
+        if threading.current_thread() is caller:
+            delays.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr("random.random", lambda: 1.0)
+    monkeypatch.setattr(botocore.endpoint.time, "sleep", sleep)
+    settings = dataclasses.replace(fast(s3_proxy.env), max_attempts=4,
+                                   throttle_backoff_s=0.004, retry_backoff_s=0.001,
+                                   max_backoff_s=0.006)
+    doc = open_doc(s3_proxy, settings)
+    s3_proxy.add(fault(kind, method="GET", key=r"/current\.json$", count=3))
+    assert doc.load() is None
+    assert delays == ([0.004, 0.006, 0.006] if kind == "503" else [0.001, 0.002, 0.004])
