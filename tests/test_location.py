@@ -161,3 +161,46 @@ def test_parquet_through_the_s3_locations_filesystem(s3: S3Server) -> None:
     key = location.key("t/0/segments/00000000000000000000.parquet")
     head = s3.client().head_object(Bucket=s3.bucket, Key=key)
     assert head["ContentLength"] > 0
+
+
+def test_retry_settings_their_defaults_and_bounds() -> None:
+    """The retry and timeout settings (location.py's docstring): defaults, the standard
+    AWS_MAX_ATTEMPTS, refusal of values outside their bounds, and both clients built
+    with them."""
+    settings = S3Settings.from_env({})
+    assert (settings.max_attempts, settings.connect_timeout_s, settings.request_timeout_s,
+            settings.throttle_backoff_s, settings.retry_backoff_s,
+            settings.max_backoff_s) == (5, 5.0, 30.0, 1.0, 0.05, 20.0)
+    assert S3Settings.from_env({"AWS_MAX_ATTEMPTS": "2"}).max_attempts == 2
+    for bad in ("0", "21", "x", "-1"):
+        with pytest.raises(LocationError, match="AWS_MAX_ATTEMPTS"):
+            S3Settings.from_env({"AWS_MAX_ATTEMPTS": bad})
+    for name, value in (("connect_timeout_s", 0.0), ("request_timeout_s", -1.0),
+                        ("max_backoff_s", 4000.0), ("retry_backoff_s", -0.1)):
+        with pytest.raises(LocationError, match=name):
+            S3Settings(**{name: value})  # type: ignore[arg-type]
+    tuned = S3Settings(endpoint_url="http://127.0.0.1:9", region="us-east-1",
+                       max_attempts=4, connect_timeout_s=2.0, request_timeout_s=3.0)
+    client = tuned.boto3_client()
+    assert client.meta.config.retries == {"mode": "standard", "total_max_attempts": 4}
+    assert (client.meta.config.connect_timeout, client.meta.config.read_timeout) == (2.0, 3.0)
+    assert "max_attempts=4" in repr(tuned) and "request_timeout_s=3" in repr(tuned)
+    assert type(tuned.pyarrow_filesystem()).__name__ == "S3FileSystem"
+
+
+def test_request_logs_of_unknown_credentials_are_masked(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """Credentials the settings do not hold (found by botocore's chain in a profile or
+    instance metadata) are masked by their header forms in botocore's request logs."""
+    caplog.set_level(logging.DEBUG)
+    S3Settings(region="us-east-1").boto3_client()  # installs the filter
+    token, key_id = "IQoJb3JpZ2luX2VjEXAMPLETOKEN+/=", "ASIAEXAMPLEKEYID0002"
+    logging.getLogger("botocore.endpoint").debug(
+        "Sending http request: headers={'X-Amz-Security-Token': b'%s', 'Authorization': "
+        "b'AWS4-HMAC-SHA256 Credential=%s/20261124/us-east-1/s3/aws4_request'}",
+        token, key_id)
+    logging.getLogger("botocore.auth").debug("CanonicalRequest:\nx-amz-security-token:%s\n",
+                                            token)
+    assert caplog.records and token not in caplog.text and key_id not in caplog.text
+    assert "X-Amz-Security-Token': b'***'" in caplog.text and "Credential=***/" in caplog.text

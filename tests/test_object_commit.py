@@ -22,6 +22,7 @@ from compactlog.storage import faults
 from compactlog.storage.commit import CURRENT, LocalDocument
 from compactlog.storage.document import Document
 from compactlog.storage.object_commit import ObjectCommitOutcomeUnknown, ObjectDocument
+from compactlog.storage.object_errors import ObjectStoreSetupError
 from s3_support import (
     ACCESS_KEY_ID,
     SECRET_ACCESS_KEY,
@@ -346,7 +347,8 @@ def test_a_failed_audit_put_leaves_the_old_version(s3_only: Backend, fault: str)
             raise client_error(int(fault), "InternalError" if fault == "500" else "AccessDenied")
 
     doc.client.before = fail  # type: ignore[attr-defined]
-    with pytest.raises(StorageError) as error:
+    # A 403 is a setup error (object_errors.py): retrying does not help.
+    with pytest.raises(ObjectStoreSetupError if fault == "403" else StorageError) as error:
         doc.commit(1, {"v": 2})
     assert audit_name(2) in str(error.value) and "PUT" in str(error.value)
     assert s3_only.files() == before
@@ -370,7 +372,8 @@ def test_a_refused_commit_put_leaves_the_old_version(s3_only: Backend, fault: st
             raise client_error(403, "AccessDenied")
 
     doc.client.before = fail  # type: ignore[attr-defined]
-    with pytest.raises(StorageError, match=CURRENT):
+    with pytest.raises(ObjectStoreSetupError if fault == "403" else StorageError,
+                       match=CURRENT):
         doc.commit(1, {"v": 2})
     doc.client.before = None  # type: ignore[attr-defined]
     assert s3_only.files() == before
@@ -495,7 +498,7 @@ def test_errors_and_logs_never_show_credentials(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     doc = ObjectDocument(s3.client(), "no-such-bucket-here", "x/doc")
-    with pytest.raises(StorageError) as error:
+    with pytest.raises(ObjectStoreSetupError, match="does not exist") as error:
         doc.commit(0, {"v": 1})
     message = str(error.value)
     assert "s3://no-such-bucket-here/x/doc/" in message

@@ -46,6 +46,26 @@ tests/test_object_commit.py, which runs the same tests against LocalDocument):
      test_an_unknown_outcome_blocks_its_version_until_resolved
   5. DELETE audit copies older than `keep` versions (a failure is logged; the commit
      stands); test_audit_copies_are_pruned
+Faults of the store, through the fault proxy in front of moto (tests/test_s3_faults.py):
+every request is retried by botocore with backoff (S3Settings in location.py), and what
+outlasts the retries is a one-line error from object_errors.py naming the operation and
+the key. Per step:
+  2. 503/500 retried: test_a_transient_fault_at_each_commit_step_is_retried; persistent:
+     StorageError, nothing changed: test_a_persistent_fault_before_the_commit_point_
+     changes_nothing; a stall past the timeout: test_a_stalled_read_ends_in_a_clear_error;
+     a body cut short is read again by _get: test_a_document_body_cut_short_is_read_again
+  3. as 2 (same tests), and a lost answer whose retry gets 412:
+     test_a_lost_answer_to_a_commit_put_is_retried_and_settled[audit]
+  4. 503/500 retried (same test); persistent 5xx: CommitOutcomeUnknown, then resolve():
+     test_a_persistent_fault_at_the_commit_point_is_settled_by_resolve; stalled on every
+     attempt, the PUTs dropped or landing late: test_a_stalled_commit_put_is_unknown_
+     until_resolved; a lost answer: test_a_lost_answer_to_a_commit_put_is_retried_and_
+     settled[current]
+  5. retried (same test); persistent: the commit stands, pruning is retried at the next:
+     test_a_persistent_fault_when_pruning_leaves_the_commit_standing
+Bad setup (a missing bucket, refused credentials, a store without conditional writes,
+checked once by object_probe.py in `at`) is an ObjectStoreSetupError: tests/test_s3_setup.py.
+
 A commit that dies after 3 leaves an audit copy of a version maybe never committed: it
 blocks commits of that version (they conflict at 3) until `purge_uncommitted` removes it.
 On S3 nothing tells a dead committer from a stalled one, so purge_uncommitted may only be
@@ -84,6 +104,7 @@ from compactlog.storage.commit import (
     _version_of,
 )
 from compactlog.storage.location import Location, S3Settings
+from compactlog.storage.object_errors import ObjectStoreSetupError, request_error
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -93,6 +114,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _CONFLICT_STATUS = (409, 412)  # 409: S3's ConditionalRequestConflict under a race
+# What a failed request raises (object_errors.py): retryable, or a setup error.
+_REQUEST_FAILED = (StorageError, ObjectStoreSetupError)
 
 
 class ObjectCommitOutcomeUnknown(CommitOutcomeUnknown):
@@ -154,11 +177,17 @@ class ObjectDocument:
 
     @classmethod
     def at(cls, location: Location, keep: int = DEFAULT_KEEP,
-           env: Mapping[str, str] | None = None) -> ObjectDocument:
-        """The document at an s3:// location, with a client from the AWS settings."""
+           env: Mapping[str, str] | None = None,
+           settings: S3Settings | None = None) -> ObjectDocument:
+        """The document at an s3:// location, with a client from the AWS settings
+        (`settings`, when given, instead of those from `env`), once the store passed
+        object_probe's check for conditional writes (once per endpoint and bucket)."""
+        from compactlog.storage.object_probe import check_conditional_writes
+
         if location.bucket is None:
             raise ValueError(f"{location} is not an s3:// location")
-        client = S3Settings.from_env(env).boto3_client()
+        client = (settings or S3Settings.from_env(env)).boto3_client()
+        check_conditional_writes(location, client)
         return cls(client, location.bucket, location.path, keep)
 
     def __repr__(self) -> str:
@@ -183,21 +212,39 @@ class ObjectDocument:
 
     # -- requests ---------------------------------------------------------------------
 
-    def _failed(self, operation: str, key: str, error: Exception) -> StorageError:
-        return StorageError(f"{self.url_of(key)}: {operation} failed: {error}")
+    @property
+    def _attempts(self) -> int:
+        retries: dict[str, Any] = getattr(self.client.meta.config, "retries", None) or {}
+        return int(retries.get("total_max_attempts") or retries.get("max_attempts") or 1)
+
+    def _failed(self, operation: str, key: str,
+                error: Exception) -> StorageError | ObjectStoreSetupError:
+        """A request's failure, after botocore's retries, as object_errors.py says."""
+        return request_error(self.client, operation, self.url_of(key), error)
 
     def _get(self, key: str) -> _Object | None:
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=key)
-            raw = response["Body"].read()
-        except ClientError as error:
-            if _status(error) == 404 and error.response.get("Error", {}).get(
-                    "Code") in ("NoSuchKey", "404"):
-                return None
-            raise self._failed("GET", key, error) from error
-        except BotoCoreError as error:
-            raise self._failed("GET", key, error) from error
-        return _Object(response["ETag"], raw)
+        """GET an object (None if there is none). botocore retries the request; a body
+        cut short or stalled while being read is retried here, as often."""
+        for attempt in range(1, self._attempts + 1):
+            try:
+                response = self.client.get_object(Bucket=self.bucket, Key=key)
+            except ClientError as error:
+                if _status(error) == 404 and error.response.get("Error", {}).get(
+                        "Code") in ("NoSuchKey", "404"):
+                    return None
+                raise self._failed("GET", key, error) from error
+            except BotoCoreError as error:
+                raise self._failed("GET", key, error) from error
+            try:
+                raw = response["Body"].read()
+            except BotoCoreError as error:
+                if attempt == self._attempts:
+                    raise self._failed("GET", key, error) from error
+                log.info("%s: GET's body was cut short (%s); retrying", self.url_of(key),
+                         type(error).__name__)
+                continue
+            return _Object(response["ETag"], raw)
+        raise AssertionError("unreachable")
 
     def _delete(self, key: str, if_match: str | None = None) -> None:
         try:
@@ -338,7 +385,7 @@ class ObjectDocument:
             cause = error
         try:
             found = self._get(key)
-        except StorageError:
+        except _REQUEST_FAILED:
             found = None
         if found is not None and _commit_id_of(found.raw) == commit_id:
             return found.etag
@@ -392,7 +439,7 @@ class ObjectDocument:
         """current.json's ETag if it is this commit's (None if not, or unreadable)."""
         try:
             found = self._get(self.current_key)
-        except StorageError:
+        except _REQUEST_FAILED:
             return None
         if found is not None and _commit_id_of(found.raw) == commit_id:
             return found.etag
@@ -401,7 +448,7 @@ class ObjectDocument:
     def _drop_audit(self, key: str, etag: str) -> None:
         try:
             self._delete(key, if_match=etag)
-        except StorageError as error:
+        except _REQUEST_FAILED as error:
             log.warning("%s: the audit copy of a commit that did not land stays (removed by "
                         "purge_uncommitted): %s", self.where, error)
 
@@ -440,7 +487,7 @@ class ObjectDocument:
             for old in self.history():
                 if old <= version - self.keep:
                     self._delete(self.audit_key(old))
-        except StorageError as error:
+        except _REQUEST_FAILED as error:
             log.warning("%s: version %d is committed; pruning old audit copies failed "
                         "(retried at the next commit): %s", self.where, version, error)
 
