@@ -46,6 +46,7 @@ from compactlog.storage.commit import Snapshot
 from compactlog.storage.filecache import OpenFiles
 from compactlog.storage.layout import Layout, LocalLayout, ObjectLayout, is_deleted
 from compactlog.storage.location import Location
+from compactlog.storage.object_probe import check_conditional_writes
 from compactlog.storage.partition import AppendResult, Clock, Partition, RecoveryReport
 from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
 from compactlog.storage.records import ProducerRecord
@@ -205,6 +206,10 @@ class LogStore:
                 path.mkdir(parents=True, exist_ok=True)
         else:
             assert isinstance(layout, LocalLayout | ObjectLayout)
+            if isinstance(layout, ObjectLayout):
+                # A store whose conditional writes do nothing would let two commits both
+                # land: refuse it before writing anything (object_probe.py).
+                check_conditional_writes(location, layout.client)
             layout.prepare()
             store._take_writer_lock()
             layout.remove_leftovers()

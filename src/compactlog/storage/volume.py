@@ -24,6 +24,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from compactlog.storage import faults, fsutil
 from compactlog.storage.commit import LocalDocument
 from compactlog.storage.document import Document
 from compactlog.storage.location import Location, S3Settings
+from compactlog.storage.object_errors import ObjectStoreSetupError, request_error
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -45,6 +47,10 @@ log = logging.getLogger(__name__)
 # least recently used (`storage.cache.max.bytes` in the server's config).
 DEFAULT_CACHE_BYTES = 2 * 1024**3
 _CHUNK = 8 * 1024 * 1024
+# A download whose body is cut short is read again, up to this many times in all.
+READ_ATTEMPTS = 3
+# User metadata on every data object: a random token of the PUT that created it.
+TOKEN = "compactlog-put"
 
 
 @dataclass(frozen=True)
@@ -246,12 +252,11 @@ class ObjectVolume:
     def path_of(self, relative: str) -> Path:
         return self.cache_dir / self.key(relative)
 
-    def _failed(self, operation: str, relative: str, error: Exception) -> StorageError:
-        return StorageError(f"{self.describe(relative)}: {operation} failed: {error}")
+    def _failed(self, operation: str, relative: str,
+                error: Exception) -> StorageError | ObjectStoreSetupError:
+        return request_error(self.client, operation, self.describe(relative), error)
 
     def fetch(self, relative: str) -> Path:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         path = self.path_of(relative)
         if path.exists():
             self.cache.touch(path)
@@ -260,39 +265,59 @@ class ObjectVolume:
         temp = fsutil.temp_path(path.parent, path.name)
         try:
             faults.point("download", path)
-            response = self.client.get_object(Bucket=self.bucket, Key=self.key(relative))
-            with open(temp, "wb") as out:
-                shutil.copyfileobj(response["Body"], out, _CHUNK)
-            size = temp.stat().st_size
+            size = self._download(relative, temp)
             os.replace(temp, path)
-        except ClientError as error:
+        finally:
             temp.unlink(missing_ok=True)
-            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise FileNotFoundError(self.describe(relative)) from None
-            raise self._failed("GET", relative, error) from error
-        except (BotoCoreError, OSError) as error:
-            temp.unlink(missing_ok=True)
-            if isinstance(error, FileNotFoundError):
-                raise
-            raise self._failed("GET", relative, error) from error
         self.cache.add(path, size)
         return path
 
-    def publish(self, temp: Path, relative: str) -> None:
+    def _download(self, relative: str, temp: Path) -> int:
+        """GET `relative` into `temp`; its size. botocore retries the request; a body cut
+        short or stalled while it is read is retried here, as often."""
         from botocore.exceptions import BotoCoreError, ClientError
 
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                response = self.client.get_object(Bucket=self.bucket, Key=self.key(relative))
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    raise FileNotFoundError(self.describe(relative)) from None
+                raise self._failed("GET", relative, error) from error
+            except BotoCoreError as error:
+                raise self._failed("GET", relative, error) from error
+            try:
+                with open(temp, "wb") as out:
+                    shutil.copyfileobj(response["Body"], out, _CHUNK)
+            except BotoCoreError as error:
+                if attempt == READ_ATTEMPTS:
+                    raise self._failed("GET", relative, error) from error
+                log.info("%s: the download was cut short (%s); retrying",
+                         self.describe(relative), type(error).__name__)
+                continue
+            return temp.stat().st_size
+        raise AssertionError("unreachable")
+
+    def publish(self, temp: Path, relative: str) -> None:
+        """Create-only PUT, tagged with a token of this call: if the answer is lost and
+        botocore's retry of the same PUT meets its own object (412), the token tells
+        that the name holds these bytes, not someone else's."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        token = uuid.uuid4().hex
         try:
             faults.point("upload", temp)
             with open(temp, "rb") as body:
                 self.client.put_object(Bucket=self.bucket, Key=self.key(relative), Body=body,
-                                       IfNoneMatch="*")
+                                       IfNoneMatch="*", Metadata={TOKEN: token})
         except ClientError as error:
-            temp.unlink(missing_ok=True)
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status in (409, 412):
-                raise StorageError(f"{self.describe(relative)}: the name is taken; a data "
-                                   "file is never replaced") from error
-            raise self._failed("PUT", relative, error) from error
+            if status not in (409, 412) or not self._holds(relative, token):
+                temp.unlink(missing_ok=True)
+                if status in (409, 412):
+                    raise StorageError(f"{self.describe(relative)}: the name is taken; a "
+                                       "data file is never replaced") from error
+                raise self._failed("PUT", relative, error) from error
         except (BotoCoreError, OSError) as error:
             temp.unlink(missing_ok=True)
             raise self._failed("PUT", relative, error) from error
@@ -302,6 +327,16 @@ class ObjectVolume:
         size = temp.stat().st_size
         os.replace(temp, path)
         self.cache.add(path, size)
+
+    def _holds(self, relative: str, token: str) -> bool:
+        """Whether `relative` is the object a PUT tagged `token` created."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self.key(relative))
+        except (ClientError, BotoCoreError):
+            return False
+        return bool(head.get("Metadata", {}).get(TOKEN) == token)
 
     def remove(self, relative: str) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -352,7 +387,7 @@ def remove_prefix(location: Location, client: S3Client | None = None) -> int:
                                       Delete={"Objects": [{"Key": key} for key in keys]})
                 removed += len(keys)
     except (ClientError, BotoCoreError) as error:
-        raise StorageError(f"{location}: deleting its objects failed: {error}") from error
+        raise request_error(client, "DELETE", str(location), error) from error
     return removed
 
 
