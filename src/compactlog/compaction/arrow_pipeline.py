@@ -43,6 +43,7 @@ from compactlog.compaction.ledger import (
     write_ledger_piece,
 )
 from compactlog.compaction.plan import InputFile, PartitionPlan, load_deleted, split_inputs
+from compactlog.compaction.remote_files import compact_on_volume
 from compactlog.compaction.strategies import parse_strategy
 from compactlog.storage.manifest import SegmentInfo
 
@@ -113,6 +114,9 @@ def _task(plan: PartitionPlan, run_id: str) -> dict[str, Any]:
         "target_file_bytes": plan.target_file_bytes,
         "deletion_vectors": plan.deletion_vectors,
         "rewrite_below": plan.rewrite_live_fraction,
+        # On an object store: where the task fetches its inputs and publishes its output.
+        "volume": plan.volume_spec,
+        "relative": [item.relative for item in plan.inputs],
     }
 
 
@@ -149,6 +153,8 @@ def _use_task_cpus() -> None:
 
 def compact_one(task: dict[str, Any]) -> dict[str, Any]:
     """Phases 1 and 2 of one partition (a task; see the module's invariant)."""
+    if task.get("volume") is not None:
+        return compact_on_volume(task, compact_one)
     started = time.monotonic()
     _use_task_cpus()
     rules = TombstoneRules(**task["rules"])

@@ -24,7 +24,8 @@ from compactlog.compaction.ledger import PieceInput, TombstoneRules
 from compactlog.compaction.strategies import Strategy, parse_strategy
 from compactlog.config import TopicConfig
 from compactlog.storage.deletion import read_deletion_vector
-from compactlog.storage.manifest import LEDGER_DIR, PartitionManifest, SegmentInfo
+from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest, SegmentInfo
+from compactlog.storage.volume import LocalVolume, Volume
 
 MAX_LEDGER_FILE_BYTES = 256 * 1024 * 1024
 
@@ -32,8 +33,13 @@ MAX_LEDGER_FILE_BYTES = 256 * 1024 * 1024
 @dataclass(frozen=True)
 class InputFile:
     info: SegmentInfo
-    path: Path
+    path: Path  # where the driver reads it (on S3: its read cache's copy, once fetched)
     is_ledger: bool
+
+    @property
+    def relative(self) -> str:
+        """Its name in the partition's volume (storage/volume.py)."""
+        return f"{LEDGER_DIR if self.is_ledger else SEGMENT_DIR}/{self.info.file}"
 
 
 @dataclass
@@ -57,6 +63,9 @@ class PartitionPlan:
     # compaction.deletion.vectors and compaction.ledger.rewrite.live.fraction.
     deletion_vectors: bool = False
     rewrite_live_fraction: float = 0.5
+    # The partition's volume when it is not its local directory (an S3 prefix): tasks
+    # fetch their inputs from it and publish their outputs to it (remote_files.py).
+    volume_spec: dict[str, str] | None = None
     # Filled by phase 1: the sorted surviving offsets (tombstones included).
     survivors: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     # Set instead by an engine whose tasks keep the survivors to themselves: how many.
@@ -127,9 +136,12 @@ def plan_partition(
     manifest_version: int,
     config: TopicConfig,
     now_ms: int,
+    volume: Volume | None = None,
 ) -> PartitionPlan:
+    volume = volume if volume is not None else LocalVolume(directory)
     old_horizon = manifest.horizon
-    clean = [InputFile(info, directory / LEDGER_DIR / info.file, True) for info in manifest.ledger]
+    clean = [InputFile(info, volume.path_of(f"{LEDGER_DIR}/{info.file}"), True)
+             for info in manifest.ledger]
     lag = config["min.compaction.lag.ms"]
     dirty: list[InputFile] = []
     for info in manifest.segments:
@@ -141,7 +153,7 @@ def plan_partition(
             # A prefix only, so the horizon covers everything below it. (As in Kafka, a
             # producer timestamp in the future holds its segment back until it is past.)
             break
-        dirty.append(InputFile(info, directory / "segments" / info.file, False))
+        dirty.append(InputFile(info, volume.path_of(f"{SEGMENT_DIR}/{info.file}"), False))
     new_horizon = dirty[-1].info.last_offset if dirty else old_horizon
     retention_ms = config["retention.ms"] if "delete" in config.cleanup_policy.split(",") else -1
     rules = TombstoneRules(
@@ -171,6 +183,7 @@ def plan_partition(
         task_memory_bytes=config["compaction.task.memory.bytes"],
         deletion_vectors=config["compaction.deletion.vectors"],
         rewrite_live_fraction=config["compaction.ledger.rewrite.live.fraction"],
+        volume_spec=None if volume.is_local else volume.spec,
     )
 
 

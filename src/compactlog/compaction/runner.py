@@ -12,11 +12,17 @@ tests/test_fault_steps.py fails or stalls each one):
      all segments but the active one, as Kafka's cleaner does;
   1. take the partition's compaction lock; sweep ledger/ (orphans of runs that died,
      retired files whose delay has passed) and write status RUNNING;
-  2. plan from the current manifest: previous ledger + cleanable dirty segments;
+  2. plan from the current manifest: previous ledger + cleanable dirty segments (on an
+     object store, inputs that the driver reads are fetched into its read cache; Arrow
+     tasks fetch their own, compaction/remote_files.py);
   3. phase 1 (engine): surviving offsets per partition;
   4. phase 2 (engine): new ledger files, and with deletion vectors new DV files
      (compaction/incremental.py), each written under a temporary name, fsynced, then
-     renamed into ledger/; their names carry the run id;
+     renamed into ledger/ (on an object store: published by the tasks, or by 5a);
+     their names carry the run id;
+  5a. on an object store, publish what the engine left in the local ledger/ and check
+     that every file the commit will list is in the bucket, else fail before 5
+     (tests/test_compaction_s3.py);
   5. commit the new (horizon, ledger) pair, each ledger file with its current DV, in
      one manifest version by compare-and-swap, provided the manifest's pair (files and
      DVs) is still the one planned from; the writer's commits
@@ -40,6 +46,7 @@ from pathlib import Path
 from typing import Protocol
 
 from compactlog.compaction import CompactionReport, PartitionSummary
+from compactlog.compaction.arrow_pipeline import uses_arrow
 from compactlog.compaction.ledger import PieceResult
 from compactlog.compaction.plan import PartitionPlan, plan_partition
 from compactlog.compaction.rolled import seal_rolled_segments
@@ -50,7 +57,7 @@ from compactlog.compaction.status import (
     remove_status_temps,
     write_status,
 )
-from compactlog.errors import ConflictError, UserError
+from compactlog.errors import ConflictError, StorageError, UserError
 from compactlog.storage.manifest import LEDGER_DIR, CompactionState, PartitionManifest
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
@@ -103,8 +110,9 @@ def run_compaction(
             _prepare(partition, run_id, now_ms)  # 1.
             plans.append(plan_partition(  # 2.
                 topic_name, partition.index, partition.directory, partition.manifest,
-                partition.manifest_version, topic.config, now_ms,
+                partition.manifest_version, topic.config, now_ms, partition.volume,
             ))
+            _fetch_for_the_driver(partition, plans[-1])
         work = [plan for plan in plans if plan.has_work]
         summaries = {plan.partition: _summary(plan) for plan in plans}
         for index in unsealed:
@@ -123,6 +131,7 @@ def run_compaction(
             for done, plan in enumerate(work):
                 progress("commit", done, len(work))
                 partition = topic.partition(plan.partition)
+                _publish_staged(partition, plan, results.get(plan.partition, []))  # 5a.
                 _commit(partition, plan, results.get(plan.partition, []), run_id, now_ms,
                         summaries[plan.partition])  # 5.
                 committed.add(plan.partition)
@@ -162,6 +171,42 @@ def chosen_partitions(
         )
     indexes = partitions if partitions is not None else range(len(topic.partitions))
     return [topic.partition(i) for i in indexes]
+
+
+def _fetch_for_the_driver(partition: Partition, plan: PartitionPlan) -> None:
+    """On an object store, an engine that reads its inputs where the driver runs (the
+    SQL engine on local[*], a service without tasks of its own) finds them in the
+    driver's read cache, where plan.inputs point. Arrow tasks fetch for themselves."""
+    if partition.volume.is_local or not plan.has_work or uses_arrow(plan):
+        return
+    for item in plan.inputs:
+        partition.volume.fetch(item.relative)
+        if item.is_ledger and item.info.dv_file:
+            partition.volume.fetch(f"{LEDGER_DIR}/{item.info.dv_file}")
+
+
+def _publish_staged(partition: Partition, plan: PartitionPlan,
+                    pieces: list[PieceResult]) -> None:
+    """Step 5a, on an object store: every file the commit will list must be in the
+    bucket. An engine that wrote into the partition's local ledger directory has its
+    files published here (Arrow tasks published theirs: remote_files.py); a file in
+    neither place fails the run before its commit, so no manifest lists a missing file."""
+    if partition.volume.is_local:
+        return
+    kept_dvs = {item.info.dv_file for item in plan.clean if item.info.dv_file}
+    wanted = [name for piece in pieces if piece.info is not None
+              for name in (piece.info.file, piece.info.dv_file)
+              if name is not None and name not in kept_dvs]
+    for name in wanted:
+        staged = partition.ledger_dir / name
+        if staged.exists():
+            partition.volume.publish(staged, f"{LEDGER_DIR}/{name}")
+    present = {found.name for found in partition.volume.listing(LEDGER_DIR)}
+    missing = [name for name in wanted if name not in present]
+    if missing:
+        raise StorageError(f"{partition.name}: the compaction wrote {missing[0]} (and "
+                           f"{len(missing) - 1} more) neither to the bucket nor to "
+                           f"{partition.ledger_dir}; nothing was committed")
 
 
 def _lap(report: CompactionReport, stage: str, since: float) -> float:

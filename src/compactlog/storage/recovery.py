@@ -55,6 +55,10 @@ def log_files(log_dir: Path) -> list[tuple[int, Path]]:
 def open_partition(partition: Partition) -> None:
     """Open `partition`, repairing as a writer (steps 1-5 above). The seal lock is taken
     before the partition's lock, in the order sealing takes them."""
+    if not partition.volume.is_local:
+        # Its local directory is scratch space (locks, compaction status, staging), which
+        # a reader on another machine, or a compaction there, needs too.
+        partition.directory.mkdir(parents=True, exist_ok=True)
     if partition.writable:
         with partition.seal_lock, partition._lock:
             open_locked(partition)
