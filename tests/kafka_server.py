@@ -69,7 +69,7 @@ class LoggedServer:
 
 
 @contextmanager
-def logged_server(data_dir: Path, log_path: Path, *extra: str,
+def logged_server(data_dir: Path | str, log_path: Path, *extra: str,
                   env: dict[str, str] | None = None,
                   open_files: int | None = None) -> Iterator[LoggedServer]:
     """Start the server; stop it with SIGTERM and check that it exits 0. Automatic

@@ -352,7 +352,7 @@ def compact_worker(ctx: Context, spark_master: str, spark_conf: tuple[str, ...],
     answers = protocol_stdout()
     settings: dict[str, Any] = {"spark.master": spark_master,
                                 "spark.conf": parse_assignments(spark_conf)}
-    worker = CompactionWorker(ctx.data_dir, load_factory(service), settings)
+    worker = CompactionWorker(ctx.data_dir, load_factory(service), settings, ctx.target)
     serve_requests(worker, sys.stdin, answers, report_json)
 
 

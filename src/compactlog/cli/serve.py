@@ -272,6 +272,7 @@ def serve(ctx: Context, listen: str | None, listeners: tuple[str, ...],
     first = kafka_listeners[0]
     config = ServerConfig(ctx.data_dir, first.host, first.port, listeners=kafka_listeners,
                           tls=tls)
+    config.data_location = str(ctx.location) if ctx.location.is_s3 else None
     config.authorization = AuthorizationConfig(**settings.get("authorization", {}))
     for key in SETTINGS:
         if key not in ("listen", "admin_listen", "compaction", "listeners", "listener",

@@ -216,5 +216,5 @@ def run(ctx: Context, spark_master: str, spark_conf: tuple[str, ...], service: s
 
     settings: dict[str, Any] = {"spark.master": spark_master,
                                 "spark.conf": parse_assignments(spark_conf)}
-    compaction = CompactionWorker(ctx.data_dir, load_factory(service), settings)
+    compaction = CompactionWorker(ctx.data_dir, load_factory(service), settings, ctx.target)
     serve(compaction, ctx.data_dir, idle_timeout_s, spark_master, report_json)

@@ -59,7 +59,8 @@ def seal_rolled_segments(store: LogStore, topic: str, partitions: Sequence[Parti
             partition.seal_rolled()
         return [p.index for p in unsealed(waiting, targets)]
     try:  # 2.
-        with LogStore.open(store.data_dir, clock=store.clock) as writer:
+        with LogStore.open(store.target, clock=store.clock,
+                           local_dir=store.data_dir) as writer:
             for partition in waiting:
                 writer.topic(topic).partition(partition.index).seal_rolled()
         log.info("%s: sealed the rolled segments of partitions %s before compacting", topic,

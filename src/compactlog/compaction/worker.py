@@ -31,15 +31,18 @@ log = logging.getLogger(__name__)
 
 class CompactionWorker:
     def __init__(self, data_dir: Path, factory: CompactionServiceFactory,
-                 settings: dict[str, Any]) -> None:
+                 settings: dict[str, Any], target: str | Path | None = None) -> None:
+        # The store: `target` (a directory or s3:// URL) with `data_dir` as its local
+        # directory; without a target, data_dir is the store's directory.
         self.data_dir = data_dir
+        self.target = target if target is not None else data_dir
         self.factory = factory
         self.settings = dict(settings)
         self._kept: Any = None  # the engine session kept between runs, if any
 
     def compact(self, topic: str, partitions: list[int] | None) -> CompactionReport:
         # A store opened per run: topics created since the last run are seen.
-        with LogStore.open(self.data_dir, read_only=True) as store:
+        with LogStore.open(self.target, read_only=True, local_dir=self.data_dir) as store:
             service = self.factory.new_service(store, topic, self.settings)
             try:
                 return service.compact(partitions)

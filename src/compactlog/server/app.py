@@ -65,7 +65,7 @@ MIB = 1 << 20
 
 @dataclass
 class ServerConfig:
-    data_dir: Path
+    data_dir: Path  # local: the store's directory, or an S3 store's local directory
     host: str = "127.0.0.1"
     port: int = 9092
     # Resource limits (docs/server.md, "Resource limits"). Kafka's max.connections
@@ -100,6 +100,8 @@ class ServerConfig:
     listeners: list[Listener] = field(default_factory=list)
     # The certificate of SSL and SASL_SSL listeners (server/tls.py); None: no TLS.
     tls: TlsSettings | None = None
+    # The store's s3:// URL, when data_dir is its local directory (storage/store.py).
+    data_location: str | None = None
     # Serve the admin API over HTTPS with `tls`.
     admin_tls: bool = False
     # A failed SASL authentication from an address that failed before is answered after
@@ -159,7 +161,9 @@ class Server:
         self.max_open_data_files, capped = data_file_cap(config.max_open_data_files)
         if capped:
             log.info("%s", capped)
-        self.store = LogStore.open(config.data_dir, max_open_files=self.max_open_data_files)
+        self.store = LogStore.open(config.data_location or config.data_dir,
+                                   max_open_files=self.max_open_data_files,
+                                   local_dir=config.data_dir)
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
         self._upkeep_rounds = Upkeep(self.store)

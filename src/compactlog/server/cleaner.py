@@ -168,7 +168,8 @@ class Cleaner:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self.runner: Runner = make_runner(ProcessSettings(
             store.data_dir, config.spark_master, config.spark_conf, config.service,
-            config.run_timeout_s), config.keep_warm_s)
+            config.run_timeout_s, str(store.location) if store.location.is_s3 else None),
+            config.keep_warm_s)
         self._next_check = 0.0
         self._restore_failures()
 

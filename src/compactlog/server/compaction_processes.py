@@ -49,6 +49,15 @@ class ProcessSettings:
     spark_conf: dict[str, str]
     service: str | None
     run_timeout_s: float
+    # The store's s3:// URL when data_dir is only its local directory (None: local).
+    target: str | None = None
+
+    def env(self) -> dict[str, str]:
+        """The child's environment: ours, and for an S3 store its local directory."""
+        env = dict(os.environ)
+        if self.target is not None:
+            env["COMPACTLOG_LOCAL_DIR"] = str(self.data_dir)
+        return env
 
     def engine_args(self) -> list[str]:
         args = ["--spark-master", self.spark_master]
@@ -59,7 +68,8 @@ class ProcessSettings:
         return args
 
     def base(self) -> list[str]:
-        return [sys.executable, "-m", "compactlog", "--data-dir", str(self.data_dir),
+        return [sys.executable, "-m", "compactlog", "--data-dir",
+                self.target or str(self.data_dir),
                 "--log-level", "info"]
 
 
@@ -82,7 +92,7 @@ class OneShot:
         return command + self.settings.engine_args()
 
     async def run(self, job: Job) -> Outcome:
-        process = await _start(self.command(job), stdin=False)
+        process = await _start(self.command(job), stdin=False, env=self.settings.env())
         try:
             stdout, stderr = await asyncio.wait_for(process.communicate(),
                                                     self.settings.run_timeout_s)
@@ -171,7 +181,7 @@ class WarmPool:
         worker = self.idle.pop() if self.idle else None
         if worker is None or not worker.alive:
             command = [*self.settings.base(), "compact-worker", *self.settings.engine_args()]
-            worker = WarmWorker(await _start(command, stdin=True))
+            worker = WarmWorker(await _start(command, stdin=True, env=self.settings.env()))
             log.info("started compaction worker %d", worker.process.pid)
         self.busy.add(worker)
         healthy = False
@@ -210,9 +220,10 @@ def make_runner(settings: ProcessSettings, keep_warm_s: float) -> Runner:
     return WarmPool(settings, keep_warm_s) if keep_warm_s > 0 else OneShot(settings)
 
 
-async def _start(command: list[str], stdin: bool) -> asyncio.subprocess.Process:
+async def _start(command: list[str], stdin: bool,
+                 env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        *command,
+        *command, env=env,
         stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         start_new_session=True,

@@ -215,6 +215,12 @@ class LogStore:
             layout.remove_leftovers()
         return store
 
+    @property
+    def target(self) -> str | Path:
+        """What opens this store again, in this or another process (with
+        local_dir=data_dir): the data directory, or the s3:// URL."""
+        return str(self.location) if self.location.is_s3 else self.data_dir
+
     def __enter__(self) -> LogStore:
         return self
 
