@@ -57,6 +57,8 @@ class PartitionPlan:
     # compaction.deletion.vectors and compaction.ledger.rewrite.live.fraction.
     deletion_vectors: bool = False
     rewrite_live_fraction: float = 0.5
+    # compaction.inline.max.bytes (arrow_pipeline.run_inline).
+    inline_max_bytes: int = 0
     # Filled by phase 1: the sorted surviving offsets (tombstones included).
     survivors: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     # Set instead by an engine whose tasks keep the survivors to themselves: how many.
@@ -171,6 +173,7 @@ def plan_partition(
         task_memory_bytes=config["compaction.task.memory.bytes"],
         deletion_vectors=config["compaction.deletion.vectors"],
         rewrite_live_fraction=config["compaction.ledger.rewrite.live.fraction"],
+        inline_max_bytes=config["compaction.inline.max.bytes"],
     )
 
 
