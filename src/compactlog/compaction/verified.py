@@ -9,7 +9,9 @@ Python worker that local mode reuses) a ledger file that every run reads is read
 its checksum once, not once per run. Anything that rewrites the file, or replaces it
 under its name, changes the change time or the inode, and the file is checked again.
 What the memo cannot see is damage done by the disk itself after the check, without any
-write: a run then reads what the pages hold, as a reader holding an open file would.
+write (a run then reads what the pages hold, as a reader holding an open file would),
+or an in-place write within the same tick of the file system's clock as the check
+(a few ms on some kernels), which no compactlog code does.
 
 Files this process wrote itself (`remember`) count as checked: their checksum is the
 one computed from their bytes for the manifest.
