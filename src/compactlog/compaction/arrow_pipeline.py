@@ -1,4 +1,6 @@
-"""Phases 1 and 2 fused in one Spark task per partition, in pyarrow.
+"""Phases 1 and 2 fused in one Spark task per partition, in pyarrow (or, for a small
+run on a local master, the same task function called in the compacting process:
+`run_inline`, `compact_inline`; everything below holds for both).
 
 Invariant: each task writes only files of its own partition's ledger directory, named
 by the run id, the piece's sequence and its first input's base offset, through a
@@ -14,7 +16,8 @@ Parquet reader parses them, finds the survivors (arrow_survivors.py: exact group
 within the partition's memory budget), splits them into pieces as the SQL pipeline
 does (plan.split_inputs) and copies each piece's surviving rows into a ledger file
 (ledger.write_ledger_piece). Only the piece results (a few hundred bytes each) and the
-survivor count return to the driver: no survivor list crosses the cluster.
+survivor count return to the driver: no survivor list crosses the cluster. (The CRC32C
+of a file this process proved before is not recomputed: compaction/verified.py.)
 """
 
 from __future__ import annotations
