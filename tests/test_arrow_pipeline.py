@@ -1,7 +1,8 @@
 """The Arrow compaction tasks (compaction/arrow_pipeline.py) end to end, on real Spark.
 
 The same topic compacted with compaction.phase1.engine=arrow (unbucketed, and with a
-budget that forces buckets) and with =sql gives the same compacted view; a task run
+budget that forces buckets; as a Spark job, and run in the compacting process below
+compaction.inline.max.bytes) and with =sql gives the same compacted view; a task run
 twice (a Spark retry) leaves exactly one set of ledger files and commits.
 """
 
@@ -14,7 +15,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from compactlog.compaction.arrow_pipeline import _task, compact_one, uses_arrow
+from compactlog.compaction.arrow_pipeline import (
+    _task,
+    compact_one,
+    full_read_bytes,
+    run_inline,
+    uses_arrow,
+)
 from compactlog.compaction.plan import plan_partition
 from compactlog.compaction.spark_service import SparkCompactionService
 from compactlog.storage.records import ProducerRecord, Record
@@ -59,7 +66,10 @@ def compact_twice(tmp: Path, spark: SparkSession, config: dict[str, str]) -> lis
             report = service.compact()
             assert report.total("records_out") > 0
             arrow = config.get("compaction.phase1.engine") != "sql"
-            assert ("tasks: group" in report.stages) is arrow  # where the time went
+            inline = arrow and config.get("compaction.inline.max.bytes") != "0"
+            # Where the time went, and where it ran: a Spark job or this process.
+            assert ("tasks: group" in report.stages) is (arrow and not inline)
+            assert ("inline: group" in report.stages) is inline
             assert report.total("keys") > 0
         return view(store)
 
@@ -70,12 +80,53 @@ def test_arrow_tasks_and_spark_sql_write_the_same_view(
 ) -> None:
     common = BASE | {"compaction.strategy": strategy}
     sql = compact_twice(tmp_path / "sql", spark, common | {"compaction.phase1.engine": "sql"})
-    arrow = compact_twice(tmp_path / "arrow", spark,
-                          common | {"compaction.phase1.engine": "arrow"})
-    bucketed = compact_twice(tmp_path / "bucketed", spark, common | {
+    job = {"compaction.phase1.engine": "arrow", "compaction.inline.max.bytes": "0"}
+    arrow = compact_twice(tmp_path / "arrow", spark, common | job)
+    bucketed = compact_twice(tmp_path / "bucketed", spark, common | job | {
+        "compaction.task.memory.bytes": "1024"})
+    inline = compact_twice(tmp_path / "inline", spark, common | {
         "compaction.phase1.engine": "arrow", "compaction.task.memory.bytes": "1024"})
     assert arrow == sql
     assert bucketed == sql
+    assert inline == sql
+
+
+def test_a_small_run_on_a_local_master_starts_no_spark(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with LogStore.open(tmp_path, clock=clock) as store:
+        store.create_topic(TOPIC, 2, BASE)
+        for i in range(300):
+            store.append(TOPIC, [ProducerRecord(b"k%d" % (i % 40), b"v%d" % i, (), clock.ms)],
+                         partition=i % 2)
+        for partition in store.topic(TOPIC).partitions:
+            partition.roll()
+        # A master no session could reach: the run must not need one.
+        service = SparkCompactionService(store, TOPIC, {"spark.master": "local[1]",
+                                                        "clock": clock})
+        report = service.compact()
+        assert service.started_session is None
+        assert report.total("keys") == 40 and "inline: write" in report.stages
+        assert all(len({r.key for r in p}) == len(p) for p in view(store))
+
+
+def test_inline_only_below_the_limit_and_on_a_local_master(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with LogStore.open(tmp_path, clock=clock) as store:
+        store.create_topic(TOPIC, 1, BASE | {"compaction.inline.max.bytes": "2000"})
+        for i in range(300):
+            store.append(TOPIC, [ProducerRecord(b"k%d" % (i % 40), b"v%d" % i, (), clock.ms)],
+                         partition=0)
+        partition = store.topic(TOPIC).partition(0)
+        partition.roll()
+        plan = plan_partition(TOPIC, 0, partition.directory, partition.manifest,
+                              partition.manifest_version, store.topic(TOPIC).config, clock.ms)
+        assert full_read_bytes(plan) > 2000
+        assert not run_inline([plan], local_master=True)
+        plan.inline_max_bytes = full_read_bytes(plan)
+        assert run_inline([plan], local_master=True)
+        assert not run_inline([plan], local_master=False)
+        plan.inline_max_bytes = 0
+        assert not run_inline([plan], local_master=True)
 
 
 def test_auto_runs_long_headers_and_functions_in_sql(tmp_path: Path) -> None:

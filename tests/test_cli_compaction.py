@@ -20,9 +20,10 @@ TOPIC_CONFIG = ["-c", "cleanup.policy=compact", "-c", "segment.bytes=2048",
                 "-c", "min.compaction.lag.ms=0", "-c", "delete.retention.ms=0"]
 
 
-def make_topic(data: Path, partitions: int = 2) -> dict[str, str]:
+def make_topic(data: Path, partitions: int = 2, *config: str) -> dict[str, str]:
     """Produce overwritten keys and a tombstone, seal them; return the expected view."""
-    ok(run(data, "topics", "create", "t", "--partitions", str(partitions), *TOPIC_CONFIG))
+    ok(run(data, "topics", "create", "t", "--partitions", str(partitions), *TOPIC_CONFIG,
+           *config))
     lines = [json.dumps({"key": f"k{i % 20}", "value": f"v{i}"}) for i in range(200)]
     lines.append(json.dumps({"key": "k3", "value": None}))
     ok(run(data, "produce", "t", stdin="\n".join(lines) + "\n"))
@@ -40,7 +41,8 @@ def compacted_view(data: Path) -> dict[str, str | None]:
 
 
 def test_compact_with_spark_then_status_view_and_describe(tmp_path: Path) -> None:
-    expected = make_topic(tmp_path)
+    # A Spark job even for this small topic (else it runs in process: the test below).
+    expected = make_topic(tmp_path, 2, "-c", "compaction.inline.max.bytes=0")
     spark_conf = [arg for key, value in SPARK_TEST_CONF.items()
                   for arg in ("--spark-conf", f"{key}={value}")]
     result = run(tmp_path, "compact", "t", "--spark-master", "local[1]", *spark_conf,
@@ -59,6 +61,15 @@ def test_compact_with_spark_then_status_view_and_describe(tmp_path: Path) -> Non
     assert all(p["horizon"] is not None for p in status["partitions"])
     described = ok(run(tmp_path, "topics", "describe", "t"))
     assert "dirty" in described and "removed" in described
+
+
+def test_a_small_compaction_starts_no_spark(tmp_path: Path) -> None:
+    expected = make_topic(tmp_path)
+    result = run(tmp_path, "compact", "t", "--spark-master", "local[1]", "--json", env=ENV,
+                 timeout=300)
+    report = json.loads(ok(result))
+    assert report["startup_s"] == 0 and "inline: write" in report["stages"]
+    assert compacted_view(tmp_path) == expected
 
 
 def test_compact_prints_a_summary_table(tmp_path: Path) -> None:

@@ -87,6 +87,8 @@ class CompactionModel(RuleBasedStateMachine):
         self.ledger: dict[bytes | None, tuple[Record, int | None]] = {}
         self.null_ledger: list[Record] = []
 
+    extra_config: dict[str, str] = {}  # noqa: RUF012  (read only)
+
     def create_topic(self, strategy: str, retention: int, null_policy: str,
                      deletion_vectors: bool, rewrite: float) -> None:
         self.strategy = strategy
@@ -98,6 +100,7 @@ class CompactionModel(RuleBasedStateMachine):
             "null.key.policy": null_policy, "segment.bytes": str(1 << 30),
             "compaction.deletion.vectors": str(deletion_vectors).lower(),
             "compaction.ledger.rewrite.live.fraction": str(rewrite),
+            **self.extra_config,
         })
         self.partition = self.store.topic("m").partitions[0]
         self.service = self.make_service(self.store, "m", self.clock)
@@ -238,9 +241,12 @@ TestArrowDeletionVectorModel.settings = settings(
 )
 
 
-@pytest.fixture
-def spark_model(spark: SparkSession) -> type[CompactionModel]:
+@pytest.fixture(params=["job", "inline"])
+def spark_model(spark: SparkSession, request: pytest.FixtureRequest) -> type[CompactionModel]:
     class SparkCompactionModel(AnyStrategyModel):
+        # A Spark job for every run, or (the default limit) the tasks in this process.
+        extra_config = {"compaction.inline.max.bytes": "0"} if request.param == "job" else {}
+
         def make_service(self, store: LogStore, topic: str,
                          clock: Clock) -> TopicCompactionService:
             return SparkCompactionService(store, topic, {"spark.session": spark,

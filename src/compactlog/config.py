@@ -333,6 +333,22 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "filters them. `false`: every run rewrites the whole ledger.",
     ),
     ConfigKey(
+        "compaction.inline.max.bytes",
+        "long",
+        64 * 1024 * 1024,
+        "compactlog: a run of the Spark service whose Arrow tasks would read at most this "
+        "many bytes in full (the dirty segments, plus the previous ledger when "
+        "compaction.deletion.vectors is off, as such a run rewrites it) runs those tasks in "
+        "the compacting process itself, one partition after another, instead of as a Spark "
+        "job: the same task function, files and commit, without the Spark job's fixed cost "
+        "(about 0.5 s on local[2]) and without starting a JVM. Only with a local master "
+        "(`local`, `local[N]`, `local[*]`); on a cluster every run is a Spark job. The "
+        "report's stages then say `inline: read`, `inline: group` and `inline: write` "
+        "instead of `tasks: ...`. 0: always a Spark job.",
+        minimum=0,
+        maximum=LONG_MAX,
+    ),
+    ConfigKey(
         "compaction.ledger.rewrite.live.fraction",
         "double",
         0.5,

@@ -1,4 +1,6 @@
-"""Phases 1 and 2 fused in one Spark task per partition, in pyarrow.
+"""Phases 1 and 2 fused in one Spark task per partition, in pyarrow (or, for a small
+run on a local master, the same task function called in the compacting process:
+`run_inline`, `compact_inline`; everything below holds for both).
 
 Invariant: each task writes only files of its own partition's ledger directory, named
 by the run id, the piece's sequence and its first input's base offset, through a
@@ -14,7 +16,8 @@ Parquet reader parses them, finds the survivors (arrow_survivors.py: exact group
 within the partition's memory budget), splits them into pieces as the SQL pipeline
 does (plan.split_inputs) and copies each piece's surviving rows into a ledger file
 (ledger.write_ledger_piece). Only the piece results (a few hundred bytes each) and the
-survivor count return to the driver: no survivor list crosses the cluster.
+survivor count return to the driver: no survivor list crosses the cluster. (The CRC32C
+of a file this process proved before is not recomputed: compaction/verified.py.)
 """
 
 from __future__ import annotations
@@ -53,11 +56,30 @@ if TYPE_CHECKING:
 RESULT_SCHEMA = "result string"
 # Seconds summed over the tasks, per stage, as reported (CompactionReport.stages).
 TASK_STAGES = ("tasks: read", "tasks: group", "tasks: write")
+# The same, for tasks run in the compacting process (compact_inline).
+INLINE_STAGES = ("inline: read", "inline: group", "inline: write")
 
 
 def uses_arrow(plan: PartitionPlan) -> bool:
     """Whether `plan` runs in Arrow tasks (compaction.phase1.engine, and the strategy)."""
     return plan.phase1_engine != "sql" and supports(plan.strategy)
+
+
+def full_read_bytes(plan: PartitionPlan) -> int:
+    """The bytes `plan`'s task reads in full: its dirty segments, and the previous
+    ledger unless deletion vectors spare it (then only its key and offset columns)."""
+    dirty = sum(item.info.size_bytes for item in plan.dirty)
+    return dirty if plan.deletion_vectors else dirty + sum(
+        item.info.size_bytes for item in plan.clean)
+
+
+def run_inline(plans: list[PartitionPlan], local_master: bool) -> bool:
+    """Whether `plans` (one run's Arrow partitions) run in this process rather than as a
+    Spark job (compaction.inline.max.bytes): small enough, and on a local master."""
+    if not plans or not local_master:
+        return False
+    limit = min(plan.inline_max_bytes for plan in plans)
+    return limit > 0 and sum(full_read_bytes(plan) for plan in plans) <= limit
 
 
 def compact_partitions(
@@ -80,15 +102,18 @@ def compact_partitions(
     return _results(plans, [json.loads(row["result"]) for row in collected], stages)
 
 
-def compact_inline(plans: list[PartitionPlan], run_id: str) -> dict[int, list[PieceResult]]:
-    """As compact_partitions, each task run in this process, one after another (for
-    an engine without Spark, and for tests)."""
-    return _results(plans, [compact_one(json.loads(json.dumps(_task(plan, run_id))))
-                            for plan in plans], None)
+def compact_inline(plans: list[PartitionPlan], run_id: str,
+                   stages: dict[str, float] | None = None) -> dict[int, list[PieceResult]]:
+    """As compact_partitions, each task run in this process, one after another (for a
+    small run, an engine without Spark, and tests)."""
+    # Through JSON as a Spark task would be, so both paths run the same task body.
+    bodies = [compact_one(json.loads(json.dumps(_task(plan, run_id)))) for plan in plans]
+    return _results(plans, bodies, stages, INLINE_STAGES)
 
 
 def _results(plans: list[PartitionPlan], bodies: list[dict[str, Any]],
-             stages: dict[str, float] | None) -> dict[int, list[PieceResult]]:
+             stages: dict[str, float] | None,
+             names: tuple[str, ...] = TASK_STAGES) -> dict[int, list[PieceResult]]:
     by_partition = {plan.partition: plan for plan in plans}
     results: dict[int, list[PieceResult]] = {plan.partition: [] for plan in plans}
     for body in bodies:
@@ -96,7 +121,7 @@ def _results(plans: list[PartitionPlan], bodies: list[dict[str, Any]],
         plan.survivor_count = body["keys"]
         results[plan.partition] = [PieceResult.from_json(piece) for piece in body["pieces"]]
         if stages is not None:
-            for name, seconds in zip(TASK_STAGES, body["seconds"], strict=True):
+            for name, seconds in zip(names, body["seconds"], strict=True):
                 stages[name] = stages.get(name, 0.0) + seconds
     return results
 

@@ -303,7 +303,8 @@ def latest_over_ledger(ledger_paths: list[str], dirty_paths: list[str], budget_b
     latest = np.full(len(distinct), -1, np.int64)
     if dirty.num_rows:
         np.maximum.at(latest, encoded.indices.to_numpy(), dirty.column("offset").to_numpy())
-    found = [latest]
+    # Sorted now, while small: appended after the ledger's (sorted, all lower) offsets.
+    found = [np.sort(latest)]
     stats.group_s += time.monotonic() - read_done
     stats.read_s += read_done - started
     stats.rows += dirty.num_rows
@@ -317,7 +318,12 @@ def latest_over_ledger(ledger_paths: list[str], dirty_paths: list[str], budget_b
         stats.rows += ledger.num_rows
         superseded = pc.is_in(_keys(ledger), value_set=distinct.cast(
             pa.large_binary() if ledger.column("key").nbytes >= 2**31 - 1 else pa.binary()))
-        found.append(ledger.column("offset").combine_chunks().filter(
+        found.insert(0, ledger.column("offset").combine_chunks().filter(
             pc.invert(superseded)).to_numpy())
+    result = np.concatenate(found)
+    # Ledger files in offset order, each in offset order, then the dirty part above
+    # them: sorted already, which one pass proves (a full sort costs 10 times more).
+    if len(result) > 1 and not bool(np.all(result[1:] > result[:-1])):
+        result = np.sort(result)
     stats.group_s += time.monotonic() - read_done
-    return np.sort(np.concatenate(found))
+    return result

@@ -28,10 +28,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from compactlog.compaction.verified import remember, verify_input
 from compactlog.storage import fsutil
 from compactlog.storage.deletion import drop_deleted, read_deletion_vector
 from compactlog.storage.manifest import SegmentInfo
-from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer, verify_file
+from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer
 
 LEDGER_SCHEMA = SCHEMA.append(pa.field("tombstone_since_ms", pa.int64()))
 
@@ -64,7 +65,8 @@ class PieceInput:
     dv_crc32c: int | None = None
 
     def verify(self) -> None:
-        verify_file(Path(self.path), self.size_bytes, self.crc32c, "compaction input")
+        # Remembered per process (compaction/verified.py): ledger files are immutable.
+        verify_input(Path(self.path), self.size_bytes, self.crc32c, "compaction input")
 
     def deleted(self) -> np.ndarray | None:
         """The offsets this file's deletion vector deletes (None: it has none)."""
@@ -205,6 +207,8 @@ def write_ledger_piece(
             writer.close()
         temp.unlink(missing_ok=True)
         raise
+    checksum = file_crc32c(final)
+    remember(final, checksum)
     info = SegmentInfo(
         file=file_name,
         base_offset=base_offset,
@@ -214,7 +218,7 @@ def write_ledger_piece(
         min_timestamp=min_ts,
         max_timestamp=max_ts,
         sealed_at_ms=int(time.time() * 1000),
-        crc32c=file_crc32c(final),
+        crc32c=checksum,
     )
     return PieceResult(info, **counts, oldest_tombstone_ms=oldest)
 

@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from compactlog.compaction import CompactionReport, TopicCompactionService
-from compactlog.compaction.arrow_pipeline import compact_partitions, uses_arrow
+from compactlog.compaction.arrow_pipeline import (
+    compact_inline,
+    compact_partitions,
+    run_inline,
+    uses_arrow,
+)
 from compactlog.compaction.ledger import PieceResult
 from compactlog.compaction.plan import PartitionPlan
 from compactlog.compaction.reads import LedgerReads
@@ -29,11 +34,15 @@ if TYPE_CHECKING:
 
 class SparkEngine:
     """Partitions whose phase 1 runs in Arrow tasks (arrow_pipeline.uses_arrow) are done
-    whole in `write_ledgers`, one task each; the others take the SQL pipeline's two
-    phases. `stages` collects the Arrow tasks' seconds per stage."""
+    whole in `write_ledgers`, one task each: as one Spark job, or in this process when
+    the run is small and the master local (arrow_pipeline.run_inline; then no session
+    is started for them). The others take the SQL pipeline's two phases. `stages`
+    collects the Arrow tasks' seconds per stage."""
 
-    def __init__(self, session: Callable[[], SparkSession]) -> None:
+    def __init__(self, session: Callable[[], SparkSession],
+                 local_master: Callable[[], bool] = lambda: False) -> None:
         self._session = session
+        self._local_master = local_master
         self.stages: dict[str, float] = {}
 
     def find_survivors(self, plans: list[PartitionPlan]) -> None:
@@ -49,7 +58,9 @@ class SparkEngine:
         arrow = [plan for plan in plans if uses_arrow(plan)]
         if sql:
             results.update(write_ledgers(self._session(), sql, run_id))
-        if arrow:
+        if arrow and run_inline(arrow, self._local_master()):
+            results.update(compact_inline(arrow, run_id, self.stages))
+        elif arrow:
             results.update(compact_partitions(self._session(), arrow, run_id, self.stages))
         return results
 
@@ -76,8 +87,16 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
             self._startup_s += time.monotonic() - started
         return self._spark
 
+    def local_master(self) -> bool:
+        """Whether Spark runs on this machine (`local`, `local[N]`...): the master of the
+        session given, else of the settings; never starts a session."""
+        given = self.settings.get("spark.session")
+        master = (given.sparkContext.master if given is not None
+                  else self.settings.get("spark.master") or DEFAULT_MASTER)
+        return str(master).startswith("local")
+
     def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
-        engine = SparkEngine(self.session)
+        engine = SparkEngine(self.session, self.local_master)
         self._startup_s = 0.0
         if self.progress is None:
             report = run_compaction(self.store, self.topic, engine, partitions, self.clock)
