@@ -126,3 +126,35 @@ def test_local_dir_default_is_per_url(where: Location, monkeypatch: pytest.Monke
     second = default_local_dir(where.join("other"))
     assert first != second and first.is_relative_to(tmp_path)
     assert os.environ.get("AWS_SECRET_ACCESS_KEY") not in str(first)
+
+
+def test_a_second_writer_on_one_prefix_is_fenced_not_merged(where: Location,
+                                                            tmp_path: Path) -> None:
+    """Two writers (two local directories) append to one partition on one prefix, so
+    both assign the same offsets: the first seal commits, the second is refused with
+    FencedError and its partition stops taking writes; the manifest never lists two
+    records for one offset."""
+    from compactlog.errors import FencedError, PartitionFailedError
+    from compactlog.storage.partition import Partition
+
+    with LogStore.open(where, local_dir=tmp_path / "a") as first:
+        first.create_topic("t", 1)
+        a = first.topic("t").partitions[0]
+        b = Partition(tmp_path / "b" / "0", "t", 0, lambda: a.config, writable=True,
+                      volume=a.volume).open()
+        try:
+            a.append(records(5, "a"))
+            b.append(records(5, "b"))  # offsets 0..4 again, on the other machine
+            assert a.roll()
+            with pytest.raises(FencedError, match="another writer"):
+                b.roll()
+            with pytest.raises(PartitionFailedError):
+                b.append(records(1))
+            segments = a.volume.document("manifest").load()
+            assert segments is not None
+            listed = segments.body["segments"]
+            assert [(s["base_offset"], s["last_offset"]) for s in listed] == [(0, 4)]
+            assert [r.value for r in a.read(0, 100, 1 << 20)] == [
+                r.value for r in records(5, "a")]
+        finally:
+            b.close()

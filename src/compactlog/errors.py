@@ -112,6 +112,12 @@ class ConflictError(CompactlogError):
     """An optimistic-concurrency commit was based on a version that is no longer current."""
 
 
+class FencedError(ConflictError):
+    """Another writer committed offsets this writer assigned too (two writers on one
+    object-store prefix): this writer stops taking writes, and its records that no
+    commit took stay in its local log."""
+
+
 class RetryableError(CompactlogError):
     """A transient condition; the same call may succeed later."""
 

@@ -9,7 +9,11 @@ every step, and tests/test_crash.py a kill):
   1. write the Parquet file under a temporary name in segments/ and fsync it;
   2. publish it under its final name (volume.py: rename it and fsync the directory; on
      S3 a create-only PUT);
-  3. commit a manifest version that lists it (compare-and-swap, commit.py);
+  3. commit a manifest version that lists it (compare-and-swap, commit.py); a manifest
+     whose sealed segments already reach past the file's first offset means another
+     writer sealed those offsets (two writers on one object-store prefix): FencedError,
+     and this partition takes no more writes (tests/test_store_s3.py,
+     test_a_second_writer_on_one_prefix_is_fenced_not_merged);
   4. delete the log files that the committed manifest's sealed segments cover.
 A failure in 1-3 leaves the log file in force; the file of 1-2, if any, is an orphan
 that the sweep deletes (at once here: the seal lock keeps other sealers out). A crash
@@ -24,7 +28,7 @@ import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from compactlog.errors import StorageError
+from compactlog.errors import FencedError, StorageError
 from compactlog.storage import fsutil
 from compactlog.storage.logfile import LogSegment
 from compactlog.storage.manifest import SEGMENT_DIR, PartitionManifest, SegmentInfo
@@ -88,12 +92,21 @@ def _seal(partition: Partition, segment: LogSegment) -> SegmentInfo:
                            missing=missing)
 
         def add_segment(manifest: PartitionManifest) -> PartitionManifest:
+            if manifest.segments and info.base_offset <= manifest.segments[-1].last_offset:
+                # Only another writer can have sealed these offsets: two writers on one
+                # object-store prefix. Adding ours would list two records per offset.
+                raise FencedError(
+                    f"{partition.name}: offsets {info.base_offset}..{info.last_offset} were "
+                    f"sealed by another writer (the manifest ends at "
+                    f"{manifest.segments[-1].last_offset}); this writer stops")
             return replace(manifest, segments=(*manifest.segments, info))
 
         partition.commit_manifest(add_segment)  # 3.
     except BaseException as error:
         temp.unlink(missing_ok=True)
         _remove_orphan(partition, name)
+        if isinstance(error, FencedError):
+            partition.fail(error)
         if isinstance(error, OSError):
             raise StorageError(f"{partition.name}: sealing {segment.path.name} failed: "
                                f"{error}") from error
