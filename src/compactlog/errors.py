@@ -88,7 +88,7 @@ class OffsetOutOfRangeError(UserError):
 
 
 class DataDirLockedError(UserError):
-    def __init__(self, path: Path, holder: str) -> None:
+    def __init__(self, path: Path | str, holder: str) -> None:
         super().__init__(
             f"data directory {path} is in use by another writer ({holder}); "
             "stop it, or read with a read-only store"

@@ -166,6 +166,13 @@ class ObjectLayout:
         return ObjectDocument(self.client, self.location.bucket,
                               self.location.key(f"topics/{name}/meta"))
 
+    def lease_document(self) -> Document:
+        """The writer lease (lease.py)."""
+        from compactlog.storage.object_commit import ObjectDocument
+
+        assert self.location.bucket is not None
+        return ObjectDocument(self.client, self.location.bucket, self.location.key("writer"))
+
     def names(self) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError
 

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from compactlog.config import TopicConfig
 from compactlog.errors import (
     ConflictError,
     CorruptRecordError,
+    FencedError,
     InvalidRecordError,
     PartitionFailedError,
     ReadOnlyStoreError,
@@ -53,6 +54,7 @@ from compactlog.storage.commit import (
 )
 from compactlog.storage.compacted import CompactedView
 from compactlog.storage.filecache import OpenFiles
+from compactlog.storage.lease import EPOCH_KEY
 from compactlog.storage.logfile import LogSegment, TornTail, log_file_name
 from compactlog.storage.manifest import (
     LEDGER_DIR,
@@ -148,6 +150,9 @@ class Partition:
         self.sweep_at_ms: int | None = None
         self._swept: set[str] = set()  # retired files already deleted (note_swept)
         self.compacted = CompactedView(self)
+        # On an object store, the writer lease's epoch (lease.py): every commit this
+        # writer makes checks the manifest is not stamped by a newer writer.
+        self.writer_epoch: int | None = None
 
     @property
     def name(self) -> str:
@@ -256,7 +261,11 @@ class Partition:
         for _ in range(attempts):
             with self._lock:
                 base, version = self.manifest, self.manifest_version
-            updated = change(base)
+            try:
+                updated = self._stamped(change)(base)
+            except FencedError as error:
+                self.fail(error)
+                raise
             dropped = base.live_files() - updated.live_files()
             updated = updated.retiring(dropped, self.now_ms(), delay_ms)
             try:
@@ -277,6 +286,34 @@ class Partition:
             self._delete_forgotten(base, updated)
             return updated
         raise ConflictError(f"{self.name}: manifest kept changing; gave up after {attempts} tries")
+
+    def _stamped(self, change: Callable[[PartitionManifest], PartitionManifest]
+                 ) -> Callable[[PartitionManifest], PartitionManifest]:
+        """`change` as this writer's (lease.py): refused once a newer writer stamped the
+        manifest, and stamping it with this writer's epoch."""
+        epoch = self.writer_epoch
+        if not self.writable or epoch is None:
+            return change
+
+        def stamped(manifest: PartitionManifest) -> PartitionManifest:
+            theirs = int(manifest.extra.get(EPOCH_KEY, 0))
+            if theirs > epoch:
+                raise FencedError(f"{self.name}: a newer writer (epoch {theirs}) took over "
+                                  f"from this one (epoch {epoch}); this writer stops")
+            updated = change(manifest)
+            if int(updated.extra.get(EPOCH_KEY, 0)) != epoch:
+                updated = replace(updated, extra={**updated.extra, EPOCH_KEY: epoch})
+            return updated
+
+        return stamped
+
+    def stamp_epoch(self) -> None:
+        """Step 1 of a writer's open on an object store (lease.py): stamp the manifest
+        with this writer's epoch before anything is written, so that a former writer's
+        late commit fails."""
+        if self.writer_epoch is not None and int(
+                self.manifest.extra.get(EPOCH_KEY, 0)) != self.writer_epoch:
+            self.commit_manifest(lambda manifest: manifest)
 
     def _delete_forgotten(self, base: PartitionManifest, updated: PartitionManifest) -> None:
         """Delete the retired files whose delay had passed and that this commit stopped

@@ -73,6 +73,7 @@ def open_locked(partition: Partition) -> None:
     """Steps 1-4, with the seal lock (writers) and the partition's lock held."""
     _load_or_create_manifest(partition)
     if partition.writable:
+        partition.stamp_epoch()  # on an object store: fence former writers (lease.py)
         _recover_files(partition)
     _open_logs(partition)
     if partition.writable:

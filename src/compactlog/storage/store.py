@@ -45,6 +45,7 @@ from compactlog.errors import (
 from compactlog.storage.commit import Snapshot
 from compactlog.storage.filecache import OpenFiles
 from compactlog.storage.layout import Layout, LocalLayout, ObjectLayout, is_deleted
+from compactlog.storage.lease import DEFAULT_TTL_S, LeaseLostError, WriterLease
 from compactlog.storage.location import Location
 from compactlog.storage.object_probe import check_conditional_writes
 from compactlog.storage.partition import AppendResult, Clock, Partition, RecoveryReport
@@ -138,6 +139,8 @@ class Topic:
                     files=self.store.files,
                     volume=layout.partition_volume(self.name, topic_id, index),
                 )
+                if self.store.lease is not None:
+                    partition.writer_epoch = self.store.lease.epoch
                 partition.auto_seal = self.store.auto_seal
                 self.partitions.append(partition.open())
         except BaseException:
@@ -181,12 +184,16 @@ class LogStore:
         # rolled it. A server sets False so that appends never wait for a seal, and
         # seals in tick() instead.
         self.auto_seal = True
+        # On an object store, the writer's lease (lease.py); None for a local store.
+        self.lease: WriterLease | None = None
+        self.lease_lost: LeaseLostError | None = None
 
     @classmethod
     def open(
         cls, data_dir: str | os.PathLike[str] | Location, read_only: bool = False,
         clock: Clock = time.time, max_open_files: int = DEFAULT_MAX_OPEN_FILES,
         local_dir: str | os.PathLike[str] | None = None,
+        lease_ttl_s: float = DEFAULT_TTL_S,
     ) -> LogStore:
         """Open the store at `data_dir`: a local directory, or an s3:// URL whose log
         segments, writer lock and read cache go in `local_dir` (default: a directory
@@ -212,6 +219,14 @@ class LogStore:
                 check_conditional_writes(location, layout.client)
             layout.prepare()
             store._take_writer_lock()
+            if isinstance(layout, ObjectLayout):
+                store.lease = WriterLease(layout.lease_document(), str(location),
+                                          lease_ttl_s, clock)
+                try:
+                    store.lease.acquire()
+                except BaseException:
+                    store.close()
+                    raise
             layout.remove_leftovers()
         return store
 
@@ -242,10 +257,16 @@ class LogStore:
 
     def close(self) -> None:
         with self._lock:
-            if self.location.is_s3 and not self.read_only:
+            if self.location.is_s3 and not self.read_only and self.lease is not None:
                 self._seal_everything()
             for topic in self._topics.values():
                 topic.close()
+            if self.lease is not None:
+                try:
+                    self.lease.release()
+                except Exception as error:  # it expires by itself
+                    log.warning("releasing the writer lease failed: %s", error)
+                self.lease = None
             self._topics.clear()
             self.files.close_all()
             if self._lock_fd is not None:
@@ -273,6 +294,8 @@ class LogStore:
     def _require_writable(self) -> None:
         if self.read_only:
             raise ReadOnlyStoreError(f"data directory {self.location} is open read-only")
+        if self.lease_lost is not None:
+            raise self.lease_lost
 
     # -- topics ---------------------------------------------------------------------
 
@@ -419,7 +442,12 @@ class LogStore:
         """Periodic upkeep for a long-running writer (`upkeep_steps` for every
         partition). One step's failure is logged and never stops the other steps or
         partitions."""
+        if self.lease_lost is not None:
+            return  # nothing to keep up: the partitions belong to the newer writer
         self._require_writable()
+        self._renew_lease()
+        if self.lease_lost is not None:
+            return
         for name in self.list_topics():
             try:
                 partitions = self.topic(name).partitions
@@ -432,6 +460,23 @@ class LogStore:
                         call()
                     except Exception as error:  # logged; the next tick tries again
                         self._report(f"{partition.name} ({step})", error)
+
+    def _renew_lease(self) -> None:
+        """Renew the writer lease when due (lease.py); a lost lease stops every
+        partition's writes (a newer writer owns them; it fences this one anyway)."""
+        if self.lease is None or not self.lease.renewal_due:
+            return
+        try:
+            self.lease.renew()
+        except LeaseLostError as error:
+            self.lease = None
+            self.lease_lost = error
+            for topic in self._topics.values():
+                for partition in topic.partitions:
+                    partition.fail(error)
+            log.error("%s", error)
+        except Exception as error:  # the store was unreachable: retried next tick
+            self._report("the writer lease", error)
 
     def upkeep_steps(self, partition: Partition) -> Iterator[tuple[str, Callable[[], object]]]:
         """The named steps of one partition's upkeep: reopen it if it failed (with a

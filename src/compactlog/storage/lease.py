@@ -1,0 +1,144 @@
+"""The writer lease of a store on an object store: which process may write its topics.
+
+Invariant: at most one process at a time believes it holds the lease, as far as the
+lease document says (it is committed by compare-and-swap, so two takers of one version
+cannot both succeed); and correctness never rests on that belief or on clocks. Each
+taking of the lease gets a new epoch, one higher than any before. A writer stamps its
+epoch into every partition manifest it opens (`Partition.writer_epoch`,
+`extra["writer_epoch"]`) before it writes, and every commit it makes to a manifest
+checks that the manifest's epoch is still its own: a stalled former owner whose
+lease expired and was taken finds a newer epoch at its next commit (its compare-and-swap
+fails on the stamped version, it re-reads, and sees the epoch) and stops with
+FencedError. The lease's expiry only decides when a new owner may take over.
+
+Lease protocol (WriterLease; tests in tests/test_lease.py):
+  1. acquire: load the lease document; if a live lease (not released, not expired by
+     this machine's clock) names another owner, refuse with DataDirLockedError naming
+     it; else commit {owner, epoch + 1, expires_ms} on the version read. A conflict
+     means another process took it meanwhile: refuse the same way.
+     test_a_second_writer_is_refused_while_the_lease_lives,
+     test_an_expired_lease_is_taken_over_with_a_higher_epoch
+  2. renew (the store's tick, every ttl/3): commit {owner, epoch, new expiry} on the
+     version this process last committed; a conflict means the lease was taken: raise
+     LeaseLostError, and the store stops writing. test_a_taken_lease_is_lost_at_renewal
+  3. release (close): commit {released: true} on our version; a conflict is logged (the
+     lease was taken already). test_a_released_lease_is_taken_at_once
+A holder that dies simply stops renewing; after ttl the next writer takes over.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from compactlog.errors import CompactlogError, ConflictError, DataDirLockedError
+from compactlog.storage.commit import Snapshot
+from compactlog.storage.document import Document
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 30.0
+EPOCH_KEY = "writer_epoch"
+
+
+class LeaseLostError(CompactlogError):
+    """Another process took this store's writer lease: this process writes no more."""
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    owner: str
+    epoch: int
+    expires_ms: int
+    released: bool
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> LeaseState:
+        return cls(str(body.get("owner", "")), int(body.get("epoch", 0)),
+                   int(body.get("expires_ms", 0)), bool(body.get("released", False)))
+
+    def to_body(self) -> dict[str, Any]:
+        return {"owner": self.owner, "epoch": self.epoch, "expires_ms": self.expires_ms,
+                "released": self.released}
+
+
+class WriterLease:
+    """This process' claim on a store's writer lease (see the module's protocol)."""
+
+    def __init__(self, document: Document, where: str, ttl_s: float = DEFAULT_TTL_S,
+                 clock: Any = time.time) -> None:
+        self.document = document
+        self.where = where
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self.owner = f"{socket.gethostname()} pid {os.getpid()} ({uuid.uuid4().hex[:8]})"
+        self.epoch = 0
+        self._snapshot: Snapshot | None = None
+        self._renewed_at = 0.0
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def acquire(self) -> int:
+        """Step 1; the new epoch."""
+        current = self.document.load()
+        previous = LeaseState.from_body(current.body) if current is not None else None
+        if (previous is not None and not previous.released
+                and previous.expires_ms > self._now_ms() and previous.owner != self.owner):
+            raise DataDirLockedError(self.where, f"{previous.owner}, whose writer lease "
+                                                 f"is live for {self._left_s(previous):.0f}s more")
+        epoch = (previous.epoch if previous is not None else 0) + 1
+        state = LeaseState(self.owner, epoch, self._expiry(), False)
+        try:
+            self._snapshot = self.document.commit(
+                current.version if current is not None else 0, state.to_body())
+        except ConflictError:
+            raise DataDirLockedError(self.where, "another process that took the writer "
+                                                 "lease just now") from None
+        self.epoch = epoch
+        self._renewed_at = time.monotonic()
+        if previous is not None and not previous.released:
+            log.warning("%s: took over the writer lease from %s (expired); epoch %d",
+                        self.where, previous.owner, epoch)
+        else:
+            log.info("%s: took the writer lease, epoch %d", self.where, epoch)
+        return epoch
+
+    def _left_s(self, state: LeaseState) -> float:
+        return max(0.0, (state.expires_ms - self._now_ms()) / 1000)
+
+    def _expiry(self) -> int:
+        return self._now_ms() + int(self.ttl_s * 1000)
+
+    @property
+    def renewal_due(self) -> bool:
+        return time.monotonic() - self._renewed_at >= self.ttl_s / 3
+
+    def renew(self) -> None:
+        """Step 2."""
+        if self._snapshot is None:
+            raise LeaseLostError(f"{self.where}: the writer lease is not held")
+        state = LeaseState(self.owner, self.epoch, self._expiry(), False)
+        try:
+            self._snapshot = self.document.commit(self._snapshot.version, state.to_body())
+        except ConflictError:
+            self._snapshot = None
+            raise LeaseLostError(f"{self.where}: another process took the writer lease; "
+                                 "this one writes no more") from None
+        self._renewed_at = time.monotonic()
+
+    def release(self) -> None:
+        """Step 3."""
+        if self._snapshot is None:
+            return
+        state = LeaseState(self.owner, self.epoch, self._now_ms(), True)
+        try:
+            self.document.commit(self._snapshot.version, state.to_body())
+        except ConflictError:
+            log.warning("%s: the writer lease was taken before it was released", self.where)
+        self._snapshot = None
