@@ -94,7 +94,8 @@ SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_connection
                              "listeners": list, "admin_tls": bool, "tls": dict,
                              "listener": dict, "sasl_failure_delay_s": float,
                              "sasl_failure_delay_max_s": float,
-                             "authorization": dict}
+                             "authorization": dict, "lease_ttl_s": float,
+                             "ack_after_upload": bool, "upload_interval_s": float}
 TLS_SETTINGS: dict[str, type] = {"cert_file": str, "key_file": str, "key_password": str,
                                  "ca_file": str, "client_auth": str}
 LISTENER_SETTINGS: dict[str, type] = {"security_protocol": str, "sasl_mechanisms": list,

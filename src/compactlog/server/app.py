@@ -16,12 +16,13 @@ import functools
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from compactlog.errors import UserError
+from compactlog.errors import DataDirLockedError, UserError
 from compactlog.server.admin import AdminServer
 from compactlog.server.authorizer import AuthorizationConfig, Authorizer
 from compactlog.server.broker import Broker
@@ -55,6 +56,7 @@ from compactlog.server.session import SaslGate, Session
 from compactlog.server.throttle import Throttle, held_back
 from compactlog.server.tls import ServerTls, TlsSettings
 from compactlog.server.upkeep import Upkeep
+from compactlog.server.uploads import Uploads
 from compactlog.storage.credentials import CredentialStore
 from compactlog.storage.store import LogStore
 
@@ -102,6 +104,13 @@ class ServerConfig:
     tls: TlsSettings | None = None
     # The store's s3:// URL, when data_dir is its local directory (storage/store.py).
     data_location: str | None = None
+    # On an object store: the writer lease's time to live (storage/lease.py); a second
+    # server on the same URL waits for it, and takes over once it expires.
+    lease_ttl_s: float = 30.0
+    # On an object store: answer acks=1/-1 produces only once their records are in the
+    # bucket (server/uploads.py), uploading every upload_interval_s.
+    ack_after_upload: bool = False
+    upload_interval_s: float = 0.25
     # Serve the admin API over HTTPS with `tls`.
     admin_tls: bool = False
     # A failed SASL authentication from an address that failed before is answered after
@@ -121,7 +130,8 @@ class ServerConfig:
             value = getattr(self, name)
             if value < 1:
                 raise UserError(f"{name} must be at least 1, got {value}")
-        for name in ("connections_max_idle_s", "upkeep_interval_s"):
+        for name in ("connections_max_idle_s", "upkeep_interval_s", "lease_ttl_s",
+                     "upload_interval_s"):
             value = getattr(self, name)
             if value <= 0:
                 raise UserError(f"{name} must be above 0, got {value}")
@@ -161,9 +171,7 @@ class Server:
         self.max_open_data_files, capped = data_file_cap(config.max_open_data_files)
         if capped:
             log.info("%s", capped)
-        self.store = LogStore.open(config.data_location or config.data_dir,
-                                   max_open_files=self.max_open_data_files,
-                                   local_dir=config.data_dir)
+        self.store = self._open_store()
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
         self._upkeep_rounds = Upkeep(self.store)
@@ -182,7 +190,27 @@ class Server:
         self.connections: Connections | None = None
         self._loop_handler: Any = None  # the event loop's exception handler before ours
         self._upkeep: asyncio.Task[None] | None = None
+        self._uploads: asyncio.Task[None] | None = None
         self.port = config.port
+
+    def _open_store(self) -> LogStore:
+        """Open the store; on an object store whose writer lease another server holds,
+        wait as a standby until it is released or expires (storage/lease.py)."""
+        config = self.config
+        waiting = False
+        while True:
+            try:
+                return LogStore.open(config.data_location or config.data_dir,
+                                     max_open_files=self.max_open_data_files,
+                                     local_dir=config.data_dir,
+                                     lease_ttl_s=config.lease_ttl_s)
+            except DataDirLockedError as error:
+                if config.data_location is None:
+                    raise
+                if not waiting:
+                    log.info("standing by: %s; taking over when its lease ends", error)
+                    waiting = True
+                time.sleep(max(0.1, config.lease_ttl_s / 3))
 
     async def start(self) -> None:
         config = self.config
@@ -229,6 +257,9 @@ class Server:
                 self.tls.context if self.config.admin_tls and self.tls is not None else None)
             await self.admin.start()
         self._upkeep = asyncio.create_task(self._upkeep_loop())
+        if config.ack_after_upload and config.data_location is not None:
+            self.broker.uploads = Uploads(config.upload_interval_s)
+            self._uploads = asyncio.create_task(self.broker.uploads.run(self.broker))
         # Where the CLI's write commands find this server (server/info.py).
         plain = [lis for lis in self.listeners if lis.protocol == "PLAINTEXT"]
         kafka = (plain or self.listeners)[0].advertised
@@ -272,10 +303,11 @@ class Server:
             self.connections.stopping = True  # each connection ends after its request
         for server in self._servers:
             server.close()
-        if self._upkeep is not None:
-            self._upkeep.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._upkeep
+        for task in (self._upkeep, self._uploads):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.admin is not None:
             await self.admin.stop()
         if self._cleaner is not None:

@@ -26,6 +26,7 @@ from compactlog.server.metrics import ServerMetrics
 from compactlog.server.producers import ProducerStates
 from compactlog.server.protocol import Request
 from compactlog.server.throttle import Throttle
+from compactlog.server.uploads import Uploads
 from compactlog.storage.credentials import CredentialStore
 from compactlog.storage.store import LogStore
 
@@ -75,6 +76,8 @@ class Broker:
         # Failures that clients retry fast (a fetch of a damaged partition) are logged
         # once per partition per minute.
         self.failure_log = Throttle(60.0)
+        # ack_after_upload (server/uploads.py): None unless the server turns it on.
+        self.uploads: Uploads | None = None
 
     @property
     def host(self) -> str:

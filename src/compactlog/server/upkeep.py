@@ -29,6 +29,12 @@ class Upkeep:
 
     def run_once(self) -> None:
         try:
+            self.store.renew_lease()
+        except Exception as error:  # the store was unreachable: the next round retries
+            self._failed("the data location", "renewing the writer lease", error)
+        if self.store.lease_lost is not None:
+            return  # another server writes these partitions now
+        try:
             names = self.store.list_topics()
         except Exception as error:  # EMFILE: the next round tries again
             self._failed("the data directory", "listing topics", error)

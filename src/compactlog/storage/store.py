@@ -445,7 +445,7 @@ class LogStore:
         if self.lease_lost is not None:
             return  # nothing to keep up: the partitions belong to the newer writer
         self._require_writable()
-        self._renew_lease()
+        self.renew_lease()
         if self.lease_lost is not None:
             return
         for name in self.list_topics():
@@ -461,7 +461,7 @@ class LogStore:
                     except Exception as error:  # logged; the next tick tries again
                         self._report(f"{partition.name} ({step})", error)
 
-    def _renew_lease(self) -> None:
+    def renew_lease(self) -> None:
         """Renew the writer lease when due (lease.py); a lost lease stops every
         partition's writes (a newer writer owns them; it fences this one anyway)."""
         if self.lease is None or not self.lease.renewal_due:

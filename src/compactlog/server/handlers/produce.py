@@ -25,8 +25,9 @@ transaction it knows of.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -47,7 +48,11 @@ from compactlog.server.protocol import ProtocolError, Request
 from compactlog.server.throttle import Throttle, held_back
 from compactlog.storage.records import iter_batches
 
+if TYPE_CHECKING:
+    from compactlog.storage.partition import Partition
+
 PRODUCE, INIT_PRODUCER_ID = 0, 22
+LAST_OFFSET = "_last_offset"  # (partition, last offset) of an append; not sent
 log = logging.getLogger("compactlog.server")
 
 
@@ -70,6 +75,10 @@ async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
     denied = authz.denied_topics(broker, request, Operation.WRITE, (w[0] for w in work))
     results = await broker.run_io(_append_all, broker, work, denied)
     broker.notify_data()
+    last_offsets = [result.pop(LAST_OFFSET, None) for result in results]
+    if broker.uploads is not None and body.acks != 0:
+        await _wait_for_uploads(broker, work, results, last_offsets,
+                                int(body.timeout.total_seconds() * 1000))
     if body.acks == 0:
         failed = [f"{name}/{index}: {ErrorCode(result['error_code']).name.upper()}"
                   for (name, index, _), result in zip(work, results, strict=True)
@@ -82,6 +91,24 @@ async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
         return None
     return {"responses": [{"name": name, "partition_responses": parts}
                           for name, parts in by_topic(work, results, "index").items()]}
+
+
+async def _wait_for_uploads(broker: Broker, work: list[tuple[str, int, bytes]],
+                            results: list[dict[str, Any]],
+                            last_offsets: list[tuple[Partition, int] | None],
+                            timeout_ms: int) -> None:
+    """ack_after_upload (server/uploads.py): each appended partition's answer waits
+    until its records are in the object store, or says REQUEST_TIMED_OUT."""
+    assert broker.uploads is not None
+    waits = [(index, found) for index, found in enumerate(last_offsets) if found is not None]
+    done = await asyncio.gather(*(broker.uploads.wait(partition, last, timeout_ms / 1000)
+                                  for _, (partition, last) in waits))
+    for (index, _), uploaded in zip(waits, done, strict=True):
+        if not uploaded:
+            results[index]["error_code"] = ErrorCode.request_timed_out
+            results[index]["error_message"] = (
+                f"{work[index][0]}/{work[index][1]}: the records were not in the object "
+                f"store within timeout_ms={timeout_ms} (ack_after_upload)")
 
 
 def _append_all(broker: Broker, work: list[tuple[str, int, bytes]],
@@ -118,7 +145,8 @@ def _append_one(broker: Broker, name: str, index: int, records: bytes) -> dict[s
         broker.metrics.records_in.labels(name).inc(header.record_count)
         broker.metrics.bytes_in.labels(name).inc(len(records))
         return {"error_code": ErrorCode.none, "base_offset": first, "log_append_time": None,
-                "log_start_offset": partition.log_start_offset}
+                "log_start_offset": partition.log_start_offset,
+                LAST_OFFSET: (partition, first + header.last_offset_delta)}
     except Exception as error:
         return _failed(error, name, index)
 

@@ -1,0 +1,177 @@
+"""Fail-over of a server on an object store: two `compactlog serve` processes on one
+s3:// URL with separate local directories. The owner is killed with SIGKILL while a
+producer with acks=all sends and the server acknowledges only after upload
+(ack_after_upload); the standby takes over once the writer lease expires and serves on
+the same address; every acknowledged record is in the bucket at the offset it was
+acknowledged with, in order. The former owner, restarted on its old local directory,
+stands by and writes nothing until the lease is its own, and then sets aside its local
+log, which the new owner's offsets superseded."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from compactlog import LogStore
+from s3_support import (
+    S3Server,
+    s3_fixture,  # noqa: F401  (the `s3` fixture)
+)
+
+COMPACTLOG = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "compactlog")
+TOPIC = "orders"
+TTL_S = 2.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Served:
+    def __init__(self, process: subprocess.Popen[str], log_path: Path) -> None:
+        self.process = process
+        self.log_path = log_path
+        self.serving = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if re.search(r"serving on", line):
+                self.serving.set()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+@contextmanager
+def serve(where: str, local: Path, port: int, config: Path, log_path: Path,
+          env: dict[str, str]) -> Iterator[Served]:
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(
+            [COMPACTLOG, "--data-dir", where, "--log-level", "info", "serve",
+             "--listen", f"127.0.0.1:{port}", "--no-auto-compaction", "--config", str(config)],
+            stdout=subprocess.PIPE, stderr=log_file, text=True,
+            env={**os.environ, **env, "COMPACTLOG_LOCAL_DIR": str(local),
+                 "PYTHONUNBUFFERED": "1"})
+    try:
+        yield Served(process, log_path)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(30)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def test_the_standby_takes_over_and_no_acknowledged_record_is_lost(
+        s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    where = str(s3.location("failover"))
+    port = free_port()
+    config = tmp_path / "server.toml"
+    config.write_text(f"lease_ttl_s = {TTL_S}\nack_after_upload = true\n"
+                      "upload_interval_s = 0.1\nupkeep_interval_s = 0.2\n")
+    acked: list[tuple[int, int, bytes]] = []
+    failed: list[str] = []
+    stop = threading.Event()
+
+    def on_delivery(error: object, message: object) -> None:
+        if error is not None:
+            failed.append(str(error))
+        else:
+            acked.append((message.partition(), message.offset(), message.value()))  # type: ignore[attr-defined]
+
+    def produce() -> None:
+        producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "acks": "all",
+                             "enable.idempotence": False, "linger.ms": 20,
+                             "message.timeout.ms": 60000, "request.timeout.ms": 5000,
+                             "reconnect.backoff.max.ms": 200})
+        sequence = 0
+        while not stop.is_set():
+            producer.produce(TOPIC, f"v{sequence}".encode(), f"k{sequence % 10}".encode(),
+                             on_delivery=on_delivery)
+            sequence += 1
+            producer.poll(0.005)
+        producer.flush(60)
+
+    with serve(where, tmp_path / "a", port, config, tmp_path / "a.log", s3.env) as first:
+        assert first.serving.wait(60), first.log()
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})  # kept alive
+        admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(30)
+        with serve(where, tmp_path / "b", port, config, tmp_path / "b.log", s3.env) as second:
+            producer = threading.Thread(target=produce)
+            producer.start()
+            try:
+                deadline = time.monotonic() + 30
+                while len(acked) < 200 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert len(acked) >= 200, (len(acked), failed[:3], first.log()[-2000:])
+                assert not second.serving.is_set()  # standing by while the lease lives
+                first.process.send_signal(signal.SIGKILL)
+                first.process.wait(30)
+                before = len(acked)
+                assert second.serving.wait(60), second.log()
+                deadline = time.monotonic() + 30
+                while len(acked) < before + 200 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert len(acked) >= before + 200, (len(acked), failed[:3], second.log())
+            finally:
+                stop.set()
+                producer.join(120)
+            assert "took over the writer lease" in second.log()
+            # The former owner, restarted on its old local directory, stands by.
+            with serve(where, tmp_path / "a", port + 0, config, tmp_path / "a2.log",
+                       s3.env) as restarted:
+                deadline = time.monotonic() + 3 * TTL_S
+                while "standing by" not in restarted.log() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert "standing by" in restarted.log()
+                assert not restarted.serving.is_set()
+                restarted.process.send_signal(signal.SIGTERM)
+                restarted.process.wait(30)
+    # The former owner again, on its old local directory, now that the lease is free: it
+    # sets aside what its local log holds below the bucket's sealed end, and writes on.
+    stop.clear()
+    with serve(where, tmp_path / "a", port, config, tmp_path / "a3.log", s3.env) as again:
+        assert again.serving.wait(60), again.log()
+        before = len(acked)
+        producer = threading.Thread(target=produce)
+        producer.start()
+        try:
+            deadline = time.monotonic() + 30
+            while len(acked) < before + 50 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            producer.join(120)
+        assert len(acked) >= before + 50, (failed[:3], again.log())
+    # Every acknowledged record is in the bucket, at its acknowledged offset.
+    with LogStore.open(where, read_only=True, local_dir=tmp_path / "check") as reader:
+        partitions = reader.topic(TOPIC).partitions
+        stored = {(p.index, r.offset): r.value
+                  for p in partitions for r in p.read(0, 1_000_000, 1 << 30)}
+    missing = [(p, o, v) for p, o, v in acked if stored.get((p, o)) != v]
+    assert not missing, (len(missing), missing[:5])
+    for index in (0, 1):
+        offsets = [o for p, o, _ in acked if p == index]
+        assert offsets == sorted(offsets)
