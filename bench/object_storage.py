@@ -16,7 +16,10 @@ for both backends):
   the Arrow pipeline): run 1 compacts `bench-1` of each backend, run 2 `bench-2` (warm);
 - incremental compaction: `--incremental-percent` more records appended to `bench-2` and
   sealed, then `compact()` again;
-- read: the whole compacted view of `bench-2` through `Partition.compacted.read_table`.
+- read: the whole compacted view of `bench-2` through `Partition.compacted.read_table`;
+- an upload floor (a baseline for sealing on S3, in the same run): boto3 create-only
+  PUTs, through the same proxy to the same moto, of as many objects of the same sizes as
+  `bench-2`'s sealed segments, and nothing else.
 
 Requests are counted by a small HTTP proxy in front of moto (this file's CountingProxy),
 so the requests of Spark's Python workers (separate processes) are counted as well as the
@@ -377,6 +380,20 @@ class Bench:
         phase.records, phase.mb = count, (after - before) / 1e6
         phase.extra["segments"] = segments - before_segments
 
+    def upload_floor(self, backend: Backend, topic: str) -> None:
+        """The transport's floor for a seal: boto3 create-only PUTs, through the same
+        proxy, of files of the sizes `topic`'s sealed segments have, and nothing else
+        (no Parquet writing, no manifest commit)."""
+        sizes = [segment.size_bytes for partition in backend.store.topic(topic).partitions
+                 for segment in partition.manifest.segments]
+        data = os.urandom(max(sizes))
+        client = S3Settings.from_env().boto3_client()
+        with self.measure(backend, "upload floor: boto3 PUTs, same sizes") as phase:
+            for index, size in enumerate(sizes):
+                client.put_object(Bucket=BUCKET, Key=f"floor/{index:04d}.bin",
+                                  Body=data[:size], IfNoneMatch="*")
+        phase.mb = sum(sizes) / 1e6
+
     def requests(self, backend: Backend, mark: int) -> Requests | None:
         return Requests.of(self.proxy.since(mark)) if backend.name == "s3" else None
 
@@ -468,6 +485,7 @@ def run(args: argparse.Namespace, scratch: Path, endpoint: str,
                 fold = oracle if backend.name == "local" else None
                 bench.produce(backend, topic, Draws(workload, stream=1), workload.records,
                               fold, f"#{number}")
+        bench.upload_floor(backends[1], TOPICS[1])
         print(f"\nstarting Spark ({args.spark_master}) and warming its Python workers; "
               f"load {load()}", flush=True)
         began = time.perf_counter()
@@ -508,17 +526,22 @@ TABLE_PHASES = ("append #1", "append #2", "seal #1", "seal #2", "full compaction
 
 def summarize(bench: Bench) -> dict[str, Any]:
     by = {(p.backend, p.name): p for p in bench.phases}
-    names = [p.name for p in bench.phases if p.backend == "local"
+    names = [p.name for p in bench.phases if p.backend == "s3"
              and not p.name.startswith("create topic")]
     rows = []
     for name in names:
-        local, s3 = by[("local", name)], by.get(("s3", name))
-        if s3 is None or s3.requests is None:
+        local, s3 = by.get(("local", name)), by[("s3", name)]
+        if s3.requests is None:
             continue
+        local_s = None if local is None else local.seconds
         rows.append({
-            "phase": name, "local_s": local.seconds, "s3_s": s3.seconds,
-            "s3_over_local": s3.seconds / local.seconds if local.seconds else None,
+            "phase": name, "local_s": local_s, "s3_s": s3.seconds,
+            "s3_over_local": s3.seconds / local_s if local_s else None,
             "records": s3.records, "mb": s3.mb,
+            "local_records_per_s": local.records / local_s if local and local_s else None,
+            "s3_records_per_s": s3.records / s3.seconds if s3.records else None,
+            "local_mb_per_s": local.mb / local_s if local and local_s else None,
+            "s3_mb_per_s": s3.mb / s3.seconds if s3.mb else None,
             "requests": s3.requests.by_kind, "requests_total": s3.requests.total,
             "uploaded_mb": s3.requests.bytes_sent / 1e6,
             "downloaded_mb": s3.requests.bytes_received / 1e6,
@@ -538,12 +561,18 @@ def summarize(bench: Bench) -> dict[str, Any]:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    print(f"\n{'phase':36} {'local s':>8} {'S3 s':>8} {'S3/local':>8} {'MB':>7} "
+    print(f"\n{'phase':38} {'local s':>8} {'S3 s':>8} {'S3/local':>8} {'MB':>7} "
+          f"{'local MB/s':>10} {'S3 MB/s':>8} "
           + " ".join(f"{k:>6}" for k in KINDS) + f" {'up MB':>7} {'down MB':>7}")
+
+    def number(value: float | None, width: int, digits: int = 2) -> str:
+        return " " * width if value is None else f"{value:{width}.{digits}f}"
+
     for row in summary["rows"]:
-        ratio = "" if row["s3_over_local"] is None else f"{row['s3_over_local']:8.2f}"
-        print(f"{row['phase']:36} {row['local_s']:8.2f} {row['s3_s']:8.2f} {ratio:>8} "
-              f"{row['mb']:7.1f} " + " ".join(f"{row['requests'][k]:6}" for k in KINDS)
+        print(f"{row['phase']:38} {number(row['local_s'], 8)} {row['s3_s']:8.2f} "
+              f"{number(row['s3_over_local'], 8)} {row['mb']:7.1f} "
+              f"{number(row['local_mb_per_s'], 10, 1)} {number(row['s3_mb_per_s'], 8, 1)} "
+              + " ".join(f"{row['requests'][k]:6}" for k in KINDS)
               + f" {row['uploaded_mb']:7.1f} {row['downloaded_mb']:7.1f}")
     per = summary["per"]
     print(f"\nseal: {per['requests_per_record_sealed'] * 1e6:,.1f} S3 requests per million "
@@ -553,6 +582,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     full = per["requests_per_full_compaction"]
     print(f"full compaction (warm run): {full.total} requests: "
           + ", ".join(f"{k} {v}" for k, v in full.by_kind.items() if v))
+    print("upload floor: boto3 create-only PUTs of the sealed segments' sizes through the "
+          "same proxy and nothing else: what the transport alone costs a seal here")
     print("note: moto on loopback measures the protocol's overhead (requests, copies, "
           "signing, HTTP), not a real store's latency (tens of ms per request) or "
           "bandwidth")

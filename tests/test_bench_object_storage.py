@@ -30,7 +30,8 @@ def test_object_storage_bench_runs(tmp_path: Path) -> None:
         assert name in body, name
     phases = {row["phase"]: row for row in body["table"]}
     for name in ("append #1", "seal #1", "full compaction #1", "full compaction #2 (warm)",
-                 "incremental compaction +1%"):
+                 "incremental compaction +1%",
+                 "upload floor: boto3 PUTs, same sizes"):
         row = phases[name]
         assert set(row["requests"]) == KINDS
         assert {"local_s", "s3_s", "s3_over_local", "mb", "uploaded_mb"} <= set(row)
