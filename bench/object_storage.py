@@ -538,9 +538,10 @@ def summarize(bench: Bench) -> dict[str, Any]:
             "phase": name, "local_s": local_s, "s3_s": s3.seconds,
             "s3_over_local": s3.seconds / local_s if local_s else None,
             "records": s3.records, "mb": s3.mb,
-            "local_records_per_s": local.records / local_s if local and local_s else None,
+            "local_records_per_s": local.records / local_s
+            if local and local.records and local_s else None,
             "s3_records_per_s": s3.records / s3.seconds if s3.records else None,
-            "local_mb_per_s": local.mb / local_s if local and local_s else None,
+            "local_mb_per_s": local.mb / local_s if local and local.mb and local_s else None,
             "s3_mb_per_s": s3.mb / s3.seconds if s3.mb else None,
             "requests": s3.requests.by_kind, "requests_total": s3.requests.total,
             "uploaded_mb": s3.requests.bytes_sent / 1e6,
