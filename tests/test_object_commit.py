@@ -284,6 +284,31 @@ def test_audit_copies_are_pruned(backend: Backend) -> None:
     assert set(backend.files()) == {CURRENT, *(audit_name(v) for v in (8, 9, 10))}
 
 
+def test_a_failed_prune_is_made_up_by_the_next_commit(s3_only: Backend) -> None:
+    """Step 5 on S3 deletes the one copy that became too old, by name (no LIST); after a
+    failed delete the next commit lists and deletes every leftover."""
+    calls: list[str] = []
+    fail = {"on": False}
+
+    def before(operation: str, kwargs: dict[str, Any]) -> None:
+        calls.append(operation)
+        if fail["on"] and operation == "delete_object":
+            raise client_error(500, "InternalError", "DeleteObject")
+
+    doc = s3_only.open(keep=2)
+    assert isinstance(doc, ObjectDocument)
+    doc.client = FaultyClient(doc.client, before)  # type: ignore[assignment]
+    for version in range(4):
+        doc.commit(version, {"v": version + 1})
+    assert "list_objects_v2" not in calls  # pruned by name
+    fail["on"] = True
+    doc.commit(4, {"v": 5})  # committed; its prune failed
+    fail["on"] = False
+    assert doc.history() == [3, 4, 5]
+    doc.commit(5, {"v": 6})
+    assert doc.history() == [5, 6]
+
+
 def test_damage_to_every_copy_raises_corruption_naming_it(backend: Backend) -> None:
     doc = backend.open(keep=1)
     doc.commit(0, {"count": 1})

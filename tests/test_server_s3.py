@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from compactlog import LogStore
+from compactlog.storage.store import REMOTE_REFRESH_S
 from kafka_server import logged_server
 from s3_support import (
     SECRET_ACCESS_KEY,
@@ -94,8 +95,16 @@ def test_a_server_on_s3_serves_compacts_and_keeps_what_it_acknowledged(
         report = json.loads(ok(run(tmp_path, "compact", TOPIC, "--local", "--json",
                                    env=other, timeout=300)))
         assert sum(p["records_in"] for p in report["partitions"]) >= 300
-        # Consumed through Kafka: the compacted view (the ledger, then the raw tail).
-        seen = consume_all(server.bootstrap, len(live))
+        # Consumed through Kafka: the compacted view (the ledger, then the raw tail),
+        # once the server has picked up the commit (within REMOTE_REFRESH_S on S3).
+        deadline = time.monotonic() + REMOTE_REFRESH_S + 10
+        while True:
+            try:
+                seen = consume_all(server.bootstrap, len(live))
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
         assert seen == live
         log = server.log()
     for secret in (SECRET_ACCESS_KEY, SESSION_TOKEN):

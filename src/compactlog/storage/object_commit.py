@@ -114,6 +114,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _CONFLICT_STATUS = (409, 412)  # 409: S3's ConditionalRequestConflict under a race
+# Every this many versions, pruning LISTs the audit copies (else it deletes by name).
+FULL_PRUNE_EVERY = 16
 # What a failed request raises (object_errors.py): retryable, or a setup error.
 _REQUEST_FAILED = (StorageError, ObjectStoreSetupError)
 
@@ -174,6 +176,7 @@ class ObjectDocument:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.keep = keep
+        self._prune_failed = False
 
     @classmethod
     def at(cls, location: Location, keep: int = DEFAULT_KEEP,
@@ -483,11 +486,20 @@ class ObjectDocument:
             return None
 
     def _prune(self, version: int) -> None:
+        """Each commit makes one audit copy too old: delete it by name, without a LIST.
+        Every FULL_PRUNE_EVERY versions (and after a failed prune) a LIST finds and
+        deletes older leftovers too (a committer that died before its prune)."""
         try:
-            for old in self.history():
-                if old <= version - self.keep:
-                    self._delete(self.audit_key(old))
+            stale = version - self.keep
+            if version % FULL_PRUNE_EVERY == 0 or self._prune_failed:
+                for old in self.history():
+                    if old <= stale:
+                        self._delete(self.audit_key(old))
+            elif stale >= 1:
+                self._delete(self.audit_key(stale))
+            self._prune_failed = False
         except _REQUEST_FAILED as error:
+            self._prune_failed = True
             log.warning("%s: version %d is committed; pruning old audit copies failed "
                         "(retried at the next commit): %s", self.where, version, error)
 

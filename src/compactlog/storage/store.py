@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
 DEFAULT_MAX_OPEN_FILES = 128
+# On an object store, how often the writer's upkeep looks for manifests that another
+# process (a compaction) committed.
+REMOTE_REFRESH_S = 5.0
 
 
 def is_topic_name(name: str) -> bool:
@@ -180,6 +183,7 @@ class LogStore:
         self._reopen_at: dict[str, float] = {}
         self._reopen_delay: dict[str, float] = {}
         self._reported: dict[tuple[str, str], float] = {}
+        self._refreshed_at: dict[str, float] = {}  # object stores: last manifest pickup
         # True: a rolled segment is sealed into Parquet at once, by the append that
         # rolled it. A server sets False so that appends never wait for a seal, and
         # seals in tick() instead.
@@ -493,7 +497,17 @@ class LogStore:
         yield "retention", partition.apply_retention
         if partition.sweep_due:
             yield "sweep", partition.sweep
-        yield "refresh", partition.refresh
+        if partition.volume.is_local or self._remote_refresh_due(partition):
+            # On an object store each look at the manifest is a request, and only
+            # compactions commit besides this writer: every few seconds is enough.
+            yield "refresh", partition.refresh
+
+    def _remote_refresh_due(self, partition: Partition) -> bool:
+        now = time.monotonic()
+        if now - self._refreshed_at.get(partition.name, -1e9) < REMOTE_REFRESH_S:
+            return False
+        self._refreshed_at[partition.name] = now
+        return True
 
     def _reopen_if_due(self, partition: Partition) -> None:
         now = time.monotonic()
