@@ -80,7 +80,7 @@ class CompactionModel(RuleBasedStateMachine):
         super().__init__()
         self.directory = Path(tempfile.mkdtemp(prefix="compaction-model-"))
         self.clock = Clock()
-        self.store = LogStore.open(self.directory, clock=self.clock)
+        self.store = self.open_store()
         self.log: list[Record] = []
         self.sealed_end = 0  # offsets below this are in sealed segments
         self.horizon = -1
@@ -88,6 +88,10 @@ class CompactionModel(RuleBasedStateMachine):
         self.null_ledger: list[Record] = []
 
     extra_config: dict[str, str] = {}  # noqa: RUF012  (read only)
+
+    def open_store(self) -> LogStore:
+        """The store under test (test_compaction_model_s3.py: on an s3:// location)."""
+        return LogStore.open(self.directory, clock=self.clock)
 
     def create_topic(self, strategy: str, retention: int, null_policy: str,
                      deletion_vectors: bool, rewrite: float) -> None:

@@ -73,11 +73,15 @@ def produce(store: LogStore, topic: str, start: int, count: int, keys: int = 50)
         partition.roll()
 
 
-def view(store: LogStore, topic: str) -> dict[tuple[int, bytes], Record]:
+def latest_by_key(store: LogStore, topic: str,
+                  compacted: bool) -> dict[tuple[int, bytes], Record]:
+    """The last record of every (partition, key), read from the compacted view or from
+    the raw log."""
     found: dict[tuple[int, bytes], Record] = {}
     for partition in store.topic(topic).partitions:
+        read = partition.read_compacted if compacted else partition.read
         offset = 0
-        while batch := partition.read_compacted(offset, 1000):
+        while batch := read(offset, 1000):
             for record in batch:
                 assert record.key is not None
                 found[(partition.index, record.key)] = record
@@ -85,17 +89,14 @@ def view(store: LogStore, topic: str) -> dict[tuple[int, bytes], Record]:
     return found
 
 
+def view(store: LogStore, topic: str) -> dict[tuple[int, bytes], Record]:
+    return latest_by_key(store, topic, compacted=True)
+
+
 def oracle(store: LogStore, topic: str) -> dict[tuple[int, bytes], Record]:
     """The latest live record of every key, from the raw log (tombstones dropped, as
     delete.retention.ms=0 drops them)."""
-    latest: dict[tuple[int, bytes], Record] = {}
-    for partition in store.topic(topic).partitions:
-        offset = 0
-        while batch := partition.read(offset, 1000):
-            for record in batch:
-                assert record.key is not None
-                latest[(partition.index, record.key)] = record
-            offset = batch[-1].offset + 1
+    latest = latest_by_key(store, topic, compacted=False)
     return {key: record for key, record in latest.items() if record.value is not None}
 
 
