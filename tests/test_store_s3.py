@@ -134,7 +134,7 @@ def test_a_second_writer_on_one_prefix_is_fenced_not_merged(where: Location,
     both assign the same offsets: the first seal commits, the second is refused with
     FencedError and its partition stops taking writes; the manifest never lists two
     records for one offset."""
-    from compactlog.errors import FencedError, PartitionFailedError
+    from compactlog.errors import FencedError
     from compactlog.storage.partition import Partition
 
     with LogStore.open(where, local_dir=tmp_path / "a") as first:
@@ -148,7 +148,7 @@ def test_a_second_writer_on_one_prefix_is_fenced_not_merged(where: Location,
             assert a.roll()
             with pytest.raises(FencedError, match="another writer"):
                 b.roll()
-            with pytest.raises(PartitionFailedError):
+            with pytest.raises(FencedError):
                 b.append(records(1))
             segments = a.volume.document("manifest").load()
             assert segments is not None

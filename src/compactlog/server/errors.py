@@ -9,6 +9,7 @@ from compactlog.errors import (
     ConflictError,
     CorruptionError,
     CorruptRecordError,
+    FencedError,
     InvalidConfigError,
     InvalidRecordError,
     InvalidTopicNameError,
@@ -21,6 +22,7 @@ from compactlog.errors import (
     UnknownTopicError,
     UserError,
 )
+from compactlog.storage.lease import LeaseLostError
 
 _CODES: list[tuple[type[Exception], ErrorCode]] = [
     (UnknownTopicError, ErrorCode.unknown_topic_or_partition),
@@ -40,6 +42,11 @@ _CODES: list[tuple[type[Exception], ErrorCode]] = [
     # A damaged segment is Kafka's KAFKA_STORAGE_ERROR: the client may retry elsewhere;
     # here it gets the message naming the file.
     (CorruptionError, ErrorCode.kafka_storage_error),
+    # Another server took this store's writer lease (object stores, storage/lease.py):
+    # Kafka's answer from a broker that is no longer a partition's leader, on which
+    # clients refresh their metadata and retry (where the new owner now answers).
+    (LeaseLostError, ErrorCode.not_leader_or_follower),
+    (FencedError, ErrorCode.not_leader_or_follower),
     (ConflictError, ErrorCode.request_timed_out),  # a lost race: retriable
     # A failed write or fsync, a full disk, a partition that stopped taking writes after
     # a failed fsync: KAFKA_STORAGE_ERROR, which producers retry after a backoff.

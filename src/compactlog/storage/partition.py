@@ -54,7 +54,7 @@ from compactlog.storage.commit import (
 )
 from compactlog.storage.compacted import CompactedView
 from compactlog.storage.filecache import OpenFiles
-from compactlog.storage.lease import EPOCH_KEY
+from compactlog.storage.lease import EPOCH_KEY, LeaseLostError
 from compactlog.storage.logfile import LogSegment, TornTail, log_file_name
 from compactlog.storage.manifest import (
     LEDGER_DIR,
@@ -520,6 +520,8 @@ class Partition:
     def require_writable(self) -> None:
         if not self.writable:
             raise ReadOnlyStoreError(f"{self.name} is open read-only")
+        if isinstance(self.failed, FencedError | LeaseLostError):
+            raise self.failed  # another writer owns it now (lease.py): for good
         if self.failed is not None:
             raise PartitionFailedError(
                 f"{self.name} takes no writes since an fsync failed ({self.failed}); "
