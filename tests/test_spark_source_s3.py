@@ -6,7 +6,8 @@ sealed into the bucket (a closing writer seals everything). Then:
 - the plan: file tasks name the partition volume (an s3:// URL) and the file's relative
   name, never a path of the driver, and no task, plan or pickled reader holds a secret;
 - the executor side without Spark: each planned file task, read in a process whose read
-  cache is empty, gives the store's own records;
+  cache is empty, gives the store's own records; a damaged object fails its task with
+  an error naming the object (not the executor's cached copy);
 - a writer still holding unsealed records: a reader on S3 plans the sealed part only;
 - Spark (in a process of its own started with the AWS settings, as a worker would be:
   spark_s3_job.py): the raw view through the data source and through `read_topic` equals
@@ -27,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from compactlog.errors import CorruptionError
 from compactlog.spark.options import parse_read_options
 from compactlog.spark.plan import FilePart, TailPart, plan_read
 from compactlog.spark.read import read_part
@@ -143,6 +145,23 @@ def test_tasks_read_from_the_bucket_into_an_empty_cache(
     got = [r for part in parts for r in arrow_rows(read_part(part))]  # type: ignore[arg-type]
     assert got == store_rows(topic_url, tmp_path / "reader", "raw")
     assert any((tmp_path / "executor-cache").rglob("*.parquet"))
+
+
+def test_a_damaged_object_fails_the_task_naming_the_object(
+        s3: S3Server, s3_env: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    url = write_topic(s3, tmp_path)
+    part = next(p for p in plan_read(parse_read_options({"path": url, "topic": TOPIC}))
+                if isinstance(p, FilePart))
+    bucket, key = part.where.removeprefix("s3://").split("/", 1)
+    client = s3.client()
+    body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[len(body) // 2] ^= 0xFF  # outside damage: the object is replaced by another
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    monkeypatch.setattr(volume_module, "_TASK_CACHE", [tmp_path / "executor-cache"])
+    with pytest.raises(CorruptionError) as caught:
+        list(read_part(part))
+    assert part.where in str(caught.value) and "executor-cache" not in str(caught.value)
 
 
 def test_a_reader_on_s3_plans_the_sealed_part_only(s3: S3Server, s3_env: dict[str, str],

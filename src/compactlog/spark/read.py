@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from compactlog.errors import ConflictError, RetryableError
+from compactlog.errors import ConflictError, CorruptionError, RetryableError
 from compactlog.spark.plan import FilePart, TailPart
 from compactlog.spark.schema import ARROW_SCHEMA
 from compactlog.storage.deletion import drop_deleted, read_deletion_vector
@@ -66,6 +66,11 @@ def read_file(part: FilePart) -> Iterator[pa.RecordBatch]:
                 break  # without reading the next row group
     except (SegmentMissingError, FileNotFoundError) as error:
         raise _deleted(part) from error
+    except CorruptionError as error:
+        if part.local_path is not None:
+            raise
+        # Checked on the downloaded copy: name the object, not the executor's cache.
+        raise CorruptionError(part.where, error.detail) from error
     finally:
         segment.close()
 
