@@ -9,7 +9,8 @@ executors that can reach the bucket, as a cluster's workers would with theirs.
 
     python spark_s3_job.py URL TOPIC [--compact] VIEW...
 
-prints one JSON object: for each view, the rows the data source and `read_topic` gave,
+prints one JSON object: for each view, the rows the data source ("source"), `read_topic`
+("fast") and a streaming query run once with trigger(availableNow=True) ("stream") gave,
 as [partition, offset, timestamp, key hex, value hex, headers]. With --compact it first
 compacts TOPIC with the Spark compaction service (a read-only store on URL).
 """
@@ -37,6 +38,22 @@ def rows(frame: Any) -> list[list[Any]]:
     return found
 
 
+def stream_rows(spark: Any, url: str, topic: str, view: str) -> list[list[Any]]:
+    found: list[list[Any]] = []
+
+    def collect(batch: Any, batch_id: int) -> None:
+        found.extend(rows(batch))
+
+    with tempfile.TemporaryDirectory() as checkpoint:
+        query = (spark.readStream.format("compactlog").option("path", url)
+                 .option("topic", topic).option("view", view)
+                 .option("maxRecordsPerTrigger", "100").load()
+                 .writeStream.foreachBatch(collect).option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+    return sorted(found)
+
+
 def main(argv: list[str]) -> None:
     url, topic, *rest = argv
     compact = "--compact" in rest
@@ -56,7 +73,8 @@ def main(argv: list[str]) -> None:
             source = (spark.read.format("compactlog").option("path", url)
                       .option("topic", topic).option("view", view).load())
             result[view] = {"source": rows(source),
-                            "fast": rows(read_topic(spark, url, topic, view))}
+                            "fast": rows(read_topic(spark, url, topic, view)),
+                            "stream": stream_rows(spark, url, topic, view)}
         print(json.dumps(result))
     finally:
         spark.stop()

@@ -10,8 +10,9 @@ sealed into the bucket (a closing writer seals everything). Then:
   an error naming the object (not the executor's cached copy);
 - a writer still holding unsealed records: a reader on S3 plans the sealed part only;
 - Spark (in a process of its own started with the AWS settings, as a worker would be:
-  spark_s3_job.py): the raw view through the data source and through `read_topic` equals
-  the store's reads; the compacted view after a Spark compaction on S3 (xfail until
+  spark_s3_job.py): the raw view through the data source, through `read_topic` and
+  through a streaming query (availableNow, several micro-batches) equals the store's
+  reads; the compacted view after a Spark compaction on S3 (xfail until
   compaction on S3 is merged).
 """
 
@@ -204,6 +205,7 @@ def test_spark_reads_the_raw_topic_from_the_bucket(s3: S3Server, topic_url: str,
     assert len(expected) == 300
     assert result["raw"]["source"] == expected
     assert result["raw"]["fast"] == expected
+    assert result["raw"]["stream"] == expected
 
 
 @pytest.mark.xfail(reason="compaction-on-S3 (issue 14 item 5) is being merged by the lead: "
@@ -222,3 +224,4 @@ def test_spark_reads_the_compacted_view_from_the_bucket(s3: S3Server, tmp_path: 
     assert len(expected) < 300
     assert result["compacted"]["source"] == expected
     assert result["compacted"]["fast"] == expected
+    assert result["compacted"]["stream"] == expected
