@@ -165,8 +165,10 @@ def test_a_damaged_object_fails_the_task_naming_the_object(
     assert part.where in str(caught.value) and "executor-cache" not in str(caught.value)
 
 
-def test_a_reader_on_s3_plans_the_sealed_part_only(s3: S3Server, s3_env: dict[str, str],
-                                                   tmp_path: Path) -> None:
+def test_a_reader_on_s3_plans_the_sealed_part_only(
+        s3: S3Server, s3_env: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(volume_module, "_TASK_CACHE", [tmp_path / "executor-cache"])
     url = str(s3.location("tail"))
     with LogStore.open(url, local_dir=tmp_path / "writer") as store:
         store.create_topic(TOPIC, 1, CONFIG)
@@ -180,8 +182,12 @@ def test_a_reader_on_s3_plans_the_sealed_part_only(s3: S3Server, s3_env: dict[st
         assert [r[1] for r in got] == list(range(sealed_end))
 
 
-def run_job(s3: S3Server, url: str, *args: str) -> dict[str, dict[str, list[Row]]]:
-    env = {**os.environ, **s3.env, "PYSPARK_PYTHON": sys.executable,
+def run_job(s3: S3Server, url: str, tmp: Path, *args: str
+            ) -> dict[str, dict[str, list[Row]]]:
+    # TMPDIR: the executors' read caches (and Spark's scratch) go under the test's tmp.
+    (tmp / "job-tmp").mkdir()
+    env = {**os.environ, **s3.env, "TMPDIR": str(tmp / "job-tmp"),
+           "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR),
                                                        os.environ.get("PYTHONPATH")]))}
@@ -197,7 +203,7 @@ def run_job(s3: S3Server, url: str, *args: str) -> dict[str, dict[str, list[Row]
 
 def test_spark_reads_the_raw_topic_from_the_bucket(s3: S3Server, topic_url: str,
                                                    tmp_path: Path) -> None:
-    result = run_job(s3, topic_url, "raw")
+    result = run_job(s3, topic_url, tmp_path, "raw")
     with pytest.MonkeyPatch.context() as patch:
         for name, value in s3.env.items():
             patch.setenv(name, value)
@@ -214,7 +220,7 @@ def test_spark_reads_the_raw_topic_from_the_bucket(s3: S3Server, topic_url: str,
                    strict=False)
 def test_spark_reads_the_compacted_view_from_the_bucket(s3: S3Server, tmp_path: Path) -> None:
     url = write_topic(s3, tmp_path)
-    result = run_job(s3, url, "--compact", "compacted", "raw")
+    result = run_job(s3, url, tmp_path, "--compact", "compacted", "raw")
     with pytest.MonkeyPatch.context() as patch:
         for name, value in s3.env.items():
             patch.setenv(name, value)
