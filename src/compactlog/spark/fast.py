@@ -17,6 +17,11 @@ only 0.48 (docs/benchmarks.md). So this function plans the same read as the data
   records wherever they are by then (still in the log, or sealed meanwhile).
 
 The result has the data source's schema and the same rows.
+
+On an s3:// location, Spark's Parquet reader cannot read the files (pip's PySpark has
+no s3a connector), so `read_topic` reads through the `compactlog` data source, whose
+tasks fetch each file with Python (spark/read.py): the same rows, at the data source's
+speed, of the sealed part only (spark/plan.py).
 One difference: the data source proves each whole file against the manifest's CRC32C
 before parsing it; here Spark checks page checksums, so damage outside the pages (a
 footer) fails the Parquet reader with its own error rather than ours.
@@ -39,8 +44,9 @@ from compactlog.spark.options import VIEWS, ReadOptions
 from compactlog.spark.plan import FilePart, TailPart, plan_read
 from compactlog.spark.read import read_tail
 from compactlog.spark.schema import SPARK_SCHEMA
+from compactlog.spark.source import NAME, CompactlogDataSource
 from compactlog.storage.deletion import read_deletion_vector
-from compactlog.storage.manifest import LEDGER_DIR
+from compactlog.storage.location import Location
 from compactlog.storage.sealed import RECORD_COLUMNS
 from compactlog.storage.store import LogStore
 
@@ -64,6 +70,15 @@ def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
 
     if view not in VIEWS:
         raise UserError(f"unknown view {view!r}: use 'raw' or 'compacted'")
+    if Location.parse(path).is_s3:
+        # No S3 connector in Spark's Parquet reader: the data source's tasks read the
+        # files with Python (see the module's docstring).
+        spark.dataSource.register(CompactlogDataSource)
+        reader = (spark.read.format(NAME).option("path", path).option("topic", topic)
+                  .option("view", view))
+        if partitions is not None:
+            reader = reader.option("partitions", ",".join(map(str, partitions)))
+        return reader.load()
     parts = plan_read(ReadOptions(path, topic, "raw" if view == "raw" else "compacted",
                                   tuple(partitions) if partitions is not None else None))
     frames: list[DataFrame] = []
@@ -73,19 +88,18 @@ def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
         if isinstance(part, TailPart):
             tails.append(part)
         elif isinstance(part, FilePart):
-            is_ledger = f"/{LEDGER_DIR}/" in part.path
-            files.setdefault((part.partition, is_ledger), []).append(part)
+            files.setdefault((part.partition, part.is_ledger), []).append(part)
     for (partition, _), group in files.items():
         # Each file's own start is its base offset but for the first one read, so the
         # smallest start bounds them all (ledger files start at 0: no bound).
         start = min(part.start_offset for part in group)
         frame = (spark.read.schema(PARQUET_SCHEMA)
                  .option("parquet.page.verify-checksum.enabled", "true")
-                 .parquet(*(part.path for part in group)))
+                 .parquet(*(_local(part) for part in group)))
         if start > min(part.info.base_offset for part in group):
             # Only then: a filter makes even count() read the offset column.
             frame = frame.where(F.col("offset") >= start)
-        deleted = [read_deletion_vector(Path(part.path).parent / part.info.dv_file,
+        deleted = [read_deletion_vector(Path(_local(part)).parent / part.info.dv_file,
                                         part.info.dv_size_bytes, part.info.dv_crc32c)
                    for part in group if part.info.dv_file]
         if deleted:
@@ -106,6 +120,12 @@ def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
     for other in frames[1:]:
         result = result.unionByName(other)
     return result
+
+
+def _local(part: FilePart) -> str:
+    path = part.local_path
+    assert path is not None, "a local data directory plans local files"
+    return path
 
 
 class TailSource(DataSource):

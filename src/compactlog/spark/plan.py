@@ -18,6 +18,18 @@ the tail may have been sealed into Parquet (the read API finds it wherever it is
 Tasks carry the manifest's size and CRC32C of their file, so an executor proves the
 file whole before the Parquet reader parses it (as SealedSegment does).
 
+A file task names its file by the partition volume's `spec` and the file's relative
+name (`segments/<file>`, `ledger/<file>`), never by a path of the driver: the executor
+opens it with `volume_from_spec(spec).fetch(relative)`, which is the file itself in a
+local data directory and a copy downloaded into the executor's read cache on S3. A spec
+holds a directory or an s3:// URL and nothing else: no credential travels in a task;
+an executor reads the AWS settings from its own environment (storage/location.py).
+
+On an s3:// location the plan covers the sealed part only: the unsealed log segments
+are on the writer's local disk, which other machines do not have. The driver plans from
+the manifests in the bucket, with an empty local directory of its own, so the log end
+it sees is the sealed end, wherever it runs.
+
 A streaming micro-batch (stream.py) plans the same tasks for a range of offsets,
 [start, end) of each partition, through `plan_range`: a batch read is the range from
 offset 0 to the log end.
@@ -25,6 +37,7 @@ offset 0 to the log end.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +47,11 @@ from pyspark.sql.datasource import InputPartition
 from compactlog.config import TopicConfig
 from compactlog.errors import CorruptionError
 from compactlog.spark.options import ReadOptions
-from compactlog.storage.manifest import LEDGER_DIR, SegmentInfo
+from compactlog.storage.location import Location
+from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, SegmentInfo
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
+from compactlog.storage.volume import Volume, volume_from_spec
 
 
 @dataclass(frozen=True)
@@ -46,10 +61,30 @@ class FilePart(InputPartition):
 
     topic: str
     partition: int
-    path: str
+    volume: tuple[tuple[str, str], ...]  # the partition volume's spec, as items
+    relative: str  # the file in the volume: segments/<file> or ledger/<file>
+    where: str  # the file as a user should see it in a message
     info: SegmentInfo
     start_offset: int
     end_offset: int | None = None
+
+    @property
+    def is_ledger(self) -> bool:
+        return self.relative.startswith(LEDGER_DIR + "/")
+
+    @property
+    def local_path(self) -> str | None:
+        """The file's path when the volume is a local directory (no download needed)."""
+        spec = dict(self.volume)
+        return str(Path(spec["root"]) / self.relative) if spec["kind"] == "local" else None
+
+    def open_volume(self) -> Volume:
+        """The partition's volume, in this process (an executor's)."""
+        return volume_from_spec(dict(self.volume))
+
+    def sibling(self, name: str) -> str:
+        """The relative name of file `name` in this file's folder (a deletion vector)."""
+        return self.relative.rsplit("/", 1)[0] + "/" + name
 
 
 @dataclass(frozen=True)
@@ -65,8 +100,16 @@ class TailPart(InputPartition):
 
 
 def plan_read(options: ReadOptions) -> list[InputPartition]:
-    """The tasks of one read, partition by partition, each in offset order."""
-    with LogStore.open(options.path, read_only=True) as store:
+    """The tasks of one read, partition by partition, each in offset order (on S3, of
+    the sealed part: see the module's docstring)."""
+    if not Location.parse(options.path).is_s3:
+        return _plan_store(options, None)
+    with tempfile.TemporaryDirectory(prefix="compactlog-plan-") as local_dir:
+        return _plan_store(options, local_dir)
+
+
+def _plan_store(options: ReadOptions, local_dir: str | None) -> list[InputPartition]:
+    with LogStore.open(options.path, read_only=True, local_dir=local_dir) as store:
         topic = store.topic(options.topic)  # UnknownTopicError names the topic
         chosen = options.partitions
         indexes = range(len(topic.partitions)) if chosen is None else chosen
@@ -98,21 +141,21 @@ def plan_range(partition: Partition, config: TopicConfig, view: str, start: int,
         if horizon is not None:
             for info in manifest.ledger:
                 if info.last_offset >= start and info.base_offset < end:
-                    yield _file_part(partition, partition.directory / LEDGER_DIR, info,
-                                     start, end)
+                    yield _file_part(partition, LEDGER_DIR, info, start, end)
             raw_start = max(raw_start, horizon + 1)
     for info in manifest.segments:
         if info.last_offset >= raw_start and info.base_offset < end:
-            yield _file_part(partition, partition.segment_dir, info, raw_start, end)
+            yield _file_part(partition, SEGMENT_DIR, info, raw_start, end)
     tail_start = max(raw_start, manifest.sealed_end_offset)
     if tail_start < end:
         yield TailPart(partition.topic, partition.index, str(partition.directory), config,
                        tail_start, end)
 
 
-def _file_part(partition: Partition, directory: Path, info: SegmentInfo, start: int,
+def _file_part(partition: Partition, folder: str, info: SegmentInfo, start: int,
                end: int) -> FilePart:
-    path = directory / info.file
+    relative = f"{folder}/{info.file}"
+    where = partition.volume.describe(relative)
     start = max(start, info.base_offset)
     # A hole's last offset is -1 when the damage hid where it ended.
     holes = [(first, last) for first, last in info.missing
@@ -121,10 +164,10 @@ def _file_part(partition: Partition, directory: Path, info: SegmentInfo, start: 
         # The Reader fails on these offsets too; a table must not silently lack them.
         first, last = holes[0]
         raise CorruptionError(
-            path,
+            where,
             f"offsets {first}..{last} of {partition.name} were lost to a corrupt range in "
             "the log before this segment was sealed; read the other partitions with "
             "option 'partitions'",
         )
-    return FilePart(partition.topic, partition.index, str(path), info, start,
-                    end if end <= info.last_offset else None)
+    return FilePart(partition.topic, partition.index, tuple(sorted(partition.volume.spec.items())),
+                    relative, where, info, start, end if end <= info.last_offset else None)

@@ -1,6 +1,10 @@
 """Reading one planned task on an executor, as Arrow record batches.
 
-File tasks read their Parquet file through `SealedSegment`, the store's own reader: it
+File tasks open their file through the partition's volume, rebuilt here from the spec
+the task carries (`volume_from_spec(spec).fetch(relative)`: the file itself in a local
+data directory; on S3 a copy downloaded into this process's read cache, with the AWS
+settings of this process's environment), deletion vectors likewise. They read it
+through `SealedSegment`, the store's own reader: it
 checks the file's size and CRC32C against the manifest before parsing (a damaged footer
 can crash a Parquet reader rather than fail it), verifies page checksums, and slices the
 first row group at the task's start offset, and drops the rows a ledger file's
@@ -20,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from compactlog.errors import ConflictError, RetryableError
+from compactlog.errors import ConflictError, CorruptionError, RetryableError
 from compactlog.spark.plan import FilePart, TailPart
 from compactlog.spark.schema import ARROW_SCHEMA
 from compactlog.storage.deletion import drop_deleted, read_deletion_vector
@@ -38,10 +42,14 @@ def read_part(part: FilePart | TailPart) -> Iterator[pa.RecordBatch]:
 
 
 def read_file(part: FilePart) -> Iterator[pa.RecordBatch]:
-    segment = SealedSegment(Path(part.path), part.info)
+    volume = part.open_volume()
+    try:
+        segment = SealedSegment(volume.fetch(part.relative), part.info)
+    except FileNotFoundError as error:
+        raise _deleted(part) from error
     try:
         info = part.info  # a ledger file's deletion vector: its offsets are not read
-        deleted = (read_deletion_vector(Path(part.path).parent / info.dv_file,
+        deleted = (read_deletion_vector(volume.fetch(part.sibling(info.dv_file)),
                                         info.dv_size_bytes, info.dv_crc32c)
                    if info.dv_file else None)
         for table in segment.iter_tables(part.start_offset, RECORD_COLUMNS):
@@ -56,14 +64,23 @@ def read_file(part: FilePart) -> Iterator[pa.RecordBatch]:
             yield from _batches(table.slice(0, wanted), part.partition)
             if wanted < table.num_rows or (wanted and offsets[-1] + 1 >= part.end_offset):
                 break  # without reading the next row group
-    except SegmentMissingError as error:
-        # Retention or a newer compaction deleted the file after the query was planned.
-        raise RetryableError(
-            f"{part.path} ({part.topic}/{part.partition}) was deleted after the query was "
-            "planned (by retention or a newer compaction); run the query again"
-        ) from error
+    except (SegmentMissingError, FileNotFoundError) as error:
+        raise _deleted(part) from error
+    except CorruptionError as error:
+        if part.local_path is not None:
+            raise
+        # Checked on the downloaded copy: name the object, not the executor's cache.
+        raise CorruptionError(part.where, error.detail) from error
     finally:
         segment.close()
+
+
+def _deleted(part: FilePart) -> RetryableError:
+    # Retention or a newer compaction deleted the file after the query was planned.
+    return RetryableError(
+        f"{part.where} ({part.topic}/{part.partition}) was deleted after the query was "
+        "planned (by retention or a newer compaction); run the query again"
+    )
 
 
 def read_tail(part: TailPart) -> Iterator[pa.RecordBatch]:

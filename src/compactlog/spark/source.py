@@ -10,8 +10,11 @@ Spark runs these methods in Python workers: `reader()`/`partitions()` and `write
 the driver while planning, `read()`/`write()` on executors, `commit()`/`abort()` on the
 driver. Every object here is pickled between them, so each holds only plain options.
 On a cluster the executors need compactlog installed (or the package shipped with
-`spark.sparkContext.addPyFile`) and the data directory at the same path (a shared
-filesystem), since they read the files themselves.
+`spark.sparkContext.addPyFile`) and, since they read the files themselves, either the
+data directory at the same path (a shared filesystem) or, with `path` an s3:// URL, the
+AWS settings (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ... or a profile) in their own
+environment: tasks carry a file's volume spec and name, never a credential
+(spark/plan.py). On S3 a read covers the sealed part of the topic.
 """
 
 from __future__ import annotations

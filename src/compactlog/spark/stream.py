@@ -35,12 +35,15 @@ shared between the partitions in proportion to their backlog. Under
 offsets seen when it started, in as many micro-batches as the cap needs.
 
 The driver keeps one read-only store open for the query (refreshed at each trigger);
-executors read files and tails as the batch source does (read.py).
+executors read files and tails as the batch source does (read.py). On an s3:// location
+that store has an empty local directory of the query's own, so the stream's log end is
+each partition's sealed end in the bucket: new records arrive as they are sealed.
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +59,7 @@ from compactlog.errors import UserError
 from compactlog.spark.options import EARLIEST, LATEST, StreamOptions, parse_stream_options
 from compactlog.spark.plan import FilePart, TailPart, plan_range
 from compactlog.spark.read import read_part
+from compactlog.storage.location import Location
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore, Topic
 
@@ -76,11 +80,12 @@ class CompactlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # Parsed here, on the driver, so that a bad option fails the query at start.
         self.options: StreamOptions = parse_stream_options(options)
         self._store: LogStore | None = None
+        self._local_dir: tempfile.TemporaryDirectory[str] | None = None  # on S3
         self._target: Offsets | None = None  # the end of a trigger(availableNow=True) run
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader to run read() on executors: without the open store.
-        return {**self.__dict__, "_store": None}
+        return {**self.__dict__, "_store": None, "_local_dir": None}
 
     # -- the driver --------------------------------------------------------------------
 
@@ -148,6 +153,9 @@ class CompactlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self._local_dir is not None:
+            self._local_dir.cleanup()
+            self._local_dir = None
 
     # -- executors ---------------------------------------------------------------------
 
@@ -160,7 +168,15 @@ class CompactlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _topic(self) -> Topic:
         if self._store is None:
-            self._store = LogStore.open(self.options.read.path, read_only=True)
+            path = self.options.read.path
+            if Location.parse(path).is_s3:
+                # The sealed part, as a batch read on S3 (plan.py): a local directory of
+                # the query's own, without any writer's logs.
+                self._local_dir = tempfile.TemporaryDirectory(prefix="compactlog-stream-")
+                self._store = LogStore.open(path, read_only=True,
+                                            local_dir=self._local_dir.name)
+            else:
+                self._store = LogStore.open(path, read_only=True)
         return self._store.topic(self.options.read.topic)  # UnknownTopicError names it
 
     def _partitions(self) -> list[Partition]:
