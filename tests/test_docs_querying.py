@@ -7,8 +7,7 @@ the paths in the page are the ones used. `compactlog.tables.view_dataset` is che
 the same local topics (with and without deletion vectors). The page's S3 examples run
 against moto's S3 server on loopback, with the page's URL replaced by the test's and
 the AWS settings in the environment, on a topic not compacted (its compacted view is the
-raw log's sealed part) and, xfail until compaction on S3 is merged, on a topic compacted
-in the bucket with deletion vectors.
+raw log's sealed part) and on a topic compacted in the bucket with deletion vectors.
 """
 
 from __future__ import annotations
@@ -208,9 +207,6 @@ def test_the_polars_s3_example(s3_topic: str, tmp_path: Path) -> None:
     assert got == live and len(live) > 0
 
 
-@pytest.mark.xfail(reason="compaction-on-S3 (issue 14 item 5) is being merged by the lead: "
-                          "in this branch compaction writes ledger files to the partition's "
-                          "local directory, not to the bucket", strict=False)
 def test_the_s3_examples_apply_deletion_vectors(s3: S3Server, monkeypatch: pytest.MonkeyPatch,
                                                 tmp_path: Path) -> None:
     """The page's S3 DuckDB example on a topic compacted in the bucket, with deletion

@@ -101,7 +101,10 @@ def test_a_persistent_fault_on_a_data_file_read_names_the_key(
         pq.read_table(path, filesystem=filesystem)
     message = str(error.value)
     assert message.startswith(f"{url}: GET failed: ")
-    assert ("SLOW_DOWN" if kind == "503" else "INTERNAL_FAILURE") in message
+    # pyarrow names a 503 SlowDown by its code, or under load (its own request timing)
+    # by the status as SERVICE_UNAVAILABLE: either says throttling, which is the point.
+    expected = ("SLOW_DOWN", "SERVICE_UNAVAILABLE") if kind == "503" else ("INTERNAL_FAILURE",)
+    assert any(name in message for name in expected), message
     assert "\n" not in message and SECRET_ACCESS_KEY not in message
     assert len(s3_proxy.requests("GET", r"\.parquet$")) == ATTEMPTS
 

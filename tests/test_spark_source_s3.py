@@ -12,8 +12,7 @@ sealed into the bucket (a closing writer seals everything). Then:
 - Spark (in a process of its own started with the AWS settings, as a worker would be:
   spark_s3_job.py): the raw view through the data source, through `read_topic` and
   through a streaming query (availableNow, several micro-batches) equals the store's
-  reads; the compacted view after a Spark compaction on S3 (xfail until
-  compaction on S3 is merged).
+  reads; the compacted view after a Spark compaction on S3 too.
 """
 
 from __future__ import annotations
@@ -214,10 +213,6 @@ def test_spark_reads_the_raw_topic_from_the_bucket(s3: S3Server, topic_url: str,
     assert result["raw"]["stream"] == expected
 
 
-@pytest.mark.xfail(reason="compaction-on-S3 (issue 14 item 5) is being merged by the lead: "
-                          "in this branch the Spark compaction service needs the partition's "
-                          "local directory and writes ledger files there, not to the bucket",
-                   strict=False)
 def test_spark_reads_the_compacted_view_from_the_bucket(s3: S3Server, tmp_path: Path) -> None:
     url = write_topic(s3, tmp_path)
     result = run_job(s3, url, tmp_path, "--compact", "compacted", "raw")
