@@ -158,3 +158,27 @@ def test_a_second_writer_on_one_prefix_is_fenced_not_merged(where: Location,
                 r.value for r in records(5, "a")]
         finally:
             b.close()
+
+
+def test_a_damaged_downloaded_copy_is_fetched_again(where: Location, tmp_path: Path) -> None:
+    """The read cache's copy is damaged after its download (a bad disk under the cache):
+    the read fails with CorruptionError naming the object, the copy is dropped, and the
+    next read downloads the object again and succeeds."""
+    from compactlog.errors import CorruptionError
+
+    with LogStore.open(where, local_dir=tmp_path / "writer") as store:
+        store.create_topic("t", 1)
+        store.append("t", records(50))
+    with LogStore.open(where, read_only=True, local_dir=tmp_path / "reader") as reader:
+        partition = reader.topic("t").partitions[0]
+        expected = partition.read(0, 1000, 1 << 30)
+        (info,) = partition.manifest.segments
+        copy = partition.volume.path_of(f"segments/{info.file}")
+        data = bytearray(copy.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        copy.write_bytes(bytes(data))
+    with LogStore.open(where, read_only=True, local_dir=tmp_path / "reader") as reader:
+        partition = reader.topic("t").partitions[0]
+        with pytest.raises(CorruptionError, match="CRC32C"):
+            partition.read(0, 1000, 1 << 30)
+        assert partition.read(0, 1000, 1 << 30) == expected

@@ -96,14 +96,24 @@ def _file_tables(partition: Partition, path_dir: str, infos: tuple[SegmentInfo, 
                     f"offsets {hole[0]}..{hole[1]} were lost to a corrupt range in the log "
                     "before this segment was sealed",
                 )
-        deleted = (cached_deletion_vector(_local(partition, path_dir, info.dv_file),
-                                          info.dv_size_bytes, info.dv_crc32c)
-                   if info.dv_file else None)
-        with partition.files.lease(_local(partition, path_dir, info.file), info) as segment:
-            for table in segment.iter_tables(offset, columns):
-                if table.num_rows:
-                    offset = table.column("offset")[-1].as_py() + 1
-                yield drop_deleted(table, deleted)
+        try:
+            deleted = (cached_deletion_vector(_local(partition, path_dir, info.dv_file),
+                                              info.dv_size_bytes, info.dv_crc32c)
+                       if info.dv_file else None)
+            path = _local(partition, path_dir, info.file)
+            with partition.files.lease(path, info) as segment:
+                for table in segment.iter_tables(offset, columns):
+                    if table.num_rows:
+                        offset = table.column("offset")[-1].as_py() + 1
+                    yield drop_deleted(table, deleted)
+        except CorruptionError as error:
+            if not isinstance(error, SegmentMissingError):
+                # On an object store the damage may be the downloaded copy's: the next
+                # read downloads it again (and fails again if the object is damaged).
+                partition.files.retire(partition.volume.path_of(f"{path_dir}/{info.file}"))
+                for name in filter(None, (info.file, info.dv_file)):
+                    partition.volume.evict(f"{path_dir}/{name}")
+            raise
 
 
 def _local(partition: Partition, path_dir: str, name: str) -> Path:

@@ -90,6 +90,11 @@ class Volume(Protocol):
         one; `temp` is gone afterwards (moved or removed)."""
         ...
 
+    def evict(self, relative: str) -> None:
+        """Drop a downloaded copy that failed its checks, so the next fetch downloads it
+        again (nothing to do for a local file)."""
+        ...
+
     def remove(self, relative: str) -> bool:
         """Delete data file `relative`; True when it was there."""
         ...
@@ -138,6 +143,9 @@ class LocalVolume:
 
     def remove(self, relative: str) -> bool:
         return fsutil.remove(self.root / relative)
+
+    def evict(self, relative: str) -> None:
+        """A local file is the file itself: never dropped."""
 
     def settle(self, folder: str) -> None:
         fsutil.fsync_dir(self.root / folder)
@@ -348,6 +356,9 @@ class ObjectVolume:
         except (ClientError, BotoCoreError) as error:
             raise self._failed("DELETE", relative, error) from error
         return True
+
+    def evict(self, relative: str) -> None:
+        self.cache.forget(self.path_of(relative))
 
     def settle(self, folder: str) -> None:
         """Nothing to do: an object store's DELETE is durable when it answers."""
