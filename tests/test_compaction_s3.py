@@ -7,21 +7,24 @@ from two machines, one wins and the other's commit conflicts."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
 
 from compactlog import LogStore, ProducerRecord
 from compactlog.compaction import TopicCompactionService, load_factory
-from compactlog.compaction.spark_service import SparkCompactionService
 from compactlog.errors import ConflictError, StorageError
 from compactlog.storage import faults
 from compactlog.storage.location import Location
 from compactlog.storage.records import Record
 from compactlog.storage.volume import s3_client
+from conftest import SPARK_TEST_CONF
 from s3_support import (
     S3Server,
     s3_fixture,  # noqa: F401  (the `s3` fixture)
@@ -33,6 +36,7 @@ COMPACT = {"cleanup.policy": "compact", "segment.bytes": "4096",
            "delete.retention.ms": "0", "min.cleanable.dirty.ratio": "0",
            "compaction.inline.max.bytes": "0"}
 Compactor = Callable[[LogStore, str], TopicCompactionService]
+COMPACTLOG = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "compactlog")
 
 
 @pytest.fixture
@@ -55,11 +59,41 @@ def driver_service(store: LogStore, topic: str) -> TopicCompactionService:
     return factory.new_service(store, topic, {})
 
 
+class CliSparkService:
+    """`compactlog compact` on local[2] in a process of its own, from another local
+    directory: a Spark job whose Python workers inherit the AWS settings, as a cluster's
+    executors get them from their environment. (The test run's shared Spark session
+    started before these tests set the AWS variables, so its workers lack them.)"""
+
+    def __init__(self, store: LogStore, topic: str, scratch: Path) -> None:
+        self.store, self.topic, self.scratch = store, topic, scratch
+
+    def compact(self) -> CliReport:
+        conf = [arg for key, value in SPARK_TEST_CONF.items()
+                for arg in ("--spark-conf", f"{key}={value}")]
+        env = {**os.environ, "COMPACTLOG_DATA_DIR": str(self.store.location),
+               "COMPACTLOG_LOCAL_DIR": str(self.scratch / "compactor")}
+        done = subprocess.run([COMPACTLOG, "compact", self.topic, "--json", "--spark-master",
+                               "local[2]", *conf], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
+        for partition in self.store.topic(self.topic).partitions:
+            partition.refresh()  # committed by the other process
+        return CliReport(json.loads(done.stdout))
+
+
+class CliReport:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+
+    def total(self, name: str) -> int:
+        return sum(int(part[name]) for part in self.body["partitions"])
+
+
 @pytest.fixture(params=["spark", "inline-arrow", "driver"])
-def service(request: pytest.FixtureRequest) -> Compactor:
+def service(request: pytest.FixtureRequest, tmp_path: Path) -> Compactor:
     if request.param == "spark":
-        spark: SparkSession = request.getfixturevalue("spark")
-        return lambda store, topic: SparkCompactionService(store, topic, {"spark.session": spark})
+        return lambda store, topic: CliSparkService(store, topic, tmp_path)  # type: ignore[return-value]
     return local_service if request.param == "inline-arrow" else driver_service
 
 
