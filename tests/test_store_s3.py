@@ -182,3 +182,33 @@ def test_a_damaged_downloaded_copy_is_fetched_again(where: Location, tmp_path: P
         with pytest.raises(CorruptionError, match="CRC32C"):
             partition.read(0, 1000, 1 << 30)
         assert partition.read(0, 1000, 1 << 30) == expected
+
+
+def test_a_failed_delete_of_a_retired_object_never_fails_the_commit(
+        where: Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention retires sealed segments; a later commit forgets them and deletes their
+    objects. A DELETE that fails (StorageError from the store) is logged and left to the
+    sweep: the commit stands, and the seal that made it goes on normally."""
+    from compactlog.errors import StorageError
+    from compactlog.storage.volume import ObjectVolume
+
+    with LogStore.open(where, local_dir=tmp_path / "w") as store:
+        store.create_topic("t", 1, {"retention.bytes": "1", "file.delete.delay.ms": "0",
+                                    "segment.bytes": "1024"})
+        partition = store.topic("t").partitions[0]
+
+        def refuse(self: ObjectVolume, relative: str) -> bool:
+            raise StorageError(f"{relative}: DELETE failed: injected 500")
+
+        monkeypatch.setattr(ObjectVolume, "remove", refuse)
+        for round_ in range(4):
+            store.append("t", records(20, f"r{round_}-"))
+            partition.roll()  # its commit forgets retired files: their DELETE fails
+            # Retention's own sweep reports the failed DELETE to its caller (the upkeep
+            # logs it and retries), after its commit.
+            with pytest.raises(StorageError, match="injected"):
+                partition.apply_retention()
+        assert partition.failed is None
+        store.append("t", records(5, "last"))
+        assert partition.roll()  # seals on: no seal was ever refused or fenced
+        assert partition.log_end_offset == 85 and partition.failed is None

@@ -44,6 +44,7 @@ from compactlog.errors import (
     InvalidRecordError,
     PartitionFailedError,
     ReadOnlyStoreError,
+    StorageError,
 )
 from compactlog.storage import appending, reads, recovery, retention, sealing
 from compactlog.storage.appending import AppendResult as AppendResult
@@ -327,7 +328,7 @@ class Partition:
                 if self.volume.remove(relative):
                     log.info("%s: deleted %s, retired by an earlier commit", self.name,
                              relative)
-        except OSError as error:
+        except (OSError, StorageError) as error:  # StorageError: an object store's DELETE
             log.warning("%s: could not delete a retired file (the sweep retries): %s",
                         self.name, error)
             self.sweep_soon()

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from compactlog.errors import CorruptionError
+from compactlog.errors import CorruptionError, StorageError
 from compactlog.storage import fsutil, locks
 from compactlog.storage.logfile import LogSegment, base_offset_of, log_file_name
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
@@ -117,7 +117,7 @@ def _recover_files(partition: Partition) -> None:
     # A sweep that fails deletes nothing it should keep: open goes on, upkeep retries.
     try:
         removed.extend(sweep_as_writer(partition, seal_lock_held=True).orphans)
-    except OSError as error:
+    except (OSError, StorageError) as error:  # StorageError: an object store's request
         partition.sweep_soon()
         log.warning("%s: the sweep at open failed (retried by upkeep): %s", partition.name,
                     error)
