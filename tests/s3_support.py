@@ -70,6 +70,14 @@ def s3_fixture() -> Iterator[S3Server]:
         server.stop()
 
 
+@pytest.fixture(name="s3_env")
+def s3_env_fixture(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The `s3` server, its AWS settings put in this test's environment (undone after)."""
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    return s3
+
+
 def client_error(status: int, code: str, operation: str = "PutObject") -> ClientError:
     return ClientError({"Error": {"Code": code, "Message": f"injected {code}"},
                         "ResponseMetadata": {"HTTPStatusCode": status}}, operation)

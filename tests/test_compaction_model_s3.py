@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from compactlog.storage.store import LogStore
 from s3_support import (
     S3Server,
+    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
     s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 from test_compaction_model import ArrowDeletionVectorModel
@@ -29,11 +29,8 @@ class S3ArrowDeletionVectorModel(ArrowDeletionVectorModel):
                              local_dir=self.directory)
 
 
-def test_compaction_on_s3_agrees_with_the_model(s3: S3Server,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
-    S3ArrowDeletionVectorModel.server = s3
+def test_compaction_on_s3_agrees_with_the_model(s3_env: S3Server) -> None:
+    S3ArrowDeletionVectorModel.server = s3_env
     run_state_machine_as_test(S3ArrowDeletionVectorModel, settings=settings(
         max_examples=int(os.environ.get("COMPACTLOG_MODEL_S3_EXAMPLES", "25")),
         stateful_step_count=20, deadline=None,

@@ -27,6 +27,7 @@ from compactlog.storage.volume import s3_client
 from conftest import SPARK_TEST_CONF
 from s3_support import (
     S3Server,
+    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
     s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
@@ -40,10 +41,8 @@ COMPACTLOG = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "com
 
 
 @pytest.fixture
-def where(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Location:
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
-    return s3.location("compaction")
+def where(s3_env: S3Server) -> Location:
+    return s3_env.location("compaction")
 
 
 def local_service(store: LogStore, topic: str) -> TopicCompactionService:

@@ -7,7 +7,6 @@ takeover may happen; the epoch decides who may commit)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from compactlog.storage.location import Location
 from fakes import FakeClock
 from s3_support import (
     S3Server,
+    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
     s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
@@ -26,10 +26,8 @@ TTL_S = 10.0
 
 
 @pytest.fixture
-def where(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[Location]:
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
-    yield s3.location("lease")
+def where(s3_env: S3Server) -> Location:
+    return s3_env.location("lease")
 
 
 def writer(where: Location, local: Path, clock: FakeClock) -> LogStore:

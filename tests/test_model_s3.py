@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from compactlog.storage.location import Location
 from compactlog.storage.store import LogStore
 from s3_support import (
     S3Server,
+    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
     s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 from test_model import LogStoreModel, model_settings
@@ -32,10 +32,7 @@ class S3LogStoreModel(LogStoreModel):
         return LogStore.open(self.location, clock=self.clock, local_dir=self.directory)
 
 
-def test_the_store_on_s3_agrees_with_the_model(s3: S3Server,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
-    S3LogStoreModel.server = s3
+def test_the_store_on_s3_agrees_with_the_model(s3_env: S3Server) -> None:
+    S3LogStoreModel.server = s3_env
     run_state_machine_as_test(S3LogStoreModel, settings=model_settings(
         int(os.environ.get("COMPACTLOG_MODEL_S3_EXAMPLES", "25"))))

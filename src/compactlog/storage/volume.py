@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -423,6 +422,3 @@ def _task_cache_dir() -> Path:
             _TASK_CACHE.append(Path(tempfile.mkdtemp(prefix="compactlog-cache-")))
         return _TASK_CACHE[0]
 
-
-def age_ms(listed: Listed) -> int:
-    return int(time.time() * 1000) - listed.modified_ms
