@@ -175,3 +175,63 @@ def test_the_standby_takes_over_and_no_acknowledged_record_is_lost(
     for index in (0, 1):
         offsets = [o for p, o, _ in acked if p == index]
         assert offsets == sorted(offsets)
+
+
+def test_a_server_that_takes_over_keeps_the_groups_offsets_and_the_cluster_id(
+        s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a consumer group committed through the killed owner is what it resumes from
+    on the server that took over (its own local directory, the same bucket), and the
+    cluster id clients saw stays the same."""
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    where = str(s3.location("groups"))
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    config = tmp_path / "server.toml"
+    config.write_text(f"lease_ttl_s = {TTL_S}\nack_after_upload = true\n"
+                      "upload_interval_s = 0.1\nupkeep_interval_s = 0.2\n")
+    partition = TopicPartition(TOPIC, 0)
+
+    def cluster_id() -> str:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            return str(admin.describe_cluster()["cluster_id"])
+        finally:
+            admin.close()
+
+    def consumer() -> KafkaConsumer:
+        return KafkaConsumer(bootstrap_servers=bootstrap, group_id="billing",
+                             enable_auto_commit=False, auto_offset_reset="earliest",
+                             consumer_timeout_ms=10_000)
+
+    with serve(where, tmp_path / "a", port, config, tmp_path / "a.log", s3.env) as first:
+        assert first.serving.wait(60), first.log()
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive
+        admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
+        producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        for index in range(100):
+            producer.send(TOPIC, f"v{index}".encode(), f"k{index}".encode(), partition=0)
+        producer.flush(60)
+        producer.close()
+        reader = consumer()
+        reader.assign([partition])
+        seen = [message.offset for _, message in zip(range(60), reader, strict=False)]
+        assert seen == list(range(60))
+        reader.commit({partition: OffsetAndMetadata(60, "", -1)})
+        reader.close()
+        before = cluster_id()
+        with serve(where, tmp_path / "b", port, config, tmp_path / "b.log", s3.env) as second:
+            first.process.send_signal(signal.SIGKILL)
+            first.process.wait(30)
+            assert second.serving.wait(60), second.log()
+            assert cluster_id() == before
+            reader = consumer()
+            reader.assign([partition])
+            assert reader.committed(partition) == 60, second.log()[-3000:]
+            rest = [message.offset for _, message in zip(range(40), reader, strict=False)]
+            assert rest == list(range(60, 100))
+            reader.close()
+            assert "loaded committed offsets of 1 group(s)" in second.log()

@@ -14,6 +14,8 @@ from typing import Any
 import click
 
 from compactlog.errors import CompactlogError
+from compactlog.storage.document import Document
+from compactlog.storage.layout import state_document
 from compactlog.storage.location import Location
 from compactlog.storage.store import default_local_dir
 
@@ -27,8 +29,8 @@ class Context:
     always local: the data directory itself, or for an s3:// URL the local directory of
     its log segments, locks and read cache (COMPACTLOG_LOCAL_DIR, else one under
     ~/.cache/compactlog; storage/store.py's default_local_dir). The files a running
-    server or worker leaves for the CLI (server.json, compaction-worker.json), the
-    credentials and the ACLs are there."""
+    server or worker leaves for the CLI (server.json, compaction-worker.json) are
+    there; the credentials and the ACLs are with the topics (`state_document`)."""
 
     def __init__(self, data_dir: str | Path, debug: bool) -> None:
         self.debug = debug
@@ -39,6 +41,10 @@ class Context:
         self.target: str | Path = str(self.location) if self.location.is_s3 else Path(value)
         self.data_dir = (default_local_dir(self.location) if self.location.is_s3
                          else Path(value))
+
+    def state_document(self, name: str) -> Document:
+        """The store's document `name` (credentials, ACLs), without opening the store."""
+        return state_document(self.location, self.data_dir, name)
 
 
 @click.group(

@@ -25,7 +25,7 @@ from compactlog.server.acl import (
     ResourceType,
     new_binding,
 )
-from compactlog.server.authorizer import AuthorizationConfig, Authorizer
+from compactlog.server.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 
 OPERATIONS = [op.name for op in Operation if op not in (Operation.UNKNOWN, Operation.ANY)]
 
@@ -110,7 +110,7 @@ def add(ctx: Context, principal: str, operations: tuple[str, ...], topic: str | 
                             permission) for op in operations]
     except AclError as error:
         raise UserError(str(error)) from None
-    Authorizer(ctx.data_dir, AuthorizationConfig()).create(made)
+    Authorizer(ctx.state_document(ACL_DIR), AuthorizationConfig()).create(made)
     for acl in made:
         click.echo(f"added\t{_text(acl)}")
 
@@ -142,7 +142,7 @@ def list_acls(ctx: Context, principal: str | None, operation: str | None,
       compactlog acls list
       compactlog acls list --topic orders-eu --principal User:alice
     """
-    found = Authorizer(ctx.data_dir, AuthorizationConfig()).describe(
+    found = Authorizer(ctx.state_document(ACL_DIR), AuthorizationConfig()).describe(
         _filter(principal, operation, topic, group, cluster, transactional_id))
     if not found:
         click.echo("no ACLs")
@@ -171,7 +171,7 @@ def delete(ctx: Context, principal: str | None, operation: str | None, topic: st
     acl_filter = _filter(principal, operation, topic, group, cluster, transactional_id)
     if acl_filter == _filter(None, None, None, None, False, None) and not everything:
         raise UserError("this would delete every ACL; add --all to mean it")
-    (removed,) = Authorizer(ctx.data_dir, AuthorizationConfig()).delete([acl_filter])
+    (removed,) = Authorizer(ctx.state_document(ACL_DIR), AuthorizationConfig()).delete([acl_filter])
     if not removed:
         click.echo("no ACLs matched")
     for acl in removed:

@@ -18,6 +18,7 @@ from compactlog.cli import Context
 from compactlog.errors import UserError
 from compactlog.storage.credentials import (
     DEFAULT_ITERATIONS,
+    DIRECTORY,
     MECHANISMS,
     CredentialStore,
     check_iterations,
@@ -29,7 +30,8 @@ from compactlog.storage.credentials import (
 def users() -> None:
     """Manage the SASL users (SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN) of the server.
 
-    Credentials are stored salted (never the password) in <data dir>/security/scram.
+    Credentials are stored salted (never the password) in <data dir>/security/scram
+    (for s3://, in the bucket).
     A PLAIN login is checked against the same credentials.
 
     \b
@@ -68,7 +70,7 @@ def add(ctx: Context, name: str, mechanisms: tuple[str, ...], iterations: int,
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
     if not password:
         raise UserError("the password is empty")
-    store = CredentialStore(ctx.data_dir)
+    store = CredentialStore(ctx.state_document(DIRECTORY))
     chosen = mechanisms or tuple(MECHANISMS)
     for mechanism in chosen:
         store.upsert(name, mechanism, make_credential(mechanism, password, iterations))
@@ -85,7 +87,7 @@ def list_users(ctx: Context) -> None:
     Example:
       compactlog users list
     """
-    found = CredentialStore(ctx.data_dir).users()
+    found = CredentialStore(ctx.state_document(DIRECTORY)).users()
     if not found:
         click.echo("no users")
         return
@@ -109,7 +111,7 @@ def delete(ctx: Context, name: str, mechanisms: tuple[str, ...]) -> None:
       compactlog users delete alice
       compactlog users delete bob --mechanism SCRAM-SHA-256
     """
-    removed = CredentialStore(ctx.data_dir).delete(name, mechanisms or None)
+    removed = CredentialStore(ctx.state_document(DIRECTORY)).delete(name, mechanisms or None)
     if not removed:
         raise UserError(f"no user {name!r}" + (f" with {', '.join(mechanisms)}"
                                               if mechanisms else ""))

@@ -57,6 +57,7 @@ from compactlog.server.throttle import Throttle, held_back
 from compactlog.server.tls import ServerTls, TlsSettings
 from compactlog.server.upkeep import Upkeep
 from compactlog.server.uploads import Uploads
+from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR
 from compactlog.storage.credentials import CredentialStore
 from compactlog.storage.store import LogStore
 
@@ -184,7 +185,8 @@ class Server:
         self.listeners = [dataclasses.replace(listener)
                           for listener in config.kafka_listeners()]
         self.tls = ServerTls(config.tls) if config.tls is not None else None
-        self.sasl = SaslGate(CredentialStore(config.data_dir),
+        self.sasl = SaslGate(CredentialStore(self.store.layout.state_document(
+                                 CREDENTIALS_DIR)),
                              FailureDelay(config.sasl_failure_delay_s,
                                           config.sasl_failure_delay_max_s), self.metrics)
         self.connections: Connections | None = None

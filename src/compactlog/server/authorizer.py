@@ -36,6 +36,7 @@ from compactlog.server.acl import (
 )
 from compactlog.server.throttle import Throttle, held_back
 from compactlog.storage.commit import LocalDocument, Snapshot
+from compactlog.storage.document import Document
 
 log = logging.getLogger("compactlog.authorizer")
 ACL_DIR = "acls"
@@ -91,11 +92,14 @@ class _State:
 class Authorizer:
     """Decisions from the ACLs of one data directory, and their changes."""
 
-    def __init__(self, data_dir: Path, config: AuthorizationConfig) -> None:
+    def __init__(self, source: Path | Document, config: AuthorizationConfig) -> None:
+        """`source`: a local data directory, or the ACL document itself (a store's
+        `layout.state_document(ACL_DIR)`: on S3, with the topics)."""
         self.config = config
         self.enabled = config.enabled
         self.super_users = frozenset(config.super_users)
-        self._document = LocalDocument(data_dir / ACL_DIR)
+        self._document: Document = (LocalDocument(source / ACL_DIR)
+                                    if isinstance(source, Path) else source)
         self._lock = threading.Lock()  # one change at a time in this process
         self._state = self._load()
 
@@ -106,7 +110,7 @@ class Authorizer:
         try:
             acls = [AclBinding.from_json(item) for item in snapshot.body["acls"]]
         except (KeyError, TypeError, ValueError) as error:
-            raise CorruptionError(self._document.current_path,
+            raise CorruptionError(f"{self._document.where}/current.json",
                                   f"unreadable ACL document: {error!r}") from None
         return _State.of(snapshot, acls)
 

@@ -10,6 +10,7 @@ soon as data comes instead of spinning.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextvars
 import logging
 import uuid
@@ -19,19 +20,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from compactlog.errors import ConflictError
 from compactlog.server import listeners
-from compactlog.server.authorizer import AuthorizationConfig, Authorizer
+from compactlog.server.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 from compactlog.server.groups import GroupCoordinator
 from compactlog.server.metrics import ServerMetrics
-from compactlog.server.producers import ProducerStates
+from compactlog.server.offset_files import offset_files_of
+from compactlog.server.producers import ID_DOCUMENT, DocumentIdAllocator, ProducerStates
 from compactlog.server.protocol import Request
 from compactlog.server.throttle import Throttle
 from compactlog.server.uploads import Uploads
+from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR
 from compactlog.storage.credentials import CredentialStore
+from compactlog.storage.document import Document
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
 T = TypeVar("T")
+CLUSTER_DOCUMENT = "cluster"  # on an object store, under the data location
 
 # A handler answers a request with a version-neutral response dict, or None for "send
 # nothing" (Produce with acks=0).
@@ -55,20 +61,28 @@ class Broker:
                  authorization: AuthorizationConfig | None = None,
                  allowed_functions: frozenset[str] = frozenset()) -> None:
         self.store = store
+        # The broker's own state lives with the topics (on S3, where a server that
+        # takes over finds it): storage/layout.py `state_document`.
+        state = store.layout.state_document
         # ACLs (server/authorizer.py); off unless the config turns it on.
-        self.authorizer = Authorizer(store.data_dir, authorization or AuthorizationConfig())
+        self.authorizer = Authorizer(state(ACL_DIR), authorization or AuthorizationConfig())
         # `function:` compaction strategies a client may name (server/code_policy.py).
         self.allowed_functions = allowed_functions
-        self.groups = GroupCoordinator(store.data_dir, initial_rebalance_delay_s)
+        self.groups = GroupCoordinator(
+            offset_files_of(store.location, store.data_dir, store.lease),
+            initial_rebalance_delay_s)
         # Idempotent producers: ids, and each partition's sequence state (producers.py).
-        self.producers = ProducerStates(store.data_dir)
+        self.producers = ProducerStates(
+            DocumentIdAllocator(state(ID_DOCUMENT)) if store.location.is_s3
+            else store.data_dir)
         # The address advertised when no listener is in context (tests that call
         # handlers directly); a request's own listener's otherwise (`host`, `port`).
         self.default_host = host
         self.default_port = port
         # SASL/SCRAM credentials (storage/credentials.py).
-        self.credentials = CredentialStore(store.data_dir)
-        self.cluster_id = _cluster_id(store.data_dir)
+        self.credentials = CredentialStore(state(CREDENTIALS_DIR))
+        self.cluster_id = (_shared_cluster_id(state(CLUSTER_DOCUMENT)) if store.location.is_s3
+                           else _cluster_id(store.data_dir))
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="compactlog-io")
         self.data_arrived = asyncio.Event()
         self.apis: dict[int, Api] = {}
@@ -123,16 +137,32 @@ class Broker:
         self.groups.close()
 
 
+def _new_cluster_id() -> str:
+    # Kafka's cluster ids are URL-safe base64 of a UUID, 22 characters.
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _shared_cluster_id(document: Document) -> str:
+    """The cluster id of a store on S3, the same for every server that owns it in turn:
+    the first commits it (If-None-Match), the others read it."""
+    for _ in range(2):
+        snapshot = document.load()
+        if snapshot is not None:
+            return str(snapshot.body["cluster_id"])
+        try:
+            return str(document.commit(0, {"cluster_id": _new_cluster_id()}).body["cluster_id"])
+        except ConflictError:
+            continue  # another server committed it first: read that
+    raise ConflictError(f"{document.where}: the cluster id could not be read or made")
+
+
 def _cluster_id(data_dir: Path) -> str:
     """A stable cluster id per data directory (clients log it and some compare it)."""
     path = data_dir / "cluster.id"
     try:
         return path.read_text().strip()
     except FileNotFoundError:
-        # Kafka's cluster ids are URL-safe base64 of a UUID, 22 characters.
-        import base64
-
-        value = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        value = _new_cluster_id()
         temp = path.with_suffix(".tmp")
         temp.write_text(value + "\n")
         temp.replace(path)

@@ -12,21 +12,23 @@ generation (Kafka's group.initial.rebalance.delay.ms). It answers all joins at o
 the leader gets every member's subscription, computes the assignment client-side and
 hands it back in SyncGroup, which the coordinator passes to each member.
 
-Committed offsets are kept per group in one JSON file under <data>/groups/, replaced
-atomically on every commit (temp file, fsync, rename, fsync the directory), so they
-survive restarts and crashes. Every write of those files (commits, OffsetDelete's
-snapshot, DeleteGroups' unlink) goes through one writer thread, in the order the
-event loop changed the groups, so a deletion is never overtaken by an older snapshot.
+Committed offsets are kept per group in one document (server/offset_files.py: a file
+under <data>/groups/, or an object beside the topics on S3, fenced by the writer's
+epoch), replaced whole on every commit, so they survive restarts, crashes and, on S3, a
+server taking over from another. Every write of them (commits, OffsetDelete's snapshot,
+DeleteGroups) goes through one writer thread, in the order the event loop changed the
+groups, so a deletion is never overtaken by an older snapshot. A write that fails
+changes nothing the coordinator answers from: the offsets it was to record are put back
+as they were, and the client gets COORDINATOR_NOT_AVAILABLE (retriable), or
+NOT_COORDINATOR when another server owns the groups now (FencedError).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import struct
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +38,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from compactlog.storage import fsutil
+from compactlog.errors import FencedError, StorageError
+from compactlog.server.offset_files import LocalOffsetFiles, OffsetFiles
 
 log = logging.getLogger("compactlog.server.groups")
 
@@ -77,6 +80,10 @@ class CommittedOffset:
     commit_ms: int
 
 
+# What a change did to each offset it touched: (before, after); None is "absent".
+Undo = dict[tuple[str, int], tuple["CommittedOffset | None", "CommittedOffset | None"]]
+
+
 @dataclass
 class Group:
     group_id: str
@@ -94,9 +101,10 @@ class Group:
 
 
 class GroupCoordinator:
-    def __init__(self, data_dir: Path, initial_rebalance_delay_s: float = 3.0) -> None:
-        self.directory = data_dir / "groups"
-        self.directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, source: Path | OffsetFiles, initial_rebalance_delay_s: float = 3.0) -> None:
+        """`source`: a local data directory, or the offset documents (offset_files.py)."""
+        self.files: OffsetFiles = (LocalOffsetFiles(source) if isinstance(source, Path)
+                                   else source)
         self.initial_rebalance_delay_s = initial_rebalance_delay_s
         self.groups: dict[str, Group] = {}
         # One thread writes offset files, so that snapshots land in commit order.
@@ -105,39 +113,49 @@ class GroupCoordinator:
 
     # -- persistence ------------------------------------------------------------------
 
-    def _path(self, group_id: str) -> Path:
-        return self.directory / (urllib.parse.quote(group_id, safe="") + ".json")
-
     def _load(self) -> None:
-        fsutil.remove_temp_files(self.directory)
-        for path in sorted(self.directory.glob("*.json")):
+        for body in self.files.load():
             try:
-                body = json.loads(path.read_text())
                 group = Group(str(body["group_id"]))
                 for entry in body["offsets"]:
                     group.offsets[(entry["topic"], int(entry["partition"]))] = CommittedOffset(
                         int(entry["offset"]), int(entry.get("leader_epoch", -1)),
                         entry.get("metadata"), int(entry.get("commit_ms", 0)))
             except (ValueError, KeyError, TypeError) as error:
-                # One damaged file loses that group's offsets, not the server.
-                log.error("ignoring damaged committed offsets in %s: %s", path, error)
+                # One damaged document loses that group's offsets, not the server.
+                log.error("ignoring damaged committed offsets of group %r: %r",
+                          body.get("group_id"), error)
                 continue
             self.groups[group.group_id] = group
         if self.groups:
             log.info("loaded committed offsets of %d group(s)", len(self.groups))
 
-    def _snapshot(self, group: Group) -> tuple[Path, bytes]:
-        body = {"group_id": group.group_id, "offsets": [
+    @staticmethod
+    def _snapshot(group: Group) -> dict[str, Any]:
+        return {"group_id": group.group_id, "offsets": [
             {"topic": topic, "partition": partition, "offset": c.offset,
              "leader_epoch": c.leader_epoch, "metadata": c.metadata, "commit_ms": c.commit_ms}
             for (topic, partition), c in sorted(group.offsets.items())
         ]}
-        return self._path(group.group_id), json.dumps(body).encode()
 
-    def _write(self, final: Path, data: bytes) -> None:
-        temp = fsutil.temp_path(self.directory, final.name)
-        fsutil.write_file_durably(temp, data)
-        fsutil.publish_replace(temp, final)
+    async def _write(self, group: Group, undo: Undo) -> None:
+        """Write `group`'s offsets; if that fails, put back the entries in `undo` that
+        no later change replaced since, and raise GroupError."""
+        body = self._snapshot(group)
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._writer, self.files.write, group.group_id, body)
+        except (OSError, StorageError, FencedError) as error:
+            for key, (before, after) in undo.items():
+                if group.offsets.get(key) is not after:
+                    continue  # a later commit replaced it: its own write decides
+                if before is None:
+                    group.offsets.pop(key, None)
+                else:
+                    group.offsets[key] = before
+            raise _write_failed(f"the offsets of group {group.group_id} could not be "
+                                f"written to {self.files.where(group.group_id)}", error
+                                ) from None
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
@@ -389,10 +407,12 @@ class GroupCoordinator:
             raise GroupError(ErrorCode.unknown_member_id,
                              f"group {group_id} has members; commit as one of them")
         now_ms = int(time.time() * 1000)
+        undo: Undo = {}
         for key, (offset, epoch, metadata) in offsets.items():
-            group.offsets[key] = CommittedOffset(offset, epoch, metadata, now_ms)
-        path, data = self._snapshot(group)
-        await asyncio.get_running_loop().run_in_executor(self._writer, self._write, path, data)
+            committed = CommittedOffset(offset, epoch, metadata, now_ms)
+            undo[key] = (group.offsets.get(key), committed)
+            group.offsets[key] = committed
+        await self._write(group, undo)
 
     def fetch_offsets(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
         group = self.groups.get(group_id)
@@ -421,21 +441,17 @@ class GroupCoordinator:
         if doomed:
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    self._writer, self._unlink, [self._path(g) for g in doomed])
-            except OSError as error:
+                    self._writer, self.files.delete, list(doomed))
+            except (OSError, StorageError, FencedError) as error:
                 log.error("deleting groups %s failed, so they stay: %s", list(doomed), error)
                 for group_id, group in doomed.items():
                     self.groups.setdefault(group_id, group)
                 # Kafka answers a failed coordinator write with a retriable error.
-                return [ErrorCode.coordinator_not_available if g in doomed else code
+                failed = _write_failed("", error).code
+                return [failed if g in doomed else code
                         for g, code in zip(group_ids, codes, strict=True)]
             log.info("deleted group(s) %s with their committed offsets", ", ".join(doomed))
         return codes
-
-    def _unlink(self, paths: list[Path]) -> None:
-        for path in paths:
-            fsutil.remove(path)
-        fsutil.fsync_dir(self.directory)
 
     def offsets_deletable(self, group_id: str) -> Group:
         """The group whose offsets OffsetDelete may delete (ClassicGroup.
@@ -456,16 +472,7 @@ class GroupCoordinator:
         removed = {key: group.offsets.pop(key) for key in keys if key in group.offsets}
         if not removed:
             return
-        path, data = self._snapshot(group)
-        try:
-            await asyncio.get_running_loop().run_in_executor(
-                self._writer, self._write, path, data)
-        except OSError as error:
-            for key, committed in removed.items():
-                group.offsets.setdefault(key, committed)
-            raise GroupError(ErrorCode.coordinator_not_available,
-                             f"the offsets of group {group.group_id} could not be written: "
-                             f"{error}") from None
+        await self._write(group, {key: (before, None) for key, before in removed.items()})
         log.info("group %s: deleted committed offsets of %s", group.group_id,
                  ", ".join(f"{topic}/{partition}" for topic, partition in sorted(removed)))
 
@@ -488,6 +495,14 @@ class GroupCoordinator:
             ],
             "authorized_operations": -2147483648,
         }
+
+
+def _write_failed(what: str, error: BaseException) -> GroupError:
+    """Kafka answers a failed coordinator write with a retriable error: NOT_COORDINATOR
+    when another server owns the groups now, else COORDINATOR_NOT_AVAILABLE."""
+    code = (ErrorCode.not_coordinator if isinstance(error, FencedError)
+            else ErrorCode.coordinator_not_available)
+    return GroupError(code, f"{what}: {error}" if what else str(error))
 
 
 def subscribed_topics(group: Group) -> set[str] | None:

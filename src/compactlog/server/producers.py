@@ -47,6 +47,9 @@ Producer ids are allocated from a counter in `<data dir>/producer-ids.json`, res
 in blocks of ID_BLOCK_SIZE: the file always holds an id above every id handed out, and
 is replaced atomically (temp file, fsync, rename, fsync the directory) before an id of
 a new block is given out. After a crash the rest of the block is skipped, never reused.
+On an object store the counter is a document beside the topics (`producer-ids/`,
+DocumentIdAllocator): a block is reserved by compare-and-swap, so a server that takes
+over from another, or a stalled former owner, never hands out an id the other gave.
 """
 
 from __future__ import annotations
@@ -68,11 +71,14 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.errors import (
     CompactlogError,
+    ConflictError,
     CorruptionError,
     CorruptRecordError,
     InvalidRecordError,
 )
 from compactlog.storage import fsutil
+from compactlog.storage.commit import Snapshot
+from compactlog.storage.document import Document
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.records import (
     CONTROL_MASK,
@@ -103,6 +109,8 @@ REBUILD_MAX_SEALED = 8
 ID_FILE = "producer-ids.json"
 ID_BLOCK_SIZE = 1000
 ID_FILE_FORMAT = 1
+ID_DOCUMENT = "producer-ids"  # on an object store, under the data location
+ID_RESERVE_ATTEMPTS = 8
 _SEALED_COLUMNS = ["offset", "batch_base_offset", "batch_last_offset", "batch_attributes",
                    "producer_id", "producer_epoch", "base_sequence"]
 
@@ -291,12 +299,55 @@ class ProducerIdAllocator:
         self._limit = limit
 
 
+class DocumentIdAllocator(ProducerIdAllocator):
+    """The counter as a committed document (on S3: with the topics); reserving a block
+    is a compare-and-swap, retried on the version another allocator committed."""
+
+    def __init__(self, document: Document, block_size: int = ID_BLOCK_SIZE) -> None:
+        self.document = document
+        self.block_size = block_size
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._next = self._limit = self._load()
+
+    def _load(self) -> int:
+        self._snapshot = self.document.load()
+        if self._snapshot is None:
+            return 0
+        try:
+            value = int(self._snapshot.body["next_unreserved"])
+            if value < 0:
+                raise ValueError(f"next id {value}")
+        except (ValueError, KeyError, TypeError) as error:
+            raise CorruptionError(f"{self.document.where}/current.json",
+                                  f"the producer id counter is unreadable ({error})") from None
+        return value
+
+    def _reserve(self, limit: int) -> None:
+        for _ in range(ID_RESERVE_ATTEMPTS):
+            version = self._snapshot.version if self._snapshot is not None else 0
+            try:
+                self._snapshot = self.document.commit(
+                    version, {"format": ID_FILE_FORMAT, "next_unreserved": limit})
+                self._limit = limit
+                return
+            except ConflictError:
+                # Another allocator (a server that took over) reserved a block: go on
+                # above it.
+                self._next = max(self._next, self._load())
+                limit = self._next + self.block_size
+        raise ConflictError(f"{self.document.where}: the producer id counter kept "
+                            f"changing under {ID_RESERVE_ATTEMPTS} attempts to reserve ids")
+
+
 class ProducerStates:
     """Every partition's producer state, and producer id allocation, for one broker."""
 
-    def __init__(self, data_dir: Path, expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
+    def __init__(self, ids: Path | ProducerIdAllocator,
+                 expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
                  clock: Clock = time.time) -> None:
-        self.ids = ProducerIdAllocator(data_dir)
+        """`ids`: a local data directory (its producer-ids.json), or the allocator."""
+        self.ids = ProducerIdAllocator(ids) if isinstance(ids, Path) else ids
         self.expiration_ms = expiration_ms
         self.clock = clock
         self._lock = threading.Lock()

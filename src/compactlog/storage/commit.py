@@ -142,6 +142,13 @@ class LocalDocument:
         self.keep = keep
         self.lock_timeout_s = lock_timeout_s
 
+    def __repr__(self) -> str:
+        return f"LocalDocument({self.where!r}, keep={self.keep})"
+
+    @property
+    def where(self) -> str:
+        return str(self.directory)
+
     @property
     def current_path(self) -> Path:
         return self.directory / CURRENT

@@ -1,6 +1,7 @@
-"""SCRAM credentials: `<data dir>/security/scram/`, one document committed through the
-commit primitive (storage/commit.py), so a change is all or nothing and two writers
-(the server's AlterUserScramCredentials and `compactlog users`) never lose each other's.
+"""SCRAM credentials: `<data location>/security/scram/`, one document committed through
+the commit primitive (storage/commit.py locally, object_commit.py on S3, where a server
+that takes over finds them), so a change is all or nothing and two writers (the
+server's AlterUserScramCredentials and `compactlog users`) never lose each other's.
 
 Invariants:
 - No password is ever stored or logged: a credential is what RFC 5802 §3 lets a server
@@ -32,8 +33,9 @@ from typing import Any
 
 from compactlog.errors import ConflictError, UserError
 from compactlog.storage.commit import LocalDocument, Snapshot
+from compactlog.storage.document import Document
 
-DIRECTORY = Path("security") / "scram"
+DIRECTORY = "security/scram"  # under the data location
 # Kafka's names and hash functions; Kafka's ScramMechanism numbers them 1 and 2 on the wire.
 MECHANISMS: dict[str, str] = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MECHANISM_CODES: dict[int, str] = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}
@@ -107,11 +109,14 @@ Users = dict[str, dict[str, ScramCredential]]
 
 
 class CredentialStore:
-    """The SCRAM credentials of one data directory. Thread-safe; lookups are cheap (a
-    stat of current.json) unless another process changed it."""
+    """The SCRAM credentials of one data location. Thread-safe; lookups are cheap (a
+    stat of current.json, a HEAD on S3) unless another process changed it."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self.document = LocalDocument(data_dir / DIRECTORY)
+    def __init__(self, source: Path | Document) -> None:
+        """`source`: a local data directory, or the document itself (a store's
+        `layout.state_document(DIRECTORY)`)."""
+        self.document: Document = (LocalDocument(source / DIRECTORY)
+                                   if isinstance(source, Path) else source)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._users: Users = {}
@@ -158,7 +163,7 @@ class CredentialStore:
                 return
             except ConflictError:
                 continue
-        raise ConflictError(f"{self.document.directory}: the credentials kept changing "
+        raise ConflictError(f"{self.document.where}: the credentials kept changing "
                             f"under {_RETRIES} attempts to change them")
 
     def upsert(self, user: str, mechanism: str, credential: ScramCredential) -> None:

@@ -23,6 +23,11 @@ class Document(Protocol):
 
     keep: int
 
+    @property
+    def where(self) -> str:
+        """Where the document lives (a directory or an s3:// prefix), for messages."""
+        ...
+
     def load(self) -> Snapshot | None:
         """The current version, or None when nothing was ever committed."""
         ...

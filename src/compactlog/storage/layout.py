@@ -76,11 +76,26 @@ class Layout(Protocol):
 
     def remove_leftovers(self) -> None: ...
 
+    def state_document(self, name: str) -> Document:
+        """A document of the server's own state (credentials, ACLs, the producer-id
+        counter, the cluster id) kept with the topics, so that whoever opens the same
+        location finds it: `name` is its path under the data location."""
+        ...
+
+
+def state_document(location: Location, local_dir: Path, name: str) -> Document:
+    """`state_document` of the store at `location` without opening it (no writer lease:
+    the CLI's `users` and `acls` change the documents beside a running server)."""
+    if location.is_s3:
+        return ObjectLayout(location, local_dir).state_document(name)
+    return LocalDocument(local_dir / name)
+
 
 class LocalLayout:
     """<data dir>/topics/<topic>/{meta,<n>}, built under <data dir>/staging/."""
 
     def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
         self.topics_dir = data_dir / "topics"
         self.staging_dir = data_dir / "staging"
 
@@ -145,6 +160,9 @@ class LocalLayout:
                 for temp in LocalDocument(entry / "meta").recover():
                     log.info("removed %s, left by an interrupted topic change", temp)
 
+    def state_document(self, name: str) -> Document:
+        return LocalDocument(self.data_dir / name)
+
 
 class ObjectLayout:
     """PREFIX/topics/<topic>/{meta,<topic id>/<n>} on S3; logs under a local directory."""
@@ -168,10 +186,13 @@ class ObjectLayout:
 
     def lease_document(self) -> Document:
         """The writer lease (lease.py)."""
+        return self.state_document("writer")
+
+    def state_document(self, name: str) -> Document:
         from compactlog.storage.object_commit import ObjectDocument
 
         assert self.location.bucket is not None
-        return ObjectDocument(self.client, self.location.bucket, self.location.key("writer"))
+        return ObjectDocument(self.client, self.location.bucket, self.location.key(name))
 
     def names(self) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError

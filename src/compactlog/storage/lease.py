@@ -132,6 +132,17 @@ class WriterLease:
                                  "this one writes no more") from None
         self._renewed_at = time.monotonic()
 
+    def check(self) -> None:
+        """LeaseLostError unless the lease document still holds this writer's epoch (one
+        HEAD while it is unchanged since this writer's last commit of it): for a write
+        that no compare-and-swap fences, such as the first of a new document."""
+        if self._snapshot is not None and not self.document.changed_since(self._snapshot):
+            return
+        current = self.document.load()
+        if current is None or LeaseState.from_body(current.body).epoch != self.epoch:
+            raise LeaseLostError(f"{self.where}: another process took the writer lease; "
+                                 "this one writes no more")
+
     def release(self) -> None:
         """Step 3."""
         if self._snapshot is None:
