@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compactlog.errors import CompactlogError
+from compactlog.storage.merging import merge_small_segments
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.retention import expired_segments
 from compactlog.storage.store import LogStore
@@ -89,6 +90,25 @@ def seal(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> N
     # A seal that fails leaves the log files, read as before.
     with contextlib.suppress(OSError, CompactlogError):
         store.topic(TOPIC).partition(0).seal_rolled()
+
+
+# -- merging small sealed segments (storage/merging.py), across a compaction horizon ----
+
+def prepare_merge(data: Path, clock: FakeClock) -> None:
+    with LogStore.open(data, clock=clock) as store:
+        store.create_topic(TOPIC, 1, COMPACTED)
+        for round_ in range(3):
+            fill(store, 1, 3, f"a{round_}")  # one small sealed segment each
+        compact(store, clock)
+        for round_ in range(3):
+            fill(store, 1, 3, f"b{round_}")
+
+
+def merge(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> None:
+    # Parquet files of a few records are a few KiB: a larger bound calls them small.
+    with contextlib.suppress(OSError, CompactlogError):
+        while merge_small_segments(store.topic(TOPIC).partition(0), 2, 1 << 20):
+            pass
 
 
 # -- compaction of one and of two partitions (a second run: a previous ledger exists) ----
@@ -207,6 +227,7 @@ SCENARIOS = {scenario.name: scenario for scenario in (
              verify=verify_dv_compaction),
     Scenario("retention", prepare_retention, retention, expect_retention),
     Scenario("alter", prepare_alter, alter, verify=verify_alter),
+    Scenario("merge", prepare_merge, merge),
 )}
 
 

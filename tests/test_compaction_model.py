@@ -34,6 +34,7 @@ from pyspark.sql import SparkSession
 
 from compactlog.compaction import TopicCompactionService, load_factory
 from compactlog.compaction.spark_service import SparkCompactionService
+from compactlog.storage.merging import merge_small_segments
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
 from user_strategies import keep_larger_value
@@ -131,6 +132,17 @@ class CompactionModel(RuleBasedStateMachine):
     def seal(self) -> None:
         if self.partition.roll():
             self.sealed_end = len(self.log)
+
+    @rule(min_run=st.sampled_from([2, 3]))
+    def merge_small_segments(self, min_run: int) -> None:
+        # storage/merging.py: regroups sealed records, never across the horizon; the
+        # views (invariant) must not change. Parquet files of a few records are a few
+        # KiB, so a larger bound than the topic's segment.bytes calls them small.
+        merge_small_segments(self.partition, min_run, 1 << 20)
+        horizon = (self.partition.manifest.compaction.horizon
+                   if self.partition.manifest.compaction is not None else None)
+        for info in self.partition.manifest.segments:
+            assert horizon is None or not info.base_offset <= horizon < info.last_offset
 
     @rule(seconds=st.sampled_from([1, 5, 11]))
     def tick(self, seconds: int) -> None:

@@ -93,7 +93,7 @@ def cases(kinds: tuple[str, ...]) -> list[tuple[str, int, str]]:
 
 # Steps each operation passes; test_step_counts_are_current keeps these in line.
 STEPS = {"append": 23, "seal": 30, "compact-1": 26, "compact-2": 42, "retention": 15,
-         "alter": 9, "compact-dv-1": 25, "compact-dv-2": 50}
+         "alter": 9, "compact-dv-1": 25, "compact-dv-2": 50, "merge": 28}
 
 
 def test_step_counts_are_current(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -145,7 +145,10 @@ def run_with_kill(name: str, root: Path, step: int) -> None:
 KILL_SAMPLE = {"append": (0, 5, 13), "seal": (3, 7), "compact-1": (10, 20),
                "compact-2": (30,), "retention": (4,), "alter": (2,),
                # a DV renamed into place but not committed; the new ledger file written
-               "compact-dv-1": (6, 10), "compact-dv-2": (20,)}
+               "compact-dv-1": (6, 10), "compact-dv-2": (20,),
+               # the merged file renamed into place, not committed; the second
+               # merge's new current.json written, not yet renamed
+               "merge": (3, 24)}
 
 
 @pytest.mark.parametrize(("name", "step"), [(name, step) for name, steps in KILL_SAMPLE.items()

@@ -4,8 +4,8 @@ The model of a partition is the list of every record appended to it (its index i
 offset) and the log start offset. Hypothesis drives appends, rolls and seals (through
 `segment.bytes`, `segment.ms` with a clock the test advances, and explicit rolls), reads
 at random offsets and limits, reopening the store, a read-only store reading alongside
-the writer, and retention by bytes and by time; after every step the store must agree
-with the model.
+the writer, retention by bytes and by time, and merges of small sealed segments
+(storage/merging.py); after every step the store must agree with the model.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from hypothesis.stateful import (
 )
 
 from compactlog.storage.manifest import SEGMENT_DIR
+from compactlog.storage.merging import choose_run, merge_small_segments
 from compactlog.storage.partition import Partition
 from compactlog.storage.partitioner import partition_for_key
 from compactlog.storage.records import Headers, ProducerRecord, Record
@@ -226,6 +227,26 @@ class LogStoreModel(RuleBasedStateMachine):
         partition = self.partition(index % len(self.models))
         assert partition.seal_rolled() == []  # auto_seal already sealed every rolled segment
         assert len(partition.logs) == 1
+
+    @rule(index=st.integers(min_value=0, max_value=1), min_run=st.sampled_from([2, 3, 8]),
+          segment_bytes=st.sampled_from([64 << 10, 1 << 20]))
+    def merge_small_segments(self, index: int, min_run: int, segment_bytes: int) -> None:
+        # Parquet files of a few records are a few KiB, so the topic's tiny segment.bytes
+        # would never call them small: the rule passes a larger bound.
+        partition = self.partition(index % len(self.models))
+        before = partition.manifest.segments
+        run = choose_run(partition.manifest, segment_bytes, min_run)
+        merged = merge_small_segments(partition, min_run, segment_bytes)
+        if not run:
+            assert merged is None and partition.manifest.segments == before
+            return
+        assert merged is not None
+        event(f"merged {len(run)} segments")
+        start = before.index(run[0])
+        assert partition.manifest.segments == (*before[:start], merged,
+                                               *before[start + len(run):])
+        assert (merged.base_offset, merged.last_offset, merged.record_count) == (
+            run[0].base_offset, run[-1].last_offset, sum(i.record_count for i in run))
 
     # -- retention --------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """A server on an object store under a low open-file limit: `compactlog serve` on
 s3:// under `ulimit -n 128` serves a topic of 400 sealed segments from offset 0 to a
 confluent-kafka consumer and to 40 connections at once. Every segment is downloaded
-into the read cache; the open-file cache keeps at most a quarter of the limit open,
-and the S3 client's connection pool stays bounded (a socket per pooled connection), so
+into the read cache; the open-file cache keeps at most a quarter of the limit open
+(and upkeep's merges of the small segments one more), and the S3 client's connection pool stays bounded (a socket per pooled connection), so
 the process never runs out of descriptors."""
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def test_a_server_on_s3_with_128_open_files_serves_400_segments(
             offsets = consume_from_zero(server.bootstrap, "raw", SEGMENTS)
             assert offsets == list(range(SEGMENTS))
             pid = server.process.pid
-            assert len(open_parquet_files(pid)) <= OPEN_FILES // 4
+            # The open-file cache's share, and the input a merge reads beside it.
+            assert len(open_parquet_files(pid)) <= OPEN_FILES // 4 + 1
             # The clients' sockets, the listener, and a bounded pool to the S3 endpoint.
             assert open_sockets(pid) <= CONNECTIONS + 30
             again = Consumer({"bootstrap.servers": server.bootstrap, "group.id": "again",

@@ -104,7 +104,7 @@ def _seal(partition: Partition, segment: LogSegment) -> SegmentInfo:
         partition.commit_manifest(add_segment)  # 3.
     except BaseException as error:
         temp.unlink(missing_ok=True)
-        _remove_orphan(partition, name)
+        remove_unlisted(partition, name, "sealed")
         if isinstance(error, FencedError):
             partition.fail(error)
         if isinstance(error, OSError):
@@ -121,9 +121,10 @@ def _seal(partition: Partition, segment: LogSegment) -> SegmentInfo:
     return info
 
 
-def _remove_orphan(partition: Partition, name: str) -> None:
-    """The sealed file of a failed seal goes if no committed manifest lists it. The
-    outcome of a failed commit may be unknown, so the manifest decides, not the error."""
+def remove_unlisted(partition: Partition, name: str, what: str) -> None:
+    """The segment file `name` of a failed seal or merge (`what`: "sealed", "merged")
+    goes if no committed manifest lists it. The outcome of a failed commit may be
+    unknown, so the manifest decides, not the error."""
     try:
         proven = partition.document.purge_uncommitted()
         partition.load_manifest()
@@ -132,11 +133,11 @@ def _remove_orphan(partition: Partition, name: str) -> None:
         elif (name not in {info.file for info in partition.manifest.segments}
               and partition.volume.remove(f"{SEGMENT_DIR}/{name}")):
             partition.volume.settle(SEGMENT_DIR)
-            log.info("%s: removed %s, sealed but not committed", partition.name, name)
+            log.info("%s: removed %s, %s but not committed", partition.name, name, what)
     except Exception as error:  # the next sweep finds it; the seal's own error matters
         partition.sweep_soon()
-        log.warning("%s: could not remove %s after a failed seal: %s", partition.name,
-                    name, error)
+        log.warning("%s: could not remove %s, %s but not committed: %s", partition.name,
+                    name, what, error)
 
 
 def _drop_covered_logs(partition: Partition, force: LogSegment | None = None) -> None:

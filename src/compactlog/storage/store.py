@@ -47,6 +47,7 @@ from compactlog.storage.filecache import OpenFiles
 from compactlog.storage.layout import Layout, LocalLayout, ObjectLayout, is_deleted
 from compactlog.storage.lease import DEFAULT_TTL_S, LeaseLostError, WriterLease
 from compactlog.storage.location import Location
+from compactlog.storage.merging import merge_small_segments
 from compactlog.storage.object_probe import check_conditional_writes
 from compactlog.storage.partition import AppendResult, Clock, Partition, RecoveryReport
 from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
@@ -485,8 +486,9 @@ class LogStore:
     def upkeep_steps(self, partition: Partition) -> Iterator[tuple[str, Callable[[], object]]]:
         """The named steps of one partition's upkeep: reopen it if it failed (with a
         backoff), else flush by flush.ms, roll by segment.ms, seal rolled segments,
-        apply retention, sweep unreachable files when due, and pick up manifests that
-        other processes (compaction) committed. Callers run each step on its own."""
+        merge runs of small sealed segments (merging.py), apply retention, sweep
+        unreachable files when due, and pick up manifests that other processes
+        (compaction) committed. Callers run each step on its own."""
         if partition.failed is not None:
             yield "reopen", lambda: self._reopen_if_due(partition)
             return
@@ -494,6 +496,7 @@ class LogStore:
         yield "roll", partition.roll_if_due
         if not partition.auto_seal:
             yield "seal", partition.seal_rolled
+        yield "merge", lambda: merge_small_segments(partition)
         yield "retention", partition.apply_retention
         if partition.sweep_due:
             yield "sweep", partition.sweep

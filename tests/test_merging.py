@@ -1,0 +1,153 @@
+"""Merging small sealed segments (storage/merging.py), each protocol step, locally and on
+S3 (moto on loopback): a merge regroups records into one file and changes nothing a
+reader sees, raw or compacted; it never makes a file straddle the compaction horizon; a
+damaged input or a race with retention or DeleteRecords changes nothing. The store's
+model test (tests/test_model.py) interleaves merges with everything else."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from compactlog.errors import ConflictError, CorruptionError
+from compactlog.storage.manifest import SEGMENT_DIR
+from compactlog.storage.merging import choose_run, merge_small_segments
+from compactlog.storage.partition import Partition
+from compactlog.storage.records import ProducerRecord, Record
+from compactlog.storage.store import LogStore
+from fakes import FakeClock
+from faultkit import compact
+from s3_support import (
+    S3Server,
+    s3_fixture,  # noqa: F401  (the `s3` fixture)
+)
+
+TOPIC = "t"
+CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
+          "segment.bytes": str(1 << 20), "file.delete.delay.ms": "0"}
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[LogStore]:
+    clock = FakeClock()
+    if request.param == "local":
+        opened = LogStore.open(tmp_path / "data", clock=clock)
+    else:
+        s3: S3Server = request.getfixturevalue("s3")
+        for name, value in s3.env.items():
+            monkeypatch.setenv(name, value)
+        opened = LogStore.open(s3.location("merge"), local_dir=tmp_path / "local",
+                               clock=clock)
+    opened.create_topic(TOPIC, 1, CONFIG)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def seal_each(store: LogStore, keys: range, tag: str) -> None:
+    """One sealed segment per record, with a header and a tombstone among them."""
+    partition = store.topic(TOPIC).partition(0)
+    for key in keys:
+        value = None if key % 7 == 6 else f"{tag}-{key}".encode()
+        store.append(TOPIC, [ProducerRecord(b"k%d" % (key % 5), value,
+                                            headers=(("h", b"%d" % key),))])
+        partition.roll()
+        store.clock.advance(1)  # type: ignore[attr-defined]
+
+
+def everything(partition: Partition, compacted: bool = False) -> list[Record]:
+    read = partition.read_compacted if compacted else partition.read
+    return list(read(0, 10_000, 1 << 30))
+
+
+def test_small_segments_are_merged_and_reads_are_unchanged(store: LogStore) -> None:
+    """Steps 1-4."""
+    seal_each(store, range(20), "a")
+    partition = store.topic(TOPIC).partition(0)
+    before = everything(partition)
+    inputs = [info.file for info in partition.manifest.segments]
+    merged = merge_small_segments(partition)
+    assert merged is not None
+    assert [s.file for s in partition.manifest.segments] == [merged.file]
+    assert (merged.base_offset, merged.last_offset, merged.record_count) == (0, 19, 20)
+    assert everything(partition) == before
+    assert partition.offset_for_timestamp(before[10].timestamp) == 10
+    assert merge_small_segments(partition) is None  # one file: nothing left to merge
+    # The inputs are retired, then deleted by the next commit (file.delete.delay.ms 0).
+    seal_each(store, range(20, 21), "b")
+    listing = {item.name for item in partition.volume.listing(SEGMENT_DIR)}
+    assert not listing & set(inputs)
+    store.close()
+    with LogStore.open(store.target, read_only=True, local_dir=store.data_dir) as again:
+        assert everything(again.topic(TOPIC).partition(0))[:20] == before
+
+
+def test_a_run_is_not_merged_across_the_horizon(store: LogStore) -> None:
+    """Steps 1 and 4: a merged file would feed records the ledger holds back in."""
+    clock = store.clock  # type: ignore[attr-defined]
+    partition = store.topic(TOPIC).partition(0)
+    seal_each(store, range(10), "a")
+    compact(store, clock)
+    horizon = partition.manifest.compaction.horizon  # type: ignore[union-attr]
+    assert horizon == 9
+    seal_each(store, range(10, 30), "b")
+    run = choose_run(partition.manifest, 1 << 20)
+    assert run and run[0].base_offset == 0 and run[-1].last_offset == 9
+    merge_small_segments(partition)
+    second = merge_small_segments(partition)
+    assert second is not None and second.base_offset == 10
+    for info in partition.manifest.segments:
+        assert not info.base_offset <= horizon < info.last_offset
+    compact(store, clock)
+    latest: dict[bytes, bytes | None] = {}
+    for record in everything(partition):
+        latest[record.key] = record.value  # type: ignore[index]
+    view = {r.key: r.value for r in everything(partition, compacted=True)}
+    assert view == latest  # tombstones stay for delete.retention.ms
+
+
+def test_a_damaged_input_stops_the_merge_and_changes_nothing(tmp_path: Path) -> None:
+    """Step 2."""
+    with LogStore.open(tmp_path / "data", clock=FakeClock()) as store:
+        store.create_topic(TOPIC, 1, CONFIG)
+        seal_each(store, range(10), "a")
+        partition = store.topic(TOPIC).partition(0)
+        victim = partition.segment_dir / partition.manifest.segments[4].file
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+        segments = partition.manifest.segments
+        files = sorted(p.name for p in partition.segment_dir.iterdir())
+        with pytest.raises(CorruptionError, match="CRC32C mismatch"):
+            merge_small_segments(partition)
+        assert partition.manifest.segments == segments
+        assert sorted(p.name for p in partition.segment_dir.iterdir()) == files
+
+
+def test_a_merge_that_loses_a_race_changes_nothing(store: LogStore,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 4: DeleteRecords removes the run's first segments between the merged file's
+    upload and its commit; the merge gives up and its file goes."""
+    seal_each(store, range(12), "a")
+    partition = store.topic(TOPIC).partition(0)
+    publish = partition.volume.publish
+
+    def publish_then_race(temp: Path, relative: str) -> None:
+        publish(temp, relative)
+        partition.delete_records(3)
+
+    monkeypatch.setattr(partition.volume, "publish", publish_then_race)
+    with pytest.raises(ConflictError, match="merge given up"):
+        merge_small_segments(partition)
+    monkeypatch.undo()
+    listed = {info.file for info in partition.manifest.segments}
+    assert len(listed) == 9 and partition.manifest.segments[0].base_offset == 3
+    retired = {Path(item.path).name for item in partition.manifest.retired}
+    assert len(retired) == 3  # what DeleteRecords retired, deleted after the delay
+    stray = {item.name for item in partition.volume.listing(SEGMENT_DIR)} - listed - retired
+    assert not stray, stray
+    assert [r.offset for r in everything(partition)] == list(range(3, 12))
