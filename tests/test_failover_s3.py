@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from compactlog import LogStore
 from s3_support import (
     S3Server,
+    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
     s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
@@ -178,15 +179,14 @@ def test_the_standby_takes_over_and_no_acknowledged_record_is_lost(
 
 
 def test_a_server_that_takes_over_keeps_the_groups_offsets_and_the_cluster_id(
-        s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        s3_env: S3Server, tmp_path: Path) -> None:
     """What a consumer group committed through the killed owner is what it resumes from
     on the server that took over (its own local directory, the same bucket), and the
     cluster id clients saw stays the same."""
     from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
+    s3 = s3_env
     where = str(s3.location("groups"))
     port = free_port()
     bootstrap = f"127.0.0.1:{port}"

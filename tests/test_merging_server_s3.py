@@ -8,13 +8,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from compactlog import LogStore
 from s3_support import (
     S3Server,
+    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
     s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 from test_failover_s3 import free_port, serve
@@ -24,10 +24,9 @@ TOPIC = "events"
 ROUNDS = 40
 
 
-def test_small_segments_of_acknowledgements_are_merged(
-        s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
+def test_small_segments_of_acknowledgements_are_merged(s3_env: S3Server,
+                                                       tmp_path: Path) -> None:
+    s3 = s3_env
     where = str(s3.location("merging"))
     port = free_port()
     bootstrap = f"127.0.0.1:{port}"

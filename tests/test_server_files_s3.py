@@ -2,8 +2,9 @@
 s3:// under `ulimit -n 128` serves a topic of 400 sealed segments from offset 0 to a
 confluent-kafka consumer and to 40 connections at once. Every segment is downloaded
 into the read cache; the open-file cache keeps at most a quarter of the limit open
-(and upkeep's merges of the small segments one more), and the S3 client's connection pool stays bounded (a socket per pooled connection), so
-the process never runs out of descriptors."""
+(and upkeep's merges of the small segments one more), and the S3 client's connection
+pool stays bounded (a socket per pooled connection), so the process never runs out of
+descriptors."""
 
 from __future__ import annotations
 
