@@ -127,3 +127,30 @@ def test_renewal_keeps_the_lease(where: Location, tmp_path: Path) -> None:
             writer(where, tmp_path / "b", clock)
     finally:
         first.close()
+
+
+def test_a_holder_killed_inside_a_renewal_does_not_block_the_next_taker(
+        where: Location, tmp_path: Path) -> None:
+    """A holder killed between its renewal's audit copy and its PUT of current.json
+    (object_commit.py steps 3 and 4) leaves an audit copy of a version never committed,
+    on which every commit of that version conflicts. Once the lease has expired, the
+    taker removes it (the document has no owner then) and takes the lease."""
+    clock = FakeClock()
+    first = writer(where, tmp_path / "a", clock)
+    assert first.lease is not None
+    document = first.lease.document
+    snapshot = document.load()
+    assert snapshot is not None
+    # What the killed renewal left: the audit copy of the next version, nothing more.
+    claimed = snapshot.version + 1
+    key = document.audit_key(claimed)  # type: ignore[attr-defined]
+    document.client.put_object(Bucket=where.bucket, Key=key,  # type: ignore[attr-defined]
+                               Body=b"{}")
+    first.lease = None  # killed: it neither renews nor releases
+    first.close()
+    clock.advance(TTL_S + 1)
+    second = writer(where, tmp_path / "b", clock)
+    try:
+        assert second.lease is not None and second.lease.epoch == 2
+    finally:
+        second.close()

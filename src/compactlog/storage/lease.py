@@ -18,6 +18,10 @@ Lease protocol (WriterLease; tests in tests/test_lease.py):
      means another process took it meanwhile: refuse the same way.
      test_a_second_writer_is_refused_while_the_lease_lives,
      test_an_expired_lease_is_taken_over_with_a_higher_epoch
+  1a. a conflict on a free lease may be the audit copy a holder killed inside a commit
+     left (object_commit.py steps 3-4), which would block every taker for good: remove
+     audit copies of versions never committed and try once more;
+     test_a_holder_killed_inside_a_renewal_does_not_block_the_next_taker
   2. renew (the store's tick, every ttl/3): commit {owner, epoch, new expiry} on the
      version this process last committed; a conflict means the lease was taken: raise
      LeaseLostError, and the store stops writing. test_a_taken_lease_is_lost_at_renewal
@@ -44,6 +48,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TTL_S = 30.0
 EPOCH_KEY = "writer_epoch"
+
+
+class _Blocked(Exception):
+    """acquire's commit conflicted: another taker, or a claim a killed holder left."""
 
 
 class LeaseLostError(CompactlogError):
@@ -86,6 +94,22 @@ class WriterLease:
 
     def acquire(self) -> int:
         """Step 1; the new epoch."""
+        try:
+            return self._acquire()
+        except _Blocked:
+            # 1a. The version after the current one is claimed by an audit copy and
+            # never committed: a holder was killed inside a commit. The lease is free
+            # (released or expired), so the document has no owner to wait for: remove
+            # the claim and try once more. A taker racing this one still loses at the
+            # compare-and-swap of current.json.
+            self.document.purge_uncommitted()
+            try:
+                return self._acquire()
+            except _Blocked:
+                raise DataDirLockedError(self.where, "another process that took the "
+                                                     "writer lease just now") from None
+
+    def _acquire(self) -> int:
         current = self.document.load()
         previous = LeaseState.from_body(current.body) if current is not None else None
         if (previous is not None and not previous.released
@@ -98,8 +122,7 @@ class WriterLease:
             self._snapshot = self.document.commit(
                 current.version if current is not None else 0, state.to_body())
         except ConflictError:
-            raise DataDirLockedError(self.where, "another process that took the writer "
-                                                 "lease just now") from None
+            raise _Blocked from None
         self.epoch = epoch
         self._renewed_at = time.monotonic()
         if previous is not None and not previous.released:
