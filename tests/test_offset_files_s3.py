@@ -19,15 +19,17 @@ from kio.schema.errors import ErrorCode
 
 from compactlog import LogStore
 from compactlog.cli import cli
-from compactlog.errors import FencedError
+from compactlog.errors import ConflictError, FencedError
+from compactlog.server.acl import Operation, Permission, new_binding
 from compactlog.server.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 from compactlog.server.groups import GroupCoordinator, GroupError
 from compactlog.server.offset_files import ObjectOffsetFiles, offset_files_of
 from compactlog.server.producers import ID_DOCUMENT, DocumentIdAllocator
-from compactlog.storage.credentials import DIRECTORY, CredentialStore
+from compactlog.storage.credentials import DIRECTORY, CredentialStore, make_credential
 from compactlog.storage.layout import state_document
 from compactlog.storage.lease import EPOCH_KEY
 from compactlog.storage.location import Location
+from compactlog.storage.object_commit import ObjectDocument
 from fakes import FakeClock
 from s3_support import (
     FaultyClient,
@@ -187,3 +189,46 @@ def test_users_and_acls_made_by_the_cli_are_found_from_another_machine(
     acls = Authorizer(state_document(where, elsewhere, ACL_DIR), AuthorizationConfig())
     assert [(a.principal, a.name) for a in acls.acls] == [("User:alice", "orders")]
     assert not (tmp_path / "cli" / "security").exists()  # nothing kept locally
+
+
+def test_a_dead_claim_does_not_block_the_server_state_documents(
+        s3_env: S3Server, where: Location, tmp_path: Path) -> None:
+    """A process killed between a commit's audit copy and its PUT of current.json
+    (object_commit.py steps 3-4) leaves a claim on the next version of the producer-id
+    counter, the credentials or the ACLs; the next change clears it and lands."""
+    class Killed(BaseException):
+        pass
+
+    def kill_at_the_commit_point(operation: str, kwargs: dict[str, Any]) -> None:
+        if operation == "put_object" and kwargs["Key"].endswith("/current.json"):
+            raise Killed
+
+    def claim_next(name: str) -> None:
+        """A commit of `name` killed after its audit copy, before current.json."""
+        document = ObjectDocument(FaultyClient(s3_env.client(), kill_at_the_commit_point),
+                                  str(where.bucket), where.key(name))
+        snapshot = document.load()
+        with pytest.raises(Killed):
+            document.commit(snapshot.version if snapshot is not None else 0, {})
+
+    ids = DocumentIdAllocator(state_document(where, tmp_path, ID_DOCUMENT), block_size=2)
+    assert [ids.allocate(), ids.allocate()] == [0, 1]
+    claim_next(ID_DOCUMENT)
+    assert ids.allocate() == 2  # a new block, reserved past the claim
+
+    credentials = CredentialStore(state_document(where, tmp_path, DIRECTORY))
+    credentials.upsert("alice", "SCRAM-SHA-256",
+                       make_credential("SCRAM-SHA-256", "pw", 4096))
+    claim_next(DIRECTORY)
+    credentials.upsert("bob", "SCRAM-SHA-256", make_credential("SCRAM-SHA-256", "pw", 4096))
+    assert set(credentials.users()) == {"alice", "bob"}
+
+    acls = Authorizer(state_document(where, tmp_path, ACL_DIR), AuthorizationConfig())
+    first = new_binding(2, "orders", 3, "User:alice", "*", Operation.READ, Permission.ALLOW)
+    acls.create([first])
+    claim_next(ACL_DIR)
+    second = new_binding(2, "prices", 3, "User:bob", "*", Operation.READ, Permission.ALLOW)
+    with pytest.raises(ConflictError):
+        acls.create([second])  # refused once; the claim is gone, and the retry lands
+    acls.create([second])
+    assert sorted(a.name for a in acls.acls) == ["orders", "prices"]

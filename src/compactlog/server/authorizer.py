@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compactlog.errors import CorruptionError
+from compactlog.errors import ConflictError, CorruptionError
 from compactlog.server.acl import (
     AclBinding,
     AclError,
@@ -36,7 +36,7 @@ from compactlog.server.acl import (
 )
 from compactlog.server.throttle import Throttle, held_back
 from compactlog.storage.commit import LocalDocument, Snapshot
-from compactlog.storage.document import Document
+from compactlog.storage.document import Document, clear_dead_claim
 
 log = logging.getLogger("compactlog.authorizer")
 ACL_DIR = "acls"
@@ -196,7 +196,13 @@ class Authorizer:
             if new.acls == current.acls:
                 return
             body: dict[str, Any] = {"acls": [acl.to_json() for acl in new.acls]}
-            snapshot = self._document.commit(current.version, body)
+            try:
+                snapshot = self._document.commit(current.version, body)
+            except ConflictError:
+                # A killed committer's claim would refuse every change: clear it, so
+                # that the caller's retry lands.
+                clear_dead_claim(self._document, current.version)
+                raise
             self._state = _State.of(snapshot, new.acls)
             log.info("ACLs changed: %d in force (version %d)", len(new.acls),
                      snapshot.version)

@@ -78,7 +78,7 @@ from compactlog.errors import (
 )
 from compactlog.storage import fsutil
 from compactlog.storage.commit import Snapshot
-from compactlog.storage.document import Document
+from compactlog.storage.document import Document, clear_dead_claim
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.records import (
     CONTROL_MASK,
@@ -333,7 +333,9 @@ class DocumentIdAllocator(ProducerIdAllocator):
                 return
             except ConflictError:
                 # Another allocator (a server that took over) reserved a block: go on
-                # above it.
+                # above it; or a killed one left a claim that would refuse every
+                # reservation: clear it.
+                clear_dead_claim(self.document, version)
                 self._next = max(self._next, self._load())
                 limit = self._next + self.block_size
         raise ConflictError(f"{self.document.where}: the producer id counter kept "

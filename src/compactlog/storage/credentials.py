@@ -33,7 +33,7 @@ from typing import Any
 
 from compactlog.errors import ConflictError, UserError
 from compactlog.storage.commit import LocalDocument, Snapshot
-from compactlog.storage.document import Document
+from compactlog.storage.document import Document, clear_dead_claim
 
 DIRECTORY = "security/scram"  # under the data location
 # Kafka's names and hash functions; Kafka's ScramMechanism numbers them 1 and 2 on the wire.
@@ -162,6 +162,9 @@ class CredentialStore:
                                      _unparse(users))
                 return
             except ConflictError:
+                # Another writer landed first (retry on its version), or a killed one
+                # left a claim that would refuse every change (cleared).
+                clear_dead_claim(self.document, snapshot.version if snapshot else 0)
                 continue
         raise ConflictError(f"{self.document.where}: the credentials kept changing "
                             f"under {_RETRIES} attempts to change them")

@@ -57,5 +57,25 @@ class Document(Protocol):
         ...
 
 
+def clear_dead_claim(document: Document, based_on: int) -> bool:
+    """After a commit based on version `based_on` failed with ConflictError: if the
+    document is still at that version, no commit landed and the conflict was an audit
+    copy of the next version that a committer killed inside a commit left (steps 3-4 of
+    object_commit.py), which would make every later commit of that version conflict.
+    Remove it (purge_uncommitted); True if so, and the caller may try again.
+
+    Safe while a committer is merely stalled between those steps: its commit point is
+    the compare-and-swap of current.json, which removing its audit copy does not touch,
+    so of it and the caller's retry at most one lands (the other conflicts); a version
+    that lands without its audit copy only loses the fallback past a damaged current.
+    Tests: tests/test_lease.py test_a_holder_killed_inside_a_renewal_does_not_block_
+    the_next_taker, tests/test_offset_files_s3.py test_a_dead_claim_does_not_block_
+    the_server_state_documents."""
+    current = document.load()
+    if (current.version if current is not None else 0) != based_on:
+        return False  # another commit landed: the caller retries on it
+    return document.purge_uncommitted()
+
+
 # LocalDocument satisfies the protocol (checked by mypy, no base class needed).
 _LOCAL: type[Document] = LocalDocument

@@ -42,7 +42,7 @@ from typing import Any
 
 from compactlog.errors import CompactlogError, ConflictError, DataDirLockedError
 from compactlog.storage.commit import Snapshot
-from compactlog.storage.document import Document
+from compactlog.storage.document import Document, clear_dead_claim
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,8 @@ class WriterLease:
             # (released or expired), so the document has no owner to wait for: remove
             # the claim and try once more. A taker racing this one still loses at the
             # compare-and-swap of current.json.
-            self.document.purge_uncommitted()
+            current = self.document.load()
+            clear_dead_claim(self.document, current.version if current is not None else 0)
             try:
                 return self._acquire()
             except _Blocked:
