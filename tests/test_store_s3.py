@@ -212,3 +212,44 @@ def test_a_failed_delete_of_a_retired_object_never_fails_the_commit(
         store.append("t", records(5, "last"))
         assert partition.roll()  # seals on: no seal was ever refused or fenced
         assert partition.log_end_offset == 85 and partition.failed is None
+
+
+def test_a_topic_change_killed_at_its_commit_point_does_not_block_the_next(
+        where: Location, s3: S3Server, tmp_path: Path) -> None:
+    """A writer killed between the audit copy and current.json of a topic's metadata
+    (object_commit.py steps 3-4) leaves a claim on the next version; the next alter,
+    delete or create of that topic clears it (clear_dead_claim) instead of failing
+    for good."""
+    from typing import Any
+
+    from compactlog.errors import ConflictError
+    from compactlog.storage.object_commit import ObjectDocument
+    from s3_support import FaultyClient
+
+    class Killed(BaseException):
+        pass
+
+    def kill_at_the_commit_point(operation: str, kwargs: dict[str, Any]) -> None:
+        if operation == "put_object" and kwargs["Key"].endswith("/current.json"):
+            raise Killed
+
+    def claim_next() -> None:
+        document = ObjectDocument(FaultyClient(s3.client(), kill_at_the_commit_point),
+                                  str(where.bucket), where.key("topics/t/meta"))
+        snapshot = document.load()
+        with pytest.raises(Killed):
+            document.commit(snapshot.version if snapshot is not None else 0, {})
+
+    with LogStore.open(where, local_dir=tmp_path / "local") as store:
+        store.create_topic("t", 1)
+        claim_next()
+        with pytest.raises(ConflictError):
+            store.alter_topic("t", {"retention.ms": "1000"})  # refused once
+        store.alter_topic("t", {"retention.ms": "1000"})
+        claim_next()
+        with pytest.raises(ConflictError):
+            store.delete_topic("t")
+        store.delete_topic("t")
+        claim_next()
+        store.create_topic("t", 2)  # cleared and created at once
+        assert len(store.topic("t").partitions) == 2

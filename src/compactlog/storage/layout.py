@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from compactlog.errors import ConflictError, TopicExistsError, UnknownTopicError
 from compactlog.storage import faults, fsutil
 from compactlog.storage.commit import LocalDocument, Snapshot
-from compactlog.storage.document import Document
+from compactlog.storage.document import Document, clear_dead_claim
 from compactlog.storage.location import Location
 from compactlog.storage.volume import LocalVolume, ObjectVolume, Volume, remove_prefix, s3_client
 
@@ -228,12 +228,18 @@ class ObjectLayout:
         for index in range(partitions):
             make_partition(self.partition_dir(name, topic_id, index),
                            self.partition_volume(name, topic_id, index))
-        try:
-            document.commit(0 if current is None else current.version, meta)
-        except ConflictError:
-            # Another writer created (or re-created) it first; our partitions are
-            # unreferenced objects under an id no topic has.
-            raise TopicExistsError(name) from None
+        based_on = 0 if current is None else current.version
+        for attempt in range(2):
+            try:
+                document.commit(based_on, meta)
+                return
+            except ConflictError:
+                # A killed committer's claim on the next version is cleared and the
+                # commit tried again; otherwise another writer created (or re-created)
+                # it first, and our partitions are unreferenced objects under an id no
+                # topic has.
+                if attempt or not clear_dead_claim(document, based_on):
+                    raise TopicExistsError(name) from None
 
     def delete(self, name: str, snapshot: Snapshot | None) -> None:
         document = self.meta_document(name)
@@ -242,8 +248,12 @@ class ObjectLayout:
         if snapshot is None or is_deleted(snapshot.body):
             raise UnknownTopicError(name)
         topic_id = str(snapshot.body["topic_id"])
-        document.commit(snapshot.version, {DELETED: True, "name": name,
-                                           "topic_id": topic_id})
+        try:
+            document.commit(snapshot.version, {DELETED: True, "name": name,
+                                               "topic_id": topic_id})
+        except ConflictError:
+            clear_dead_claim(document, snapshot.version)  # the caller's retry lands
+            raise
         shutil.rmtree(self.local_dir / "topics" / name / topic_id, ignore_errors=True)
         removed = remove_prefix(self.location.join("topics", name, topic_id), self.client)
         log.info("deleted topic %s: %d objects removed", name, removed)

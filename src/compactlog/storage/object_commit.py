@@ -68,10 +68,13 @@ checked once by object_probe.py in `at`) is an ObjectStoreSetupError: tests/test
 
 A commit that dies after 3 leaves an audit copy of a version maybe never committed: it
 blocks commits of that version (they conflict at 3) until `purge_uncommitted` removes it.
-On S3 nothing tells a dead committer from a stalled one, so purge_uncommitted may only be
-called by the document's single owner (the ownership lease of a later slice); a stalled
-committer whose audit copy was purged can still land step 4, leaving its version without
-an audit copy (harmless unless current.json is then damaged as well).
+On S3 nothing tells a dead committer from a stalled one; a stalled committer whose audit
+copy was purged can still land step 4, leaving its version without an audit copy
+(harmless unless current.json is then damaged as well), and of it and the purger's own
+commit at most one lands, since step 4 is the commit point. So a committer whose commit
+conflicts on a document still at the version it read may purge and try again
+(document.py `clear_dead_claim`: the writer lease, topic metadata, the server's state
+documents); a partition's manifest is purged by its writer at open (recovery.py).
 """
 
 from __future__ import annotations

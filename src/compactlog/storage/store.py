@@ -34,6 +34,7 @@ from typing import Any
 
 from compactlog.config import TopicConfig
 from compactlog.errors import (
+    ConflictError,
     CorruptionError,
     DataDirLockedError,
     InvalidTopicNameError,
@@ -43,6 +44,7 @@ from compactlog.errors import (
     UserError,
 )
 from compactlog.storage.commit import Snapshot
+from compactlog.storage.document import clear_dead_claim
 from compactlog.storage.filecache import OpenFiles
 from compactlog.storage.layout import Layout, LocalLayout, ObjectLayout, is_deleted
 from compactlog.storage.lease import DEFAULT_TTL_S, LeaseLostError, WriterLease
@@ -384,7 +386,12 @@ class LogStore:
                 topic.meta.name, topic.meta.topic_id, topic.meta.partitions, new_config,
                 topic.meta.created_ms,
             )
-            topic.meta_snapshot = topic.document.commit(topic.meta_version, meta.to_json())
+            try:
+                topic.meta_snapshot = topic.document.commit(topic.meta_version,
+                                                            meta.to_json())
+            except ConflictError:
+                clear_dead_claim(topic.document, topic.meta_version)  # a retry lands
+                raise
             topic.meta = meta
             log.info("altered topic %s: set %s, deleted %s", name, dict(set_values), list(delete))
             return new_config
