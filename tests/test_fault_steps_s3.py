@@ -51,10 +51,12 @@ changes no outcome), bodies cut short (test_s3_faults.py), requests of the store
 and close themselves as steps (close runs under the persistent fault only), a second
 writer racing the operation (test_compaction_s3.py, test_lease.py), the Spark job's
 requests (its executors' fetch and publish are the Arrow tasks' code, run here in
-process), and compaction by an engine that reads its inputs where the driver runs
-(tests/local_engine.py's LocalEngine): on S3 the runner does not fetch its inputs when
-the plan's strategy is one the Arrow tasks run, whatever the engine
-(runner._fetch_for_the_driver), so that engine finds no files in a fresh read cache.
+process), and compaction by tests/local_engine.py's LocalEngine (tests/fault_scenarios'
+default): it reads every plan's inputs where the driver runs, but the runner fetches
+them there only for plans the Arrow tasks do not run (runner step 2), so on S3 with a
+cold read cache (a copied store) it finds no files. A limit of that test engine (the
+product's Spark engine runs such plans in Arrow tasks, which fetch their own), not
+covered here; test_compaction_s3.py's driver_service passes on a warm cache.
 """
 
 from __future__ import annotations
