@@ -29,7 +29,8 @@ Report = Callable[[int, Record], None]  # an acknowledged record: (partition, re
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    prepare: Callable[[Path, FakeClock], None]
+    # Fills a freshly opened store (local or on S3: the caller opens it).
+    prepare: Callable[[LogStore, FakeClock], None]
     operation: Callable[[LogStore, Oracle, FakeClock, Report], None]
     # Extends the oracle with what the operation may legitimately have changed.
     expect: Callable[[LogStore, Oracle], None] = lambda store, oracle: None
@@ -57,10 +58,9 @@ def fill(store: LogStore, rounds: int, keys: int, tag: str) -> None:
 
 # -- appends: a batch written, fsynced, indexed; rolls and seals inside the append ------
 
-def prepare_append(data: Path, clock: FakeClock) -> None:
-    with LogStore.open(data, clock=clock) as store:
-        store.create_topic(TOPIC, 1, {"segment.bytes": "1024"})
-        store.append(TOPIC, [ProducerRecord(b"a", b"first".ljust(300, b"."))])
+def prepare_append(store: LogStore, clock: FakeClock) -> None:
+    store.create_topic(TOPIC, 1, {"segment.bytes": "1024"})
+    store.append(TOPIC, [ProducerRecord(b"a", b"first".ljust(300, b"."))])
 
 
 def append_three(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> None:
@@ -78,12 +78,11 @@ def append_three(store: LogStore, oracle: Oracle, clock: FakeClock, report: Repo
 
 # -- sealing in the server's way: upkeep seals rolled segments ----------------------------
 
-def prepare_seal(data: Path, clock: FakeClock) -> None:
-    with LogStore.open(data, clock=clock) as store:
-        store.auto_seal = False
-        store.create_topic(TOPIC, 1, {"segment.bytes": "1024"})
-        for i in range(6):
-            store.append(TOPIC, [ProducerRecord(b"k%d" % i, b"v%d" % i + b"." * 300)])
+def prepare_seal(store: LogStore, clock: FakeClock) -> None:
+    store.auto_seal = False
+    store.create_topic(TOPIC, 1, {"segment.bytes": "1024"})
+    for i in range(6):
+        store.append(TOPIC, [ProducerRecord(b"k%d" % i, b"v%d" % i + b"." * 300)])
 
 
 def seal(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> None:
@@ -94,14 +93,13 @@ def seal(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> N
 
 # -- merging small sealed segments (storage/merging.py), across a compaction horizon ----
 
-def prepare_merge(data: Path, clock: FakeClock) -> None:
-    with LogStore.open(data, clock=clock) as store:
-        store.create_topic(TOPIC, 1, COMPACTED)
-        for round_ in range(3):
-            fill(store, 1, 3, f"a{round_}")  # one small sealed segment each
-        compact(store, clock)
-        for round_ in range(3):
-            fill(store, 1, 3, f"b{round_}")
+def prepare_merge(store: LogStore, clock: FakeClock) -> None:
+    store.create_topic(TOPIC, 1, COMPACTED)
+    for round_ in range(3):
+        fill(store, 1, 3, f"a{round_}")  # one small sealed segment each
+    compact(store, clock)
+    for round_ in range(3):
+        fill(store, 1, 3, f"b{round_}")
 
 
 def merge(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> None:
@@ -114,15 +112,14 @@ def merge(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> 
 # -- compaction of one and of two partitions (a second run: a previous ledger exists) ----
 
 def prepare_compaction(partitions: int) -> Callable[[Path, FakeClock], None]:
-    def prepare(data: Path, clock: FakeClock) -> None:
-        with LogStore.open(data, clock=clock) as store:
-            store.create_topic(TOPIC, partitions, COMPACTED)
-            fill(store, 3, 12, "a")
-            compact(store, clock)
-            fill(store, 2, 12, "b")
-            store.append(TOPIC, [ProducerRecord(b"k%02d" % k, None) for k in (3, 7)])
-            for partition in store.topic(TOPIC).partitions:
-                partition.roll()
+    def prepare(store: LogStore, clock: FakeClock) -> None:
+        store.create_topic(TOPIC, partitions, COMPACTED)
+        fill(store, 3, 12, "a")
+        compact(store, clock)
+        fill(store, 2, 12, "b")
+        store.append(TOPIC, [ProducerRecord(b"k%02d" % k, None) for k in (3, 7)])
+        for partition in store.topic(TOPIC).partitions:
+            partition.roll()
     return prepare
 
 
@@ -139,15 +136,14 @@ WITH_DVS = {**COMPACTED, "compaction.deletion.vectors": "true",
 
 
 def prepare_dv_compaction(partitions: int) -> Callable[[Path, FakeClock], None]:
-    def prepare(data: Path, clock: FakeClock) -> None:
-        with LogStore.open(data, clock=clock) as store:
-            store.create_topic(TOPIC, partitions, WITH_DVS)
-            fill(store, 3, 12, "a")
-            compact(store, clock, engine="arrow")
-            fill(store, 2, 5, "b")  # keys k00..k04 again: their old records leave by DV
-            store.append(TOPIC, [ProducerRecord(b"k%02d" % k, None) for k in (3, 7)])
-            for partition in store.topic(TOPIC).partitions:
-                partition.roll()
+    def prepare(store: LogStore, clock: FakeClock) -> None:
+        store.create_topic(TOPIC, partitions, WITH_DVS)
+        fill(store, 3, 12, "a")
+        compact(store, clock, engine="arrow")
+        fill(store, 2, 5, "b")  # keys k00..k04 again: their old records leave by DV
+        store.append(TOPIC, [ProducerRecord(b"k%02d" % k, None) for k in (3, 7)])
+        for partition in store.topic(TOPIC).partitions:
+            partition.roll()
     return prepare
 
 
@@ -172,12 +168,11 @@ def expect_compaction(store: LogStore, oracle: Oracle) -> None:
 
 # -- retention: segments leave the log, their files are retired, then swept --------------
 
-def prepare_retention(data: Path, clock: FakeClock) -> None:
-    with LogStore.open(data, clock=clock) as store:
-        store.create_topic(TOPIC, 1, {"segment.bytes": "1024", "retention.ms": "-1"})
-        for i in range(12):
-            store.append(TOPIC, [ProducerRecord(b"k%d" % i, b"v%d" % i + b"." * 300)])
-        store.alter_topic(TOPIC, {"retention.bytes": "3000"})
+def prepare_retention(store: LogStore, clock: FakeClock) -> None:
+    store.create_topic(TOPIC, 1, {"segment.bytes": "1024", "retention.ms": "-1"})
+    for i in range(12):
+        store.append(TOPIC, [ProducerRecord(b"k%d" % i, b"v%d" % i + b"." * 300)])
+    store.alter_topic(TOPIC, {"retention.bytes": "3000"})
 
 
 def retention(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> None:
@@ -199,10 +194,9 @@ def expect_retention(store: LogStore, oracle: Oracle) -> None:
 
 # -- a topic config change ------------------------------------------------------------
 
-def prepare_alter(data: Path, clock: FakeClock) -> None:
-    with LogStore.open(data, clock=clock) as store:
-        store.create_topic(TOPIC, 2, {"segment.bytes": "4096"})
-        store.append(TOPIC, records(6, "a"))
+def prepare_alter(store: LogStore, clock: FakeClock) -> None:
+    store.create_topic(TOPIC, 2, {"segment.bytes": "4096"})
+    store.append(TOPIC, records(6, "a"))
 
 
 def alter(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> None:

@@ -110,33 +110,44 @@ def expected_view(records: dict[int, Record], horizon: int | None) -> list[Recor
 
 def check_contract(data: Path, oracle: Oracle, clock: FakeClock, where: str) -> None:
     with LogStore.open(data, clock=clock) as store:
-        for index, partition in enumerate(store.topic(TOPIC).partitions):
-            what = f"{where}, partition {index}"
-            start = partition.log_start_offset
-            assert start in oracle.log_starts[index], f"{what}: log start {start}"
-            raw = {r.offset: r for r in read_all(partition)}
-            wanted = {o: r for o, r in oracle.records[index].items() if o >= start}
-            for offset, record in wanted.items():
-                assert raw.get(offset) == record, f"{what}: acknowledged offset {offset} " \
-                                                  f"reads {raw.get(offset)}"
-            assert not {r.value for r in raw.values()} & oracle.refused_values, \
-                f"{what}: an append that reported failure is visible"
-            extra = set(raw) - set(wanted)
-            # Records that an operation wrote but did not acknowledge (a kill after the
-            # write) may be there; they must then be whole and in offset order.
-            assert all(o > max(wanted, default=-1) for o in extra), f"{what}: {extra}"
-            horizon = partition.manifest.horizon
-            assert horizon in oracle.horizons[index], \
-                f"{what}: horizon {horizon}, expected one of {oracle.horizons[index]}"
-            view = read_all(partition, compacted=True)
-            # Below the log start the ledger still holds what retention removed from
-            # the raw log; without a ledger the view is the raw log from its start.
-            everything = raw if horizon is None else {
-                **raw, **{o: r for o, r in oracle.records[index].items() if o < start}}
-            assert view == expected_view(everything, horizon), f"{what}: compacted view"
-            check_files(partition, what)
-            for marker in oracle.markers:
-                assert partition.manifest.extra.get(marker), f"{what}: lost commit {marker}"
+        check_store(store, oracle, where)
+
+
+FileCheck = Callable[[Partition, str], None]
+
+
+def check_store(store: LogStore, oracle: Oracle, where: str,
+                files: FileCheck | None = None) -> None:
+    """The contract on a reopened store (local or on S3: `files` checks what the
+    manifests list is there, check_files by default)."""
+    files = files if files is not None else check_files
+    for index, partition in enumerate(store.topic(TOPIC).partitions):
+        what = f"{where}, partition {index}"
+        start = partition.log_start_offset
+        assert start in oracle.log_starts[index], f"{what}: log start {start}"
+        raw = {r.offset: r for r in read_all(partition)}
+        wanted = {o: r for o, r in oracle.records[index].items() if o >= start}
+        for offset, record in wanted.items():
+            assert raw.get(offset) == record, f"{what}: acknowledged offset {offset} " \
+                                              f"reads {raw.get(offset)}"
+        assert not {r.value for r in raw.values()} & oracle.refused_values, \
+            f"{what}: an append that reported failure is visible"
+        extra = set(raw) - set(wanted)
+        # Records that an operation wrote but did not acknowledge (a kill after the
+        # write) may be there; they must then be whole and in offset order.
+        assert all(o > max(wanted, default=-1) for o in extra), f"{what}: {extra}"
+        horizon = partition.manifest.horizon
+        assert horizon in oracle.horizons[index], \
+            f"{what}: horizon {horizon}, expected one of {oracle.horizons[index]}"
+        view = read_all(partition, compacted=True)
+        # Below the log start the ledger still holds what retention removed from
+        # the raw log; without a ledger the view is the raw log from its start.
+        everything = raw if horizon is None else {
+            **raw, **{o: r for o, r in oracle.records[index].items() if o < start}}
+        assert view == expected_view(everything, horizon), f"{what}: compacted view"
+        files(partition, what)
+        for marker in oracle.markers:
+            assert partition.manifest.extra.get(marker), f"{what}: lost commit {marker}"
 
 
 def check_files(partition: Partition, what: str) -> None:
@@ -155,34 +166,44 @@ def check_files(partition: Partition, what: str) -> None:
 
 
 def check_goes_on(data: Path, clock: FakeClock, where: str) -> None:
-    """The store keeps working: append, seal, compact, and every view stays whole."""
     with LogStore.open(data, clock=clock) as store:
-        before = [read_all(p) for p in store.topic(TOPIC).partitions]
-        store.append(TOPIC, [ProducerRecord(b"after-%d" % i, b"v") for i in range(8)])
-        for partition in store.topic(TOPIC).partitions:
-            partition.roll()
-        config = store.topic(TOPIC).config
-        if config.compacted:
-            compact(store, clock,
-                    engine="arrow" if config["compaction.deletion.vectors"] else "local")
-        for index, partition in enumerate(store.topic(TOPIC).partitions):
-            raw = read_all(partition)
-            assert raw[: len(before[index])] == before[index], f"{where}: after going on"
-            horizon = partition.manifest.horizon
-            start = partition.log_start_offset
-            view = read_all(partition, compacted=True)
-            assert [r for r in view if r.offset >= start] == [
-                r for r in expected_view({r.offset: r for r in raw}, horizon)
-                if r.offset >= start], f"{where}: compacted view after going on"
-        clock.advance_ms(DELAY_MS)
-        for partition in store.topic(TOPIC).partitions:
-            partition.sweep()
-            check_files(partition, f"{where}, after going on")
-            on_disk = {p.name for p in partition.ledger_dir.glob("*.parquet")} \
-                if partition.ledger_dir.is_dir() else set()
-            listed = {Path(path).name for path in partition.manifest.live_files()}
-            assert on_disk <= listed | {
-                Path(item.path).name for item in partition.manifest.retired}
+        check_store_goes_on(store, clock, where)
+
+
+def check_store_goes_on(store: LogStore, clock: FakeClock, where: str,
+                        files: FileCheck | None = None, engine: str | None = None) -> None:
+    """The store keeps working: append, seal, compact, and every view stays whole
+    (`files` and `engine` as for check_store; the engine by default "arrow" with
+    deletion vectors, else "local")."""
+    before = [read_all(p) for p in store.topic(TOPIC).partitions]
+    store.append(TOPIC, [ProducerRecord(b"after-%d" % i, b"v") for i in range(8)])
+    for partition in store.topic(TOPIC).partitions:
+        partition.roll()
+    config = store.topic(TOPIC).config
+    if config.compacted:
+        compact(store, clock, engine=engine or (
+            "arrow" if config["compaction.deletion.vectors"] else "local"))
+    for index, partition in enumerate(store.topic(TOPIC).partitions):
+        raw = read_all(partition)
+        assert raw[: len(before[index])] == before[index], f"{where}: after going on"
+        horizon = partition.manifest.horizon
+        start = partition.log_start_offset
+        view = read_all(partition, compacted=True)
+        assert [r for r in view if r.offset >= start] == [
+            r for r in expected_view({r.offset: r for r in raw}, horizon)
+            if r.offset >= start], f"{where}: compacted view after going on"
+    clock.advance_ms(DELAY_MS)
+    for partition in store.topic(TOPIC).partitions:
+        partition.sweep()
+        if files is not None:
+            files(partition, f"{where}, after going on")
+            continue
+        check_files(partition, f"{where}, after going on")
+        on_disk = {p.name for p in partition.ledger_dir.glob("*.parquet")} \
+            if partition.ledger_dir.is_dir() else set()
+        listed = {Path(path).name for path in partition.manifest.live_files()}
+        assert on_disk <= listed | {
+            Path(item.path).name for item in partition.manifest.retired}
 
 
 def compact(store: LogStore, clock: FakeClock, partitions: list[int] | None = None,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from compactlog.storage import faults
+from compactlog.storage.store import LogStore
 from fakes import T0, FakeClock
 from fault_scenarios import SCENARIOS, Scenario, parse_ack
 from faultkit import (
@@ -43,7 +44,9 @@ def template(name: str, root: Path) -> tuple[Path, list[Step]]:
     if name not in _TEMPLATES:
         scenario = SCENARIOS[name]
         data = root / f"template-{name}"
-        scenario.prepare(data, FakeClock())
+        clock = FakeClock()
+        with LogStore.open(data, clock=clock) as store:
+            scenario.prepare(store, clock)
         probe = fresh_copy(data, root / f"probe-{name}")
         steps = _steps_with(scenario, probe, FakeClock())
         _TEMPLATES[name] = (data, steps)
