@@ -169,4 +169,6 @@ S3_SCENARIOS: dict[str, tuple[Scenario, str]] = {
                               expect_compaction), "arrow"),
     "retention": (SCENARIOS["retention"], "arrow"),
     "alter": (SCENARIOS["alter"], "arrow"),
+    # Two merges of small sealed segments, one on each side of a compaction horizon.
+    "merge": (SCENARIOS["merge"], "arrow"),
 }

@@ -8,7 +8,7 @@ acknowledged from the local log, then sealed in the server's way; compactions of
 and of two partitions with the Arrow tasks run in process (tests/local_engine.py's
 InlineArrowEngine: they fetch their inputs and publish their files themselves, as the
 Spark service's executors do); an incremental one with deletion vectors; retention with
-its sweep; a topic config change), the store is
+its sweep; a topic config change; two merges of small sealed segments), the store is
 prepared once under a template prefix, and the requests (method and key) that the
 operation sends are recorded once. Then for each request n, on a fresh copy of the
 template (its objects copied server side under a new prefix, its local directory
@@ -275,10 +275,10 @@ def run_with_kill(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) -
 
 # Requests each operation sends; test_request_counts_are_current keeps these in line.
 STEPS = {"append": 4, "append-seal": 8, "compact-1": 20, "compact-2": 36,
-         "compact-dv-1": 19, "retention": 14, "alter": 3}
+         "compact-dv-1": 19, "retention": 14, "alter": 3, "merge": 10}
 # Scenarios whose acknowledged records were all in the bucket before the operation: a
 # crash of theirs may be taken over from an empty local directory.
-IN_BUCKET = ("compact-1", "compact-2", "compact-dv-1", "retention", "alter")
+IN_BUCKET = ("compact-1", "compact-2", "compact-dv-1", "retention", "alter", "merge")
 STRIDE = 3
 
 
