@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -170,17 +171,28 @@ def test_two_servers_in_turn_never_hand_out_one_producer_id(where: Location,
     assert owner.was_issued(12) and not owner.was_issued(10_000)
 
 
+def run_the_cli(where: Location) -> None:
+    runner = CliRunner()
+    added = runner.invoke(cli, ["--data-dir", str(where), "users", "add", "alice",
+                                "--password-stdin"], input="s3cret\n")
+    assert added.exit_code == 0, added.output
+    granted = runner.invoke(cli, ["--data-dir", str(where), "acls", "add",
+                                  "--principal", "User:alice", "--operation", "read",
+                                  "--topic", "orders"])
+    assert granted.exit_code == 0, granted.output
+
+
 def test_users_and_acls_made_by_the_cli_are_found_from_another_machine(
         where: Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COMPACTLOG_LOCAL_DIR", str(tmp_path / "cli"))
-    runner = CliRunner()
-    added = runner.invoke(cli, ["--data-dir", str(where), "users", "add", "alice",
-                                 "--password-stdin"], input="s3cret\n")
-    assert added.exit_code == 0, added.output
-    granted = runner.invoke(cli, ["--data-dir", str(where), "acls", "add",
-                                   "--principal", "User:alice", "--operation", "read",
-                                   "--topic", "orders"])
-    assert granted.exit_code == 0, granted.output
+    # The CLI sets logging up for its process; put back what it changes in this one.
+    levels = {name: logging.getLogger(name).level
+              for name in ("", "botocore", "boto3", "s3transfer", "urllib3")}
+    try:
+        run_the_cli(where)
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
     # The server, on another machine: its own local directory, the same bucket.
     elsewhere = tmp_path / "server"
     credentials = CredentialStore(state_document(where, elsewhere, DIRECTORY))

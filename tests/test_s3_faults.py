@@ -378,6 +378,10 @@ def test_retry_logs_hold_no_secret(s3_proxy: S3Proxy, caplog: pytest.LogCaptureF
     DEBUG, which log request headers and the strings they sign) show no credential:
     location.py's filter masks the token and the access key id there."""
     caplog.set_level(logging.DEBUG)
+    # The CLI, run in this process by other tests, raises these loggers to INFO for good
+    # (quiet_secret_loggers); this test needs their DEBUG records.
+    for name in ("botocore", "urllib3"):
+        caplog.set_level(logging.DEBUG, logger=name)
     doc = open_doc(s3_proxy, fast(s3_proxy.env))
     s3_proxy.add(slow_down(method="PUT", count=None))
     with pytest.raises(StorageError) as error:
@@ -418,6 +422,11 @@ def test_the_proxy_stops_every_thread_it_started(s3: S3Server) -> None:
     with pytest.raises(StorageError):
         ObjectDocument(client, s3.bucket, "stalled").load()
     proxy.stop()
+    # moto's own handler threads of the proxy's upstream connections end once those
+    # connections close, a moment after stop(): wait for them, not for the proxy's.
+    deadline = time.monotonic() + 10
+    while not set(threading.enumerate()) <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert set(threading.enumerate()) <= before
 
 
