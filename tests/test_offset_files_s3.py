@@ -244,3 +244,14 @@ def test_a_dead_claim_does_not_block_the_server_state_documents(
         acls.create([second])  # refused once; the claim is gone, and the retry lands
     acls.create([second])
     assert sorted(a.name for a in acls.acls) == ["orders", "prices"]
+
+
+def test_a_damaged_offsets_document_loses_that_group_only(s3_env: S3Server,
+                                                          where: Location) -> None:
+    ObjectOffsetFiles(where, epoch=1).write("g", offsets(5))
+    for name, raw in (("list", b"[]"), ("torn", b'{"group_id": "h", "off')):
+        s3_env.client().put_object(Bucket=where.bucket, Key=where.key(f"groups/{name}.json"),
+                                   Body=raw)
+    owner = ObjectOffsetFiles(where, epoch=2)
+    assert owner.load() == [{**offsets(5), EPOCH_KEY: 1}]
+    owner.write("list", {"group_id": "list", "offsets": []})  # replaced, not refused

@@ -196,7 +196,7 @@ class ObjectOffsetFiles:
             try:
                 body: dict[str, Any] = json.loads(raw)
                 epoch = int(body.get(EPOCH_KEY, 0))
-            except (ValueError, TypeError) as error:
+            except (ValueError, TypeError, AttributeError) as error:  # not a JSON object
                 log.error("ignoring damaged committed offsets in s3://%s/%s: %s",
                           self.bucket, key, error)
                 return None
