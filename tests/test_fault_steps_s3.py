@@ -176,11 +176,17 @@ def same_step(recorded: Request, seen: Seen, prefix: str) -> bool:
 
 # -- the runs -------------------------------------------------------------------------------
 
+def fresh_copy(name: str, step: int, kind: str, proxy: S3Proxy,
+               root: Path) -> tuple[Place, list[Request]]:
+    """A copy of `name`'s prepared store for one run, and the requests it records."""
+    template_place, requests = template(name, proxy, root)
+    return copy_place(proxy.server.client(), template_place,
+                      new_place(proxy.server.bucket, root, f"{kind}-{name}-{step}")), requests
+
+
 def run_in_process(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) -> None:
     scenario, engine = S3_SCENARIOS[name]
-    template_place, requests = template(name, proxy, root)
-    place = copy_place(proxy.server.client(), template_place,
-                       new_place(proxy.server.bucket, root, f"{kind}-{name}-{step}"))
+    place, requests = fresh_copy(name, step, kind, proxy, root)
     where = f"{name} on S3: {kind} at {requests[step].describe()}"
     clock = FakeClock()
     store = place.open(clock, scenario)
@@ -232,9 +238,7 @@ def child_log(place: Place) -> str:
 
 def run_with_kill(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) -> None:
     scenario, engine = S3_SCENARIOS[name]
-    template_place, requests = template(name, proxy, root)
-    place = copy_place(proxy.server.client(), template_place,
-                       new_place(proxy.server.bucket, root, f"{kind}-{name}-{step}"))
+    place, requests = fresh_copy(name, step, kind, proxy, root)
     where = f"{name} on S3: {kind} at {requests[step].describe()}"
     clock = FakeClock()
     with place.open(clock, scenario, read_only=True) as reader:

@@ -53,6 +53,7 @@ from compactlog.errors import FencedError, StorageError
 from compactlog.storage import fsutil
 from compactlog.storage.lease import EPOCH_KEY, LeaseLostError, WriterLease
 from compactlog.storage.location import Location
+from compactlog.storage.object_errors import http_status, no_such_key, request_error
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -146,8 +147,6 @@ class ObjectOffsetFiles:
         return f"s3://{self.bucket}/{self._key(group_id)}"
 
     def _failed(self, operation: str, key: str, error: Exception) -> Exception:
-        from compactlog.storage.object_errors import request_error
-
         return request_error(self.client, operation, f"s3://{self.bucket}/{key}", error)
 
     def _get(self, key: str) -> tuple[bytes, str] | None:
@@ -157,8 +156,7 @@ class ObjectOffsetFiles:
             response = self.client.get_object(Bucket=self.bucket, Key=key)
             return response["Body"].read(), response["ETag"]
         except ClientError as error:
-            if _status(error) == 404 and error.response.get("Error", {}).get(
-                    "Code") in ("NoSuchKey", "404"):
+            if no_such_key(error):
                 return None
             raise self._failed("GET", key, error) from error
         except BotoCoreError as error:
@@ -240,7 +238,7 @@ class ObjectOffsetFiles:
                 self._etags[key] = response["ETag"]
                 return
             except ClientError as error:
-                if _status(error) not in _CONFLICT_STATUS:
+                if http_status(error) not in _CONFLICT_STATUS:
                     raise self._failed("PUT", key, error) from error
             except BotoCoreError as error:
                 raise self._failed("PUT", key, error) from error
@@ -279,10 +277,6 @@ def _epoch_of(raw: bytes) -> int | None:
         return int(json.loads(raw).get(EPOCH_KEY, 0))
     except (ValueError, TypeError, AttributeError):
         return None
-
-
-def _status(error: Any) -> int:
-    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
 
 
 def offset_files_of(location: Location, data_dir: Path,

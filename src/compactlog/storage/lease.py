@@ -53,6 +53,10 @@ EPOCH_KEY = "writer_epoch"
 class _Blocked(Exception):
     """acquire's commit conflicted: another taker, or a claim a killed holder left."""
 
+    def __init__(self, based_on: int) -> None:
+        super().__init__(based_on)
+        self.based_on = based_on  # the version the conflicting commit was based on
+
 
 class LeaseLostError(CompactlogError):
     """Another process took this store's writer lease: this process writes no more."""
@@ -96,14 +100,13 @@ class WriterLease:
         """Step 1; the new epoch."""
         try:
             return self._acquire()
-        except _Blocked:
+        except _Blocked as blocked:
             # 1a. The version after the current one is claimed by an audit copy and
             # never committed: a holder was killed inside a commit. The lease is free
             # (released or expired), so the document has no owner to wait for: remove
             # the claim and try once more. A taker racing this one still loses at the
             # compare-and-swap of current.json.
-            current = self.document.load()
-            clear_dead_claim(self.document, current.version if current is not None else 0)
+            clear_dead_claim(self.document, blocked.based_on)
             try:
                 return self._acquire()
             except _Blocked:
@@ -123,7 +126,7 @@ class WriterLease:
             self._snapshot = self.document.commit(
                 current.version if current is not None else 0, state.to_body())
         except ConflictError:
-            raise _Blocked from None
+            raise _Blocked(current.version if current is not None else 0) from None
         self.epoch = epoch
         self._renewed_at = time.monotonic()
         if previous is not None and not previous.released:

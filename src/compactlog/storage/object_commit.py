@@ -107,7 +107,8 @@ from compactlog.storage.commit import (
     _version_of,
 )
 from compactlog.storage.location import Location, S3Settings
-from compactlog.storage.object_errors import ObjectStoreSetupError, request_error
+from compactlog.storage.object_errors import ObjectStoreSetupError, no_such_key, request_error
+from compactlog.storage.object_errors import http_status as _status
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -159,10 +160,6 @@ def _commit_id_of(raw: bytes) -> str | None:
     except (ValueError, AttributeError):
         return None
     return value if isinstance(value, str) else None
-
-
-def _status(error: ClientError) -> int:
-    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
 
 
 def _not_sent(error: Exception) -> bool:
@@ -235,8 +232,7 @@ class ObjectDocument:
             try:
                 response = self.client.get_object(Bucket=self.bucket, Key=key)
             except ClientError as error:
-                if _status(error) == 404 and error.response.get("Error", {}).get(
-                        "Code") in ("NoSuchKey", "404"):
+                if no_such_key(error):
                     return None
                 raise self._failed("GET", key, error) from error
             except BotoCoreError as error:

@@ -65,6 +65,17 @@ _THROTTLING = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExc
                "TooManyRequests", "RequestThrottled", "ServiceUnavailable"}
 
 
+def http_status(error: ClientError) -> int:
+    """The HTTP status of a store's error answer (0 if there was none)."""
+    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def no_such_key(error: ClientError) -> bool:
+    """Whether the answer says the object is not there (not a missing bucket, which is
+    a 404 as well, and a setup error)."""
+    return error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404")
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 

@@ -35,7 +35,7 @@ from compactlog.storage import faults, fsutil
 from compactlog.storage.commit import LocalDocument
 from compactlog.storage.document import Document
 from compactlog.storage.location import Location, S3Settings
-from compactlog.storage.object_errors import ObjectStoreSetupError, request_error
+from compactlog.storage.object_errors import ObjectStoreSetupError, no_such_key, request_error
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -288,7 +288,7 @@ class ObjectVolume:
             try:
                 response = self.client.get_object(Bucket=self.bucket, Key=self.key(relative))
             except ClientError as error:
-                if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                if no_such_key(error):
                     raise FileNotFoundError(self.describe(relative)) from None
                 raise self._failed("GET", relative, error) from error
             except BotoCoreError as error:
