@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run every check: ruff, mypy, and the whole pytest suite.
-# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` for the quick run.
+# Set up (if needed) and run every check: ruff, mypy, and the pytest suite (tests marked
+# slow only with --runslow or a -m that selects them).
+# Extra arguments go to pytest, e.g. `scripts/test.sh --runslow` for the slow tests too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

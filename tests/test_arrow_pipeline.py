@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
+from compactlog.compaction import arrow_pipeline
 from compactlog.compaction.arrow_pipeline import (
     _task,
     compact_one,
@@ -23,7 +26,7 @@ from compactlog.compaction.arrow_pipeline import (
     uses_arrow,
 )
 from compactlog.compaction.plan import plan_partition
-from compactlog.compaction.spark_service import SparkCompactionService
+from compactlog.compaction.spark_service import SparkCompactionService, local_master_cores
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
 from fakes import FakeClock
@@ -107,6 +110,50 @@ def test_a_small_run_on_a_local_master_starts_no_spark(tmp_path: Path) -> None:
         assert service.started_session is None
         assert report.total("keys") == 40 and "inline: write" in report.stages
         assert all(len({r.key for r in p}) == len(p) for p in view(store))
+
+
+def test_inline_tasks_run_on_as_many_threads_as_the_master_has_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: dict[int, str] = {}
+    body = arrow_pipeline.compact_one
+
+    def recorded(task: dict[str, Any]) -> dict[str, Any]:
+        threads[task["partition"]] = threading.current_thread().name
+        return body(task)
+
+    monkeypatch.setattr(arrow_pipeline, "compact_one", recorded)
+    views = []
+    for master in ("local[1]", "local[2]"):
+        clock = FakeClock()
+        with LogStore.open(tmp_path / master, clock=clock) as store:
+            store.create_topic(TOPIC, 4, BASE)
+            for i in range(800):
+                store.append(TOPIC, [ProducerRecord(b"k%d" % (i % 90), b"v%d" % i, (),
+                                                    clock.ms)], partition=i % 4)
+            for partition in store.topic(TOPIC).partitions:
+                partition.roll()
+            threads.clear()
+            report = SparkCompactionService(store, TOPIC, {"spark.master": master,
+                                                           "clock": clock}).compact()
+            # Key k lands in the 2 partitions of its parity (i % 90 and i % 4 share it).
+            assert report.total("keys") == 180 and "inline: write" in report.stages
+            views.append(view(store))
+            if master == "local[1]":
+                assert set(threads.values()) == {threading.current_thread().name}
+            else:
+                assert len(threads) == 4
+                assert all(name.startswith("compaction-task") for name in threads.values())
+    assert views[0] == views[1]
+
+
+def test_local_master_cores() -> None:
+    assert local_master_cores("local") == 1
+    assert local_master_cores("local[3]") == 3
+    assert local_master_cores("local[2,4]") == 2
+    assert local_master_cores("local[*]") >= 1
+    for remote in ("spark://host:7077", "yarn", "local-cluster[2,1,1024]", "k8s://x"):
+        assert local_master_cores(remote) == 0
 
 
 def test_inline_only_below_the_limit_and_on_a_local_master(tmp_path: Path) -> None:

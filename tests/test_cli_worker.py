@@ -106,6 +106,7 @@ def test_a_failed_run_is_reported_and_the_worker_goes_on(data: Path) -> None:
     ok(run(data, "worker", "stop"))
 
 
+@pytest.mark.slow  # waits out an idle timeout: ~10 s
 def test_an_idle_worker_stops_by_itself(data: Path) -> None:
     ok(run(data, "worker", "start", *LOCAL_ENGINE, "--idle-timeout", "1", env=ENV,
            timeout=120))
@@ -128,6 +129,7 @@ def test_sigterm_stops_the_worker_and_removes_its_file(data: Path) -> None:
     assert not (data / WORKER_FILE).exists() and not Path(info.socket).exists()
 
 
+@pytest.mark.slow  # starts a worker, kills it, starts another: ~14 s
 def test_a_worker_that_died_is_ignored(data: Path) -> None:
     ok(run(data, "worker", "start", *LOCAL_ENGINE, env=ENV, timeout=120))
     info = running_worker(data)

@@ -89,7 +89,9 @@ class CliReport:
         return sum(int(part[name]) for part in self.body["partitions"])
 
 
-@pytest.fixture(params=["spark", "inline-arrow", "driver"])
+# The Spark job (a process of its own, ~25 s each) only in the slow run; the same task
+# function runs in process in "inline-arrow".
+@pytest.fixture(params=[pytest.param("spark", marks=pytest.mark.slow), "inline-arrow", "driver"])
 def service(request: pytest.FixtureRequest, tmp_path: Path) -> Compactor:
     if request.param == "spark":
         return lambda store, topic: CliSparkService(store, topic, tmp_path)  # type: ignore[return-value]

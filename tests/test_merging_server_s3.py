@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -24,6 +25,7 @@ TOPIC = "events"
 ROUNDS = 40
 
 
+@pytest.mark.slow  # a server on S3 producing 40 rounds: ~17 s
 def test_small_segments_of_acknowledgements_are_merged(s3_env: S3Server,
                                                        tmp_path: Path) -> None:
     s3 = s3_env

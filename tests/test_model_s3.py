@@ -35,4 +35,4 @@ class S3LogStoreModel(LogStoreModel):
 def test_the_store_on_s3_agrees_with_the_model(s3_env: S3Server) -> None:
     S3LogStoreModel.server = s3_env
     run_state_machine_as_test(S3LogStoreModel, settings=model_settings(
-        int(os.environ.get("COMPACTLOG_MODEL_S3_EXAMPLES", "25"))))
+        int(os.environ.get("COMPACTLOG_MODEL_S3_EXAMPLES", "12"))))

@@ -310,7 +310,8 @@ def test_requested_compaction_and_metrics_match_the_run(
 # -- automatic compaction, and a partition that keeps failing ---------------------------------
 
 
-@pytest.mark.parametrize("keep_warm_s", [60.0, 0.0], ids=["warm-worker", "process-per-run"])
+@pytest.mark.parametrize("keep_warm_s", [60.0, pytest.param(0.0, marks=pytest.mark.slow)],
+                         ids=["warm-worker", "process-per-run"])
 def test_failing_partition_is_uncleanable_and_the_others_keep_being_compacted(
         tmp_path: Path, servers: Servers, keep_warm_s: float) -> None:
     # First, with automatic compaction off: two partitions of overwritten keys, sealed.

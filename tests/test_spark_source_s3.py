@@ -200,6 +200,7 @@ def run_job(s3: S3Server, url: str, tmp: Path, *args: str
     return result
 
 
+@pytest.mark.slow  # a Spark job in a process of its own: ~25 s
 def test_spark_reads_the_raw_topic_from_the_bucket(s3: S3Server, topic_url: str,
                                                    tmp_path: Path) -> None:
     result = run_job(s3, topic_url, tmp_path, "raw")
@@ -213,6 +214,7 @@ def test_spark_reads_the_raw_topic_from_the_bucket(s3: S3Server, topic_url: str,
     assert result["raw"]["stream"] == expected
 
 
+@pytest.mark.slow  # a Spark job in a process of its own: ~25 s
 def test_spark_reads_the_compacted_view_from_the_bucket(s3: S3Server, tmp_path: Path) -> None:
     url = write_topic(s3, tmp_path)
     result = run_job(s3, url, tmp_path, "--compact", "compacted", "raw")

@@ -26,6 +26,7 @@ Row = tuple[int, int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | 
 TOPIC = "ticks"
 PARTITIONS = 2
 SMALL_SEGMENTS = {"segment.bytes": "2048", "min.compaction.lag.ms": "0"}
+QUERY_TIMEOUT_S = 240
 
 
 def produce(path: Path, start: int, count: int, keys: int = 30) -> None:
@@ -76,7 +77,12 @@ def run(spark: SparkSession, path: Path, checkpoint: Path, **options: str) -> li
         reader = reader.option(name, value)
     query = (reader.load().writeStream.foreachBatch(collect)
              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    query.awaitTermination()
+    # Bounded: a query that never ends fails this test with its status, not the run.
+    if not query.awaitTermination(QUERY_TIMEOUT_S):
+        status = query.status
+        query.stop()
+        raise AssertionError(f"the availableNow query did not end in {QUERY_TIMEOUT_S} s: "
+                             f"{status}, last progress {query.lastProgress}")
     return batches
 
 

@@ -324,7 +324,7 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "compaction.deletion.vectors",
         "boolean",
-        False,
+        True,
         "compactlog: incremental compaction with deletion vectors (Arrow phase 1 only; see "
         "docs/design.md). A run reads only the key and offset columns of the previous "
         "ledger, writes ledger files for the survivors of the new segments, and for each "
@@ -335,14 +335,15 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "compaction.inline.max.bytes",
         "long",
-        64 * 1024 * 1024,
+        256 * 1024 * 1024,
         "compactlog: a run of the Spark service whose Arrow tasks would read at most this "
         "many bytes in full (the dirty segments, plus the previous ledger when "
         "compaction.deletion.vectors is off, as such a run rewrites it) runs those tasks in "
-        "the compacting process itself, one partition after another, instead of as a Spark "
-        "job: the same task function, files and commit, without the Spark job's fixed cost "
-        "(about 0.5 s on local[2]) and without starting a JVM. Only with a local master "
-        "(`local`, `local[N]`, `local[*]`); on a cluster every run is a Spark job. The "
+        "the compacting process itself, as many partitions at once as the master has cores, "
+        "instead of as a Spark job: the same task function, files and commit, without the "
+        "Spark job's fixed cost (about 0.5 s on local[2]) and without starting a JVM. Only "
+        "with a local master (`local`, `local[N]`, `local[*]`); on a cluster every run is a "
+        "Spark job. The "
         "report's stages then say `inline: read`, `inline: group` and `inline: write` "
         "instead of `tasks: ...`. 0: always a Spark job.",
         minimum=0,

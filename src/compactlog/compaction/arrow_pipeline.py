@@ -1,6 +1,7 @@
 """Phases 1 and 2 fused in one Spark task per partition, in pyarrow (or, for a small
-run on a local master, the same task function called in the compacting process:
-`run_inline`, `compact_inline`; everything below holds for both).
+run on a local master, the same task function called in the compacting process, on as
+many threads as the master has cores: `run_inline`, `compact_inline`; everything below
+holds for both).
 
 Invariant: each task writes only files of its own partition's ledger directory, named
 by the run id, the piece's sequence and its first input's base offset, through a
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,11 +105,23 @@ def compact_partitions(
 
 
 def compact_inline(plans: list[PartitionPlan], run_id: str,
-                   stages: dict[str, float] | None = None) -> dict[int, list[PieceResult]]:
-    """As compact_partitions, each task run in this process, one after another (for a
-    small run, an engine without Spark, and tests)."""
+                   stages: dict[str, float] | None = None,
+                   threads: int = 1) -> dict[int, list[PieceResult]]:
+    """As compact_partitions, each task run in this process (for a small run, an engine
+    without Spark, and tests), on up to `threads` threads at once: the local master's
+    cores, as many tasks as its Spark job would run at once. The tasks share nothing but
+    the verified-file memo (locked); pyarrow's reads, writes and compute release the GIL,
+    so they overlap as Spark's Python workers would (measured in docs/benchmarks.md)."""
     # Through JSON as a Spark task would be, so both paths run the same task body.
-    bodies = [compact_one(json.loads(json.dumps(_task(plan, run_id)))) for plan in plans]
+    tasks = [json.loads(json.dumps(_task(plan, run_id))) for plan in plans]
+    workers = max(1, min(threads, len(tasks)))
+    if workers == 1:
+        bodies = [compact_one(task) for task in tasks]
+    else:
+        # The largest first, as for Spark, so that the last task to start is a short one.
+        tasks.sort(key=lambda task: -sum(info["size_bytes"] for _, _, info in task["inputs"]))
+        with ThreadPoolExecutor(workers, thread_name_prefix="compaction-task") as pool:
+            bodies = list(pool.map(compact_one, tasks))
     return _results(plans, bodies, stages, INLINE_STAGES)
 
 

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from compactlog.compaction.verified import remember, verify_input
 from compactlog.storage import fsutil
-from compactlog.storage.deletion import drop_deleted, read_deletion_vector
+from compactlog.storage.deletion import deleted_mask, read_deletion_vector
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer
 
@@ -172,9 +172,12 @@ def write_ledger_piece(
             deleted = source.deleted()
             counts["bytes_in"] += os.stat(source.path).st_size
             for group in _row_groups(source.path, page_checksums):
-                group = drop_deleted(group, deleted)
-                counts["records_in"] += group.num_rows
-                kept = _filter_group(_as_ledger_table(group), survivors, rules, counts)
+                # The DV's rows leave with the rest in _filter_group's one filter: every
+                # column is copied once, not once for the DV and again for the survivors.
+                gone = (deleted_mask(group.column("offset").to_numpy(), deleted)
+                        if deleted is not None and len(deleted) else None)
+                counts["records_in"] += group.num_rows - (0 if gone is None else int(gone.sum()))
+                kept = _filter_group(_as_ledger_table(group), survivors, rules, counts, gone)
                 if not kept.num_rows:
                     continue
                 offsets = kept.column("offset")
@@ -224,18 +227,23 @@ def write_ledger_piece(
 
 
 def _filter_group(
-    table: pa.Table, survivors: np.ndarray, rules: TombstoneRules, counts: dict[str, int]
+    table: pa.Table, survivors: np.ndarray, rules: TombstoneRules, counts: dict[str, int],
+    gone: np.ndarray | None = None,
 ) -> pa.Table:
+    """The rows of `table` that stay in the view, counted into `counts`; `gone` marks
+    rows a deletion vector took out before (not input: neither kept nor counted)."""
     offsets = table.column("offset").to_numpy()
-    position = np.searchsorted(survivors, offsets)
-    position[position >= len(survivors)] = 0
-    chosen = (survivors[position] == offsets) if len(survivors) else np.zeros(len(offsets), bool)
+    chosen = deleted_mask(offsets, survivors)  # "is in the sorted array", whatever it holds
     null_key = pc.is_null(table.column("key")).to_numpy(zero_copy_only=False)
+    if gone is not None:
+        null_key &= ~gone
     if rules.null_key_policy == "keep":
         keep = chosen | null_key
     else:
         keep = chosen & ~null_key
         counts["null_keys_removed"] += int(null_key.sum())
+    if gone is not None:
+        keep &= ~gone
     # A null-key record deletes no key, so it is never a tombstone: `keep` passes it on.
     tombstone = is_tombstone_mask(table, rules.empty_value_is_tombstone).to_numpy(
         zero_copy_only=False

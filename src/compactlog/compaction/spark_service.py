@@ -8,6 +8,8 @@ again (tests, a long-lived compactor) reuses it.
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,13 +38,14 @@ class SparkEngine:
     """Partitions whose phase 1 runs in Arrow tasks (arrow_pipeline.uses_arrow) are done
     whole in `write_ledgers`, one task each: as one Spark job, or in this process when
     the run is small and the master local (arrow_pipeline.run_inline; then no session
-    is started for them). The others take the SQL pipeline's two phases. `stages`
-    collects the Arrow tasks' seconds per stage."""
+    is started for them, and the tasks run on as many threads as the master has cores:
+    `local_cores`, 0 for a master that is not local). The others take the SQL
+    pipeline's two phases. `stages` collects the Arrow tasks' seconds per stage."""
 
     def __init__(self, session: Callable[[], SparkSession],
-                 local_master: Callable[[], bool] = lambda: False) -> None:
+                 local_cores: Callable[[], int] = lambda: 0) -> None:
         self._session = session
-        self._local_master = local_master
+        self._local_cores = local_cores
         self.stages: dict[str, float] = {}
 
     def find_survivors(self, plans: list[PartitionPlan]) -> None:
@@ -58,8 +61,9 @@ class SparkEngine:
         arrow = [plan for plan in plans if uses_arrow(plan)]
         if sql:
             results.update(write_ledgers(self._session(), sql, run_id))
-        if arrow and run_inline(arrow, self._local_master()):
-            results.update(compact_inline(arrow, run_id, self.stages))
+        cores = self._local_cores() if arrow else 0
+        if arrow and run_inline(arrow, cores > 0):
+            results.update(compact_inline(arrow, run_id, self.stages, threads=cores))
         elif arrow:
             results.update(compact_partitions(self._session(), arrow, run_id, self.stages))
         return results
@@ -87,16 +91,17 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
             self._startup_s += time.monotonic() - started
         return self._spark
 
-    def local_master(self) -> bool:
-        """Whether Spark runs on this machine (`local`, `local[N]`...): the master of the
-        session given, else of the settings; never starts a session."""
+    def local_cores(self) -> int:
+        """How many cores a local master (`local`, `local[N]`, `local[*]`...) runs tasks
+        on, 0 when the master is not local: of the session given, else of the settings;
+        never starts a session."""
         given = self.settings.get("spark.session")
         master = (given.sparkContext.master if given is not None
                   else self.settings.get("spark.master") or DEFAULT_MASTER)
-        return str(master).startswith("local")
+        return local_master_cores(str(master))
 
     def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
-        engine = SparkEngine(self.session, self.local_master)
+        engine = SparkEngine(self.session, self.local_cores)
         self._startup_s = 0.0
         if self.progress is None:
             report = run_compaction(self.store, self.topic, engine, partitions, self.clock)
@@ -129,6 +134,21 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
         if self._spark is not None and "spark.session" not in self.settings:
             self._spark.stop()
         self._spark = None
+
+
+_LOCAL_MASTER = re.compile(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?")
+
+
+def local_master_cores(master: str) -> int:
+    """The task slots of a local Spark master (`local`: 1, `local[N]` and
+    `local[N,F]`: N, `local[*]`: this machine's cores); 0 for any other master."""
+    match = _LOCAL_MASTER.fullmatch(master.strip())
+    if match is None:
+        return 0
+    slots = match.group(1)
+    if slots is None:
+        return 1
+    return (os.cpu_count() or 1) if slots == "*" else max(1, int(slots))
 
 
 class SparkCompactionServiceFactory:
