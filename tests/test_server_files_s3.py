@@ -63,8 +63,8 @@ def test_a_server_on_s3_with_128_open_files_serves_400_segments(
             offsets = consume_from_zero(server.bootstrap, "raw", SEGMENTS)
             assert offsets == list(range(SEGMENTS))
             pid = server.process.pid
-            # The open-file cache's share, and the input a merge reads beside it.
-            assert len(open_parquet_files(pid)) <= OPEN_FILES // 4 + 1
+            # The open-file cache's share, and a merge's output and input beside it.
+            assert len(open_parquet_files(pid)) <= OPEN_FILES // 4 + 2
             # The clients' sockets, the listener, and a bounded pool to the S3 endpoint.
             assert open_sockets(pid) <= CONNECTIONS + 30
             again = Consumer({"bootstrap.servers": server.bootstrap, "group.id": "again",

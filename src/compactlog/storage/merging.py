@@ -24,7 +24,8 @@ grow by a factor of MIN_RUN or more per round, so a record is rewritten about
 log_MIN_RUN(MAX_MERGE_BYTES / its first file's size) times, and files stop growing at
 MAX_MERGE_BYTES (a good object size; one merge is a bounded step of the upkeep, which
 seals other partitions in turn). Inputs are read one at a time, so a merge holds one
-input's rows in memory and one file open besides the open-file cache.
+input's rows in memory and two files open besides the open-file cache: its output, and
+the input it reads.
 
 Merge protocol (merge_small_segments; tests in tests/test_merging.py):
   1. take the seal lock (without waiting: a seal in progress means a merge later) and
