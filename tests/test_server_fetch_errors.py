@@ -184,6 +184,8 @@ def test_upkeep_goes_on_past_a_failing_partition(
         for name, index in [("a", 1), ("a", 2), ("b", 0)]:
             stats = store.topic(name).partition(index).stats()
             assert stats["sealed_segments"] == 1, (name, index, stats)
-        lines = [r.getMessage() for r in caplog.records]
+        # compactlog's own lines only: a Kafka client that an earlier test left behind may
+        # still log (kafka-python's "No node available..." was seen in a full run).
+        lines = [r.getMessage() for r in caplog.records if r.name.startswith("compactlog")]
         assert len(lines) == 2, lines  # seal and refresh of a/0, once each
         assert all("a/0" in line and "Input/output error" in line for line in lines), lines
