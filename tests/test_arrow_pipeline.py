@@ -8,6 +8,7 @@ twice (a Spark retry) leaves exactly one set of ledger files and commits.
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import threading
@@ -145,6 +146,43 @@ def test_inline_tasks_run_on_as_many_threads_as_the_master_has_cores(
                 assert len(threads) == 4
                 assert all(name.startswith("compaction-task") for name in threads.values())
     assert views[0] == views[1]
+
+
+def test_a_task_failing_on_its_thread_commits_nothing_and_the_next_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One partition's task fails (a disk full, after its ledger files are written) while
+    the others run on the other thread: the run fails, no partition's (horizon, ledger)
+    changes, and the next run compacts them all."""
+    body = arrow_pipeline.compact_one
+
+    def full_disk_on_partition_1(task: dict[str, Any]) -> dict[str, Any]:
+        result = body(task)
+        if task["partition"] == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return result
+
+    clock = FakeClock()
+    with LogStore.open(tmp_path, clock=clock) as store:
+        store.create_topic(TOPIC, 4, BASE)
+        for i in range(800):
+            store.append(TOPIC, [ProducerRecord(b"k%d" % (i % 90), b"v%d" % i, (), clock.ms)],
+                         partition=i % 4)
+        for partition in store.topic(TOPIC).partitions:
+            partition.roll()
+        before = [p.manifest.compaction for p in store.topic(TOPIC).partitions]
+        viewed = view(store)
+        monkeypatch.setattr(arrow_pipeline, "compact_one", full_disk_on_partition_1)
+        service = SparkCompactionService(store, TOPIC, {"spark.master": "local[2]",
+                                                        "clock": clock})
+        with pytest.raises(OSError, match="No space left"):
+            service.compact()
+        assert [p.manifest.compaction for p in store.topic(TOPIC).partitions] == before
+        assert view(store) == viewed
+        monkeypatch.setattr(arrow_pipeline, "compact_one", body)
+        report = service.compact()
+        assert report.total("keys") == 180
+        assert all(len({r.key for r in p}) == len(p) for p in view(store))
 
 
 def test_local_master_cores() -> None:

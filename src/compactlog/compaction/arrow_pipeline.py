@@ -92,9 +92,7 @@ def compact_partitions(
     order. `stages`, when given, gets the tasks' seconds per stage added to it."""
     if not plans:
         return {}
-    # The largest partitions first, so that the last task to start is a short one.
-    ordered = sorted(plans, key=lambda plan: -sum(item.info.size_bytes for item in plan.inputs))
-    tasks = [json.dumps(_task(plan, run_id)) for plan in ordered]
+    tasks = [json.dumps(_task(plan, run_id)) for plan in _largest_first(plans)]
     # One Spark task per partition: a range of one number per Spark partition, each
     # number the index of its task in the function's closure. (A DataFrame made from a
     # Python RDD of the tasks costs one more Python evaluation per task: measured about
@@ -112,17 +110,22 @@ def compact_inline(plans: list[PartitionPlan], run_id: str,
     cores, as many tasks as its Spark job would run at once. The tasks share nothing but
     the verified-file memo (locked); pyarrow's reads, writes and compute release the GIL,
     so they overlap as Spark's Python workers would (measured in docs/benchmarks.md)."""
+    workers = max(1, min(threads, len(plans)))
+    # One thread keeps the plans' order: the fault tests number a run's steps by it.
+    ordered = plans if workers == 1 else _largest_first(plans)
     # Through JSON as a Spark task would be, so both paths run the same task body.
-    tasks = [json.loads(json.dumps(_task(plan, run_id))) for plan in plans]
-    workers = max(1, min(threads, len(tasks)))
+    tasks = [json.loads(json.dumps(_task(plan, run_id))) for plan in ordered]
     if workers == 1:
         bodies = [compact_one(task) for task in tasks]
     else:
-        # The largest first, as for Spark, so that the last task to start is a short one.
-        tasks.sort(key=lambda task: -sum(info["size_bytes"] for _, _, info in task["inputs"]))
         with ThreadPoolExecutor(workers, thread_name_prefix="compaction-task") as pool:
             bodies = list(pool.map(compact_one, tasks))
     return _results(plans, bodies, stages, INLINE_STAGES)
+
+
+def _largest_first(plans: list[PartitionPlan]) -> list[PartitionPlan]:
+    """The largest partitions first, so that the last task to start is a short one."""
+    return sorted(plans, key=lambda plan: -sum(item.info.size_bytes for item in plan.inputs))
 
 
 def _results(plans: list[PartitionPlan], bodies: list[dict[str, Any]],

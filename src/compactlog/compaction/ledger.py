@@ -235,15 +235,14 @@ def _filter_group(
     offsets = table.column("offset").to_numpy()
     chosen = deleted_mask(offsets, survivors)  # "is in the sorted array", whatever it holds
     null_key = pc.is_null(table.column("key")).to_numpy(zero_copy_only=False)
-    if gone is not None:
+    if gone is not None:  # not input: every mask below starts without them
+        chosen &= ~gone
         null_key &= ~gone
     if rules.null_key_policy == "keep":
         keep = chosen | null_key
     else:
         keep = chosen & ~null_key
         counts["null_keys_removed"] += int(null_key.sum())
-    if gone is not None:
-        keep &= ~gone
     # A null-key record deletes no key, so it is never a tombstone: `keep` passes it on.
     tombstone = is_tombstone_mask(table, rules.empty_value_is_tombstone).to_numpy(
         zero_copy_only=False
