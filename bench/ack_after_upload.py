@@ -1,12 +1,14 @@
-"""What acknowledging after upload costs: produce latency and throughput of `compactlog
-serve` on an s3:// location (moto on loopback) with `ack_after_upload` off and on, and
-on a local data directory as the baseline, in one run.
+"""What each acks level costs: produce latency and throughput of `compactlog serve` on an
+s3:// location (moto on loopback), where acks=all is answered once the records are in
+the bucket (the default, `ack_after_upload = true`) and acks=1 once they are on the
+owner's disk, with acks=all from the disk (`ack_after_upload = false`) and a local data
+directory as the baselines, in one run.
 
 Each case is a fresh server (a subprocess) and topic. Latency: one record at a time,
 acks=all, each produce() waited for (flush) before the next: the time from produce() to
 its delivery report, p50/p95/p99. Throughput: N records sent as fast as the producer
 batches them (linger.ms=5), from the first produce() to the end of flush(). Every
-delivery report must be a success, and with ack_after_upload every acknowledged record
+delivery report must be a success, and every record acknowledged to acks=all on s3://
 must then be in the bucket (checked by reading it back from another local directory).
 
 moto on loopback answers in well under a millisecond: the latency added here is the
@@ -71,12 +73,13 @@ def server(data: str, local: Path, env: dict[str, str], config: str) -> Iterator
         process.stdout.close()
 
 
-def measure(bootstrap: str, topic: str, latency_records: int, records: int) -> dict[str, Any]:
+def measure(bootstrap: str, topic: str, acks: str, latency_records: int,
+            records: int) -> dict[str, Any]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     failures: list[str] = []
     latencies: list[float] = []
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 0,
                          "enable.idempotence": False})
     for i in range(latency_records):
         started = time.perf_counter()
@@ -84,7 +87,7 @@ def measure(bootstrap: str, topic: str, latency_records: int, records: int) -> d
             failures.append(str(e)) if e else None))
         producer.flush(30)
         latencies.append(time.perf_counter() - started)
-    batched = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+    batched = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5,
                         "enable.idempotence": False})
     started = time.perf_counter()
     for i in range(records):
@@ -139,20 +142,24 @@ def main() -> None:
 
         boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket=BUCKET)
         scratch = Path(tempfile.mkdtemp(prefix="compactlog-ackbench-"))
+        interval = f"upload_interval_s = {args.upload_interval_s}\n"
+        # (name, data location, server config, acks, whether acks means "in the bucket")
         cases = [
-            ("local directory", str(scratch / "local-data"), ""),
-            ("s3, ack on local append", f"s3://{BUCKET}/off", ""),
-            ("s3, ack_after_upload", f"s3://{BUCKET}/on",
-             f"ack_after_upload = true\nupload_interval_s = {args.upload_interval_s}\n"),
+            ("local, acks=all", str(scratch / "local-data"), "", "all", False),
+            ("s3, acks=1 (disk)", f"s3://{BUCKET}/acks1", interval, "1", False),
+            ("s3, acks=all (bucket)", f"s3://{BUCKET}/acksall", interval, "all", True),
+            ("s3, acks=all from disk", f"s3://{BUCKET}/fromdisk",
+             interval + "ack_after_upload = false\n", "all", False),
         ]
-        for index, (name, data, config) in enumerate(cases):
+        for index, (name, data, config, acks, in_bucket) in enumerate(cases):
             with server(data, scratch / f"case{index}", env, config) as bootstrap:
-                results[name] = measure(bootstrap, "t", args.latency_records, args.records)
-            if "ack_after_upload" in config:
+                results[name] = measure(bootstrap, "t", acks, args.latency_records,
+                                        args.records)
+            if in_bucket:
                 check_in_bucket(data, "t", scratch / f"check{index}", results[name]["total"])
     finally:
         moto.stop()
-    base = results["local directory"]
+    base = results["local, acks=all"]
     print(f"{'case':28} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'records/s':>11} "
           f"{'vs local':>9}")
     for name, row in results.items():

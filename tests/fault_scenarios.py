@@ -15,6 +15,7 @@ from pathlib import Path
 
 from compactlog.errors import CompactlogError
 from compactlog.storage.merging import merge_small_segments
+from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.retention import expired_segments
 from compactlog.storage.store import LogStore
@@ -63,6 +64,13 @@ def prepare_append(store: LogStore, clock: FakeClock) -> None:
     store.append(TOPIC, [ProducerRecord(b"a", b"first".ljust(300, b"."))])
 
 
+def appended_record(partition: Partition, offset: int) -> Record:
+    """The record just appended at `offset`, from the log itself: on an object store it
+    is below the high watermark (readable through the view) only once uploaded."""
+    return next(found for segment in partition.logs
+                for found in segment.read(offset, 1, 1 << 20))
+
+
 def append_three(store: LogStore, oracle: Oracle, clock: FakeClock, report: Report) -> None:
     partition = store.topic(TOPIC).partition(0)
     for i in range(3):
@@ -72,8 +80,7 @@ def append_three(store: LogStore, oracle: Oracle, clock: FakeClock, report: Repo
         except (OSError, CompactlogError):
             oracle.refused_values.add(value)
             continue
-        record = partition.read(result.base_offset, 1)[0]
-        report(0, record)
+        report(0, appended_record(partition, result.base_offset))
 
 
 # -- sealing in the server's way: upkeep seals rolled segments ----------------------------

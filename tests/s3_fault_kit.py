@@ -25,6 +25,7 @@ from fault_scenarios import (
     SCENARIOS,
     Report,
     Scenario,
+    appended_record,
     dv_compaction,
     expect_compaction,
     prepare_dv_compaction,
@@ -128,7 +129,7 @@ def append_then_seal(store: LogStore, oracle: Oracle, clock: FakeClock,
     partition = store.topic(TOPIC).partition(0)
     for i in range(6):
         result = partition.append([ProducerRecord(b"k%d" % i, b"v%d" % i + b"." * 300)])
-        report(0, partition.read(result.base_offset, 1)[0])
+        report(0, appended_record(partition, result.base_offset))
     with contextlib.suppress(OSError, CompactlogError):
         partition.seal_rolled()
 

@@ -18,18 +18,26 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from kio.schema.errors import ErrorCode
 
-from compactlog import LogStore
+from compactlog import LogStore, ProducerRecord
+from compactlog.storage.records import decode_batch, encode_batch, iter_batches
 from s3_support import (
     S3Server,
     s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
     s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
+from test_server_bad_input import PRODUCE, Wire, request_frame
+from test_server_fetch_errors import fetch
+
+LIST_OFFSETS = 2
 
 COMPACTLOG = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "compactlog")
 TOPIC = "orders"
@@ -235,3 +243,103 @@ def test_a_server_that_takes_over_keeps_the_groups_offsets_and_the_cluster_id(
             assert rest == list(range(60, 100))
             reader.close()
             assert "loaded committed offsets of 1 group(s)" in second.log()
+
+
+# -- the durable high watermark and a server that lost its lease, over the wire --------
+
+def produce_one(wire: Wire, topic: str, acks: int, value: bytes,
+                timeout_ms: int = 10_000) -> Any:
+    body = wire.call(PRODUCE, 9, {
+        "acks": acks, "timeout": timedelta(milliseconds=timeout_ms),
+        "topic_data": [{"name": topic, "partition_data": [
+            {"index": 0, "records": bytes(encode_batch([ProducerRecord(b"k", value)], 0))}]}],
+    })
+    return body.responses[0].partition_responses[0]
+
+
+def list_latest(wire: Wire, topic: str) -> Any:
+    body = wire.call(LIST_OFFSETS, 7, {"replica_id": -1, "topics": [
+        {"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]})
+    return body.topics[0].partitions[0]
+
+
+def test_consumers_are_served_only_what_the_bucket_holds(s3_env: S3Server,
+                                                         tmp_path: Path) -> None:
+    """Issue 21, item 1: with acks=1 a record is acknowledged from the owner's disk, but
+    until it is in the bucket no consumer reads it and ListOffsets(latest) does not
+    count it: else a group could commit past it, and after a fail-over skip the record
+    the new owner acknowledges at that offset. Uploads here wait 30 s, so nothing
+    reaches the bucket during the test; acks=all waits for the bucket and times out."""
+    where = str(s3_env.location("watermark"))
+    config = tmp_path / "server.toml"
+    config.write_text("upload_interval_s = 30\nupkeep_interval_s = 0.2\n")
+    port = free_port()
+    with serve(where, tmp_path / "a", port, config, tmp_path / "a.log", s3_env.env) as served:
+        assert served.serving.wait(60), served.log()
+        with Wire(("127.0.0.1", port)) as wire:
+            admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})  # kept alive
+            admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
+            answer = produce_one(wire, TOPIC, 1, b"R_A")
+            assert answer.error_code == ErrorCode.none and answer.base_offset == 0
+            got = fetch(wire, 12, [(TOPIC, 0, 0)])[(TOPIC, 0)]
+            assert got.error_code == ErrorCode.none
+            assert got.high_watermark == 0 and not got.records
+            assert list_latest(wire, TOPIC).offset == 0
+            slow = produce_one(wire, TOPIC, -1, b"R_B", timeout_ms=500)
+            assert slow.error_code == ErrorCode.request_timed_out
+
+
+def test_a_server_paused_past_its_lease_acknowledges_and_serves_nothing(
+        s3_env: S3Server, tmp_path: Path) -> None:
+    """Issue 21: a server stopped (SIGSTOP) longer than its lease, while a standby takes
+    over, answers what it finds on its sockets when it runs again with
+    NOT_LEADER_OR_FOLLOWER (or has closed them), produce and fetch alike, never with
+    a success from its frozen state; then it steps down and stands by."""
+    where = str(s3_env.location("paused"))
+    config = tmp_path / "server.toml"
+    config.write_text(f"lease_ttl_s = {TTL_S}\nupload_interval_s = 0.1\n"
+                      "upkeep_interval_s = 0.2\n")
+    first_port, second_port = free_port(), free_port()
+    with serve(where, tmp_path / "a", first_port, config, tmp_path / "a.log",
+               s3_env.env) as first:
+        assert first.serving.wait(60), first.log()
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{first_port}"})  # kept alive
+        admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
+        with Wire(("127.0.0.1", first_port)) as wire:
+            assert produce_one(wire, TOPIC, -1, b"before").error_code == ErrorCode.none
+            with serve(where, tmp_path / "b", second_port, config, tmp_path / "b.log",
+                       s3_env.env) as second:
+                first.process.send_signal(signal.SIGSTOP)
+                try:
+                    assert second.serving.wait(60), second.log()
+                    with Wire(("127.0.0.1", second_port)) as other:
+                        taken = produce_one(other, TOPIC, -1, b"after")
+                        assert taken.error_code == ErrorCode.none
+                        assert taken.base_offset == 1
+                    # Sent while it is stopped: read when it runs again.
+                    wire.send(request_frame(PRODUCE, 9, {
+                        "acks": 1, "timeout": timedelta(seconds=10),
+                        "topic_data": [{"name": TOPIC, "partition_data": [
+                            {"index": 0, "records": bytes(encode_batch(
+                                [ProducerRecord(b"k", b"stale")], 0))}]}]}))
+                finally:
+                    first.process.send_signal(signal.SIGCONT)
+                try:
+                    _, answer = wire.response(PRODUCE, 9)
+                    code = answer.responses[0].partition_responses[0].error_code
+                    assert code == ErrorCode.not_leader_or_follower
+                    got = fetch(wire, 12, [(TOPIC, 0, 0)])[(TOPIC, 0)]
+                    assert got.error_code == ErrorCode.not_leader_or_follower
+                    assert not got.records
+                except (ConnectionError, OSError):
+                    pass  # it stepped down first and closed the connection: also right
+                deadline = time.monotonic() + 30
+                while "stepped down" not in first.log() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert "stepped down" in first.log(), first.log()[-3000:]
+                assert first.process.poll() is None  # standing by, not gone
+                with Wire(("127.0.0.1", second_port)) as other:
+                    got = fetch(other, 12, [(TOPIC, 0, 0)])[(TOPIC, 0)]
+                    values = [record.value for at, batch in iter_batches(got.records)
+                              for record in decode_batch(got.records[at:at + batch.size])]
+                    assert values == [b"before", b"after"], second.log()[-2000:]

@@ -9,18 +9,26 @@ import os
 from hypothesis.stateful import run_state_machine_as_test
 
 from compactlog.storage.location import Location
+from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
 from s3_support import (
     S3Server,
     s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
     s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-from test_model import LogStoreModel, model_settings
+from test_model import LogStoreModel, PartitionModel, model_settings
 
 
 class S3LogStoreModel(LogStoreModel):
     server: S3Server  # set by the test before the machine runs
     seals_on_close = True
+
+    def watermark(self, partition: Partition, model: PartitionModel) -> int:
+        """What the bucket holds: the sealed segments this writer committed (its reads,
+        and a reader's, serve nothing of the active segment)."""
+        sealed = partition.manifest.sealed_end_offset
+        assert model.start <= sealed <= model.end
+        return sealed
 
     def open_store(self, read_only: bool = False) -> LogStore:
         if not hasattr(self, "location"):

@@ -44,7 +44,7 @@ class Reader:
             self.position = 0 if self.read_compacted else self.partition.log_start_offset
         elif start == "latest":
             self.partition.refresh()
-            self.position = self.partition.log_end_offset
+            self.position = self.partition.high_watermark
         elif isinstance(start, int) and start >= 0:
             self.position = start
         else:
@@ -57,7 +57,7 @@ class Reader:
             found = self.partition.compacted.offset_for_timestamp(timestamp_ms)
         else:
             found = self.partition.offset_for_timestamp(timestamp_ms)
-        self.position = found if found is not None else self.partition.log_end_offset
+        self.position = found if found is not None else self.partition.high_watermark
 
     def poll(
         self, max_records: int = 500, timeout: float = 0.0, max_bytes: int = DEFAULT_MAX_BYTES
@@ -88,7 +88,7 @@ class Reader:
         if self.read_compacted:
             return self.partition.compacted.last_record()
         self.partition.refresh()
-        end = self.partition.log_end_offset
+        end = self.partition.high_watermark
         if end <= self.partition.log_start_offset:
             return None
         found = self.partition.read(end - 1, 1)
@@ -96,4 +96,4 @@ class Reader:
 
     @property
     def at_end(self) -> bool:
-        return self.position >= self.partition.log_end_offset
+        return self.position >= self.partition.high_watermark

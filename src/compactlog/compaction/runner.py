@@ -232,7 +232,7 @@ def _sweep(partition: Partition) -> None:
     should keep, and the next run or the writer sweeps again."""
     try:
         # Orphans only when the current version is proven (storage/commit.py).
-        orphan_dirs = [LEDGER_DIR] if partition.document.purge_uncommitted() else []
+        orphan_dirs = [LEDGER_DIR] if partition.prove_manifest() else []
         partition.refresh()
         sweep(partition.volume, partition.manifest, partition.now_ms(),
               partition.config["file.delete.delay.ms"], orphan_dirs,

@@ -108,9 +108,12 @@ class ServerConfig:
     # On an object store: the writer lease's time to live (storage/lease.py); a second
     # server on the same URL waits for it, and takes over once it expires.
     lease_ttl_s: float = 30.0
-    # On an object store: answer acks=1/-1 produces only once their records are in the
-    # bucket (server/uploads.py), uploading every upload_interval_s.
-    ack_after_upload: bool = False
+    # On an object store: answer acks=all (-1) produces only once their records are in
+    # the bucket (server/uploads.py); false answers them from the local disk, as acks=1
+    # always is (a fail-over then loses what was not uploaded yet). Every partition's
+    # new records are uploaded every upload_interval_s: consumers are served only what
+    # the bucket holds (the durable high watermark).
+    ack_after_upload: bool = True
     upload_interval_s: float = 0.25
     # Serve the admin API over HTTPS with `tls`.
     admin_tls: bool = False
@@ -194,6 +197,9 @@ class Server:
         self._upkeep: asyncio.Task[None] | None = None
         self._uploads: asyncio.Task[None] | None = None
         self.port = config.port
+        # Set when this server lost its writer lease (another server took over): it
+        # serves nothing more, and serve_forever steps it down to stand by again.
+        self.lease_lost = asyncio.Event()
 
     def _open_store(self) -> LogStore:
         """Open the store; on an object store whose writer lease another server holds,
@@ -259,8 +265,8 @@ class Server:
                 self.tls.context if self.config.admin_tls and self.tls is not None else None)
             await self.admin.start()
         self._upkeep = asyncio.create_task(self._upkeep_loop())
-        if config.ack_after_upload and config.data_location is not None:
-            self.broker.uploads = Uploads(config.upload_interval_s)
+        if config.data_location is not None:
+            self.broker.uploads = Uploads(config.upload_interval_s, config.ack_after_upload)
             self._uploads = asyncio.create_task(self.broker.uploads.run(self.broker))
         # Where the CLI's write commands find this server (server/info.py).
         plain = [lis for lis in self.listeners if lis.protocol == "PLAINTEXT"]
@@ -326,9 +332,12 @@ class Server:
         # Seal what upkeep had not sealed yet, so that a restart finds only whole
         # Parquet segments and the active log (a rolled log would be sealed on the
         # next open anyway; doing it now keeps start-up fast).
-        for name in self.store.list_topics():
-            for partition in self.store.topic(name).partitions:
-                partition.seal_rolled()
+        if self.store.lease_lost is None:
+            for name in self.store.list_topics():
+                for partition in self.store.topic(name).partitions:
+                    partition.seal_rolled()
+        # else: the partitions are another server's now; what this one did not upload
+        # is set aside when a writer opens this local directory again (recovery.py).
         remove_server_info(self.config.data_dir)
         self.store.close()
         log.info("server stopped; everything acknowledged is flushed")
@@ -343,6 +352,9 @@ class Server:
                 await self.broker.run_io(self._upkeep_rounds.run_once)
             except Exception as error:
                 self._log_upkeep_failure("upkeep", error)
+            if self.store.lease_lost is not None:
+                self.lease_lost.set()
+                return
             try:
                 await self.cleaner.tick()
             except Exception as error:
@@ -400,7 +412,20 @@ class Server:
 
 
 async def serve_forever(config: ServerConfig) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    """Run until SIGTERM or SIGINT, then shut down gracefully. On an object store, a
+    server that loses its writer lease (another server took over after it stalled past
+    the lease) stops serving, closes its connections so that clients go to the new
+    owner, and stands by again, to take over when that one's lease ends."""
+    while True:
+        if not await _serve_once(config):
+            return
+        log.warning("stepped down: another server holds the writer lease of %s; "
+                    "standing by", config.data_location)
+
+
+async def _serve_once(config: ServerConfig) -> bool:
+    """Serve until a signal (False) or until the writer lease is lost (True)."""
+    # Standing by blocks; SIGTERM then ends the process, which holds nothing yet.
     server = Server(config)
     await server.start()
     stopping = asyncio.Event()
@@ -415,8 +440,14 @@ async def serve_forever(config: ServerConfig) -> None:
     for listener in server.listeners:
         print(f"compactlog listener {listener.name} ({listener.protocol}) on "
               f"{listener.host}:{listener.bound_port}", flush=True)
+    waits = [asyncio.create_task(stopping.wait()), asyncio.create_task(server.lease_lost.wait())]
     try:
-        await stopping.wait()
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        log.info("shutting down")
+        for wait in waits:
+            wait.cancel()
+        log.info("shutting down" if stopping.is_set() else "lost the writer lease: shutting down")
         await server.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+    return not stopping.is_set()

@@ -139,7 +139,7 @@ def read_batches(
         return WireRead(
             records=bytes(reader.out),
             next_offset=reader.next_offset,
-            high_watermark=view.log_end_offset,
+            high_watermark=view.high_watermark,
             log_start_offset=reader.view_start,
         )
 
@@ -187,7 +187,7 @@ class _BatchReader:
         self.partition = partition
         self.manifest = view.manifest
         self.logs = view.logs
-        self.high_watermark = view.log_end_offset
+        self.high_watermark = view.high_watermark
         self.max_bytes = max_bytes
         self.out = bytearray()
         self.next_offset = 0

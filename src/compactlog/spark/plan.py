@@ -126,7 +126,7 @@ def _plan_partition(partition: Partition, config: TopicConfig, view: str) -> Ite
     # A read-only partition loaded its manifest and scanned its logs when it was opened,
     # just now: that is the snapshot. Sealing may move the tail into Parquet before the
     # tail task runs; that task reads through the store API, which follows it there.
-    return plan_range(partition, config, view, 0, partition.log_end_offset)
+    return plan_range(partition, config, view, 0, partition.high_watermark)
 
 
 def plan_range(partition: Partition, config: TopicConfig, view: str, start: int,

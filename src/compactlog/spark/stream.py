@@ -106,7 +106,7 @@ class CompactlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 wanted = starting.get(partition.index, EARLIEST)
             else:
                 wanted = EARLIEST if starting == "earliest" else LATEST
-            end = partition.log_end_offset
+            end = partition.high_watermark
             if wanted > end:
                 raise UserError(
                     f"startingOffsets: offset {wanted} of {partition.name} is past its log "
@@ -190,7 +190,7 @@ class CompactlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return partitions
 
     def _log_ends(self) -> Offsets:
-        return {str(p.index): p.log_end_offset for p in self._partitions()}
+        return {str(p.index): p.high_watermark for p in self._partitions()}
 
     def _earliest(self, partition: Partition) -> int:
         if self.options.read.view == "compacted" and partition.manifest.horizon is not None:

@@ -349,6 +349,11 @@ class LocalDocument:
         finally:
             os.close(lock_fd)
 
+    def proven(self) -> bool:
+        """As purge_uncommitted: on a local disk the commit lock excludes every
+        committer, so removing a dead committer's audit copy is safe for anyone."""
+        return self.purge_uncommitted()
+
     def recover(self) -> list[Path]:
         """Remove temporary files left by commits that crashed, unless a commit is in
         progress (its temporary files are not leftovers): then the next call does."""

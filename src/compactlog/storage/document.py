@@ -49,7 +49,14 @@ class Document(Protocol):
         ...
 
     def purge_uncommitted(self) -> bool:
-        """Remove audit copies of versions never committed; True if current is proven."""
+        """Remove audit copies of versions never committed; True if current is proven.
+        Only the document's owner may call it (object_commit.py)."""
+        ...
+
+    def proven(self) -> bool:
+        """Whether the current version is proven (current intact, and no audit copy of a
+        newer version that a commit in flight may still land), removing nothing: what a
+        process that does not own the document asks before deleting orphans."""
         ...
 
     def recover(self) -> Sequence[Path | str]:

@@ -27,6 +27,12 @@ Lease protocol (WriterLease; tests in tests/test_lease.py):
      LeaseLostError, and the store stops writing. test_a_taken_lease_is_lost_at_renewal
   3. release (close): commit {released: true} on our version; a conflict is logged (the
      lease was taken already). test_a_released_lease_is_taken_at_once
+  4. serve only while valid (`valid`): a holder acknowledges and serves nothing once its
+     own clock passes the expiry it last committed, less a margin (`SAFETY_MARGIN` of
+     the ttl, for clock skew between machines), whether or not a renewal is under way:
+     a process paused (SIGSTOP, a long GC, a slow renewal request) past its lease may
+     already have been replaced, and only a successful renewal makes it valid again.
+     test_a_holder_past_its_expiry_is_not_valid_until_it_renews
 A holder that dies simply stops renewing; after ttl the next writer takes over.
 """
 
@@ -48,6 +54,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TTL_S = 30.0
 EPOCH_KEY = "writer_epoch"
+# Step 4: the part of the ttl before the committed expiry at which a holder stops
+# serving, so that another machine's clock running this much ahead of ours cannot let
+# it take over while we still acknowledge.
+SAFETY_MARGIN = 0.2
 
 
 class _Blocked(Exception):
@@ -92,6 +102,7 @@ class WriterLease:
         self.epoch = 0
         self._snapshot: Snapshot | None = None
         self._renewed_at = 0.0
+        self._expires_ms = 0  # the expiry of this holder's last committed lease state
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -122,13 +133,15 @@ class WriterLease:
                                                  f"is live for {self._left_s(previous):.0f}s more")
         epoch = (previous.epoch if previous is not None else 0) + 1
         state = LeaseState(self.owner, epoch, self._expiry(), False)
+        started = time.monotonic()
         try:
             self._snapshot = self.document.commit(
                 current.version if current is not None else 0, state.to_body())
         except ConflictError:
             raise _Blocked(current.version if current is not None else 0) from None
         self.epoch = epoch
-        self._renewed_at = time.monotonic()
+        self._renewed_at = started
+        self._expires_ms = state.expires_ms
         if previous is not None and not previous.released:
             log.warning("%s: took over the writer lease from %s (expired); epoch %d",
                         self.where, previous.owner, epoch)
@@ -144,20 +157,45 @@ class WriterLease:
 
     @property
     def renewal_due(self) -> bool:
-        return time.monotonic() - self._renewed_at >= self.ttl_s / 3
+        """A third of the ttl since the last renewal began, or (by the lease's clock) less
+        than two thirds of it left: whichever comes first."""
+        left_ms = self._expires_ms - self._now_ms()
+        return (time.monotonic() - self._renewed_at >= self.ttl_s / 3
+                or left_ms < self.ttl_s * 1000 * 2 / 3)
 
     def renew(self) -> None:
         """Step 2."""
         if self._snapshot is None:
             raise LeaseLostError(f"{self.where}: the writer lease is not held")
         state = LeaseState(self.owner, self.epoch, self._expiry(), False)
+        started = time.monotonic()
         try:
             self._snapshot = self.document.commit(self._snapshot.version, state.to_body())
         except ConflictError:
             self._snapshot = None
             raise LeaseLostError(f"{self.where}: another process took the writer lease; "
                                  "this one writes no more") from None
-        self._renewed_at = time.monotonic()
+        # The expiry was computed before the request went out, so a slow request only
+        # shortens what it bought.
+        self._renewed_at = started
+        self._expires_ms = state.expires_ms
+
+    @property
+    def valid(self) -> bool:
+        """Step 4: whether this holder may acknowledge and serve now."""
+        margin_ms = int(self.ttl_s * 1000 * SAFETY_MARGIN)
+        return self._snapshot is not None and self._now_ms() < self._expires_ms - margin_ms
+
+    def require_valid(self) -> None:
+        """LeaseLostError unless `valid`: the error a produce or a fetch answers with."""
+        if self._snapshot is None:
+            raise LeaseLostError(f"{self.where}: another process took the writer lease; "
+                                 "this one writes no more")
+        if not self.valid:
+            raise LeaseLostError(
+                f"{self.where}: this server's writer lease ran out at "
+                f"{self._expires_ms} ms (not renewed in time); it serves nothing until "
+                "a renewal succeeds, and another server may have taken over")
 
     def check(self) -> None:
         """LeaseLostError unless the lease document still holds this writer's epoch (one

@@ -521,6 +521,21 @@ class ObjectDocument:
                          self.where, version)
         return True
 
+    def proven(self) -> bool:
+        """As purge_uncommitted, but removing nothing: a process that does not own the
+        document (a compaction's sweep, a fenced writer) must not remove an audit copy
+        that a stalled owner's commit may still land on; it finds the version unproven
+        and deletes no orphan. test_a_non_owner_never_removes_an_audit_copy
+        (tests/test_object_commit.py)."""
+        found = self._get(self.current_key)
+        if found is None:
+            return False
+        try:
+            current, _ = _decode_at(self.url_of(self.current_key), found.raw)
+        except CorruptionError:
+            return False
+        return all(version <= current for version in self.history())
+
     def recover(self) -> list[str]:
         """Nothing to do: a PUT is whole or absent, so no commit leaves temporary objects."""
         return []

@@ -99,13 +99,15 @@ class RecoveryReport:
 
 @dataclass(frozen=True)
 class View:
-    """One consistent view of a partition for a read: a manifest and the log segments
-    and log end offset that went with it."""
+    """One consistent view of a partition for a read: a manifest and the log segments,
+    log end offset and high watermark that went with it. Reads serve only offsets below
+    `high_watermark` (Partition.high_watermark)."""
 
     manifest: PartitionManifest
     version: int
     logs: tuple[LogSegment, ...]
     log_end_offset: int
+    high_watermark: int
 
 
 class Partition:
@@ -154,6 +156,10 @@ class Partition:
         # On an object store, the writer lease's epoch (lease.py): every commit this
         # writer makes checks the manifest is not stamped by a newer writer.
         self.writer_epoch: int | None = None
+        # On an object store, the sealed end of the manifest versions this writer itself
+        # committed (or found at open): what is in the bucket by this writer's own
+        # doing, never by a manifest another writer committed (`high_watermark`).
+        self._durable_end = 0
 
     @property
     def name(self) -> str:
@@ -223,7 +229,7 @@ class Partition:
     def view(self) -> View:
         with self._lock:
             return View(self.manifest, self.manifest_version, tuple(self.logs),
-                        self.log_end_offset)
+                        self.log_end_offset, self.high_watermark)
 
     # -- the manifest -----------------------------------------------------------------
 
@@ -239,6 +245,13 @@ class Partition:
         with self._lock:
             if snapshot.version < self.manifest_version:
                 return  # another thread installed a newer version meanwhile
+            theirs = int(manifest.extra.get(EPOCH_KEY, 0))
+            if self.writable and self.writer_epoch is not None and theirs > self.writer_epoch:
+                # Whatever this writer was doing, a newer one owns the partition now: it
+                # acknowledges and serves nothing more (lease.py).
+                self.fail(FencedError(
+                    f"{self.name}: a newer writer (epoch {theirs}) took over from this "
+                    f"one (epoch {self.writer_epoch}); this writer stops"))
             gone = self.manifest.live_files() - manifest.live_files()
             self.snapshot = snapshot
             self.manifest = manifest
@@ -284,6 +297,10 @@ class Partition:
                     self.fail(error)
                 raise
             self._install(snapshot, updated)
+            if self.writable:
+                with self._lock:
+                    self._durable_end = max(self._durable_end, updated.sealed_end_offset)
+                    self._appended.notify_all()  # the high watermark may have moved
             self._delete_forgotten(base, updated)
             return updated
         raise ConflictError(f"{self.name}: manifest kept changing; gave up after {attempts} tries")
@@ -332,6 +349,15 @@ class Partition:
             log.warning("%s: could not delete a retired file (the sweep retries): %s",
                         self.name, error)
             self.sweep_soon()
+
+    def prove_manifest(self) -> bool:
+        """Whether the manifest's current version is proven, so that files it does not
+        list are orphans (commit.py). Its owner, the writer holding the lease, removes
+        audit copies of versions never committed on the way; any other process (a
+        compaction, a fenced writer) only looks, since on an object store a stalled
+        owner's commit looks the same as a dead one's (object_commit.py)."""
+        owner = self.writable and not isinstance(self.failed, FencedError | LeaseLostError)
+        return self.document.purge_uncommitted() if owner else self.document.proven()
 
     def refresh(self) -> None:
         """Pick up what other processes committed or appended."""
@@ -396,6 +422,26 @@ class Partition:
         if self.logs:
             return max(self.active.next_offset, self.manifest.sealed_end_offset)
         return self.manifest.sealed_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """The durable high watermark (DESIGN.md, contract 13): consumers, and every read
+        of the view, are served only offsets below it. On a local directory an append
+        is durable by the flush policy once it returns, so it is the log end offset. On
+        an object store it is what the bucket holds: for the writer, the sealed end of
+        the manifests it committed itself (a manifest another writer committed never
+        raises it); for a reader, the committed manifest's sealed end."""
+        if self.volume.is_local:
+            return self.log_end_offset
+        if self.writable:
+            return self._durable_end
+        return self.manifest.sealed_end_offset
+
+    def note_durable_at_open(self) -> None:
+        """Recovery's last step on an object store: the manifest this writer opened on
+        (stamped with its epoch) lists what is in the bucket."""
+        with self._lock:
+            self._durable_end = self.manifest.sealed_end_offset
 
     @property
     def log_start_offset(self) -> int:
@@ -518,6 +564,12 @@ class Partition:
             self.failed = error
             log.error("%s: stopped taking writes until it is reopened: %s", self.name, error)
 
+    def require_owner(self) -> None:
+        """The error a read or a write answers with once another writer owns this
+        partition (fenced, or the lease lost): the reader goes to the new owner."""
+        if isinstance(self.failed, FencedError | LeaseLostError):
+            raise self.failed
+
     def require_writable(self) -> None:
         if not self.writable:
             raise ReadOnlyStoreError(f"{self.name} is open read-only")
@@ -568,7 +620,7 @@ class Partition:
         """Block until a record at or after `offset` may exist, or `timeout` passes."""
         deadline = time.monotonic() + timeout
         with self._appended:
-            while self.log_end_offset <= offset:
+            while self.high_watermark <= offset:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

@@ -245,7 +245,7 @@ class TableRead:
                 continue
             more = segment.read(expected, self.max_records - self.count,
                                 max(self.max_bytes - self.taken, 1))
-            more = [record for record in more if record.offset < self.view.log_end_offset]
+            more = [record for record in more if record.offset < self.view.high_watermark]
             if not more:
                 continue
             if more[0].offset != expected:
@@ -333,7 +333,7 @@ def last_record(partition: Partition) -> Record | None:
     partition.refresh()
     view = partition.view()
     horizon = view.manifest.horizon
-    end = view.log_end_offset
+    end = view.high_watermark
     if horizon is None or end - 1 > horizon:
         if end <= view.manifest.log_start_offset:
             return None
@@ -357,7 +357,7 @@ def offset_for_timestamp(partition: Partition, timestamp: int,
                     return found
         for log_segment in view.logs:
             found = log_segment.offset_for_timestamp(timestamp)
-            if found is not None and found < view.log_end_offset:
+            if found is not None and found < view.high_watermark:
                 return found
         return None
 

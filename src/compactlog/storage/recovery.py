@@ -17,10 +17,24 @@ commit.py or the compaction runner; the crash tests name them):
      and recording corrupt ranges;
   5. seal the rolled segments (auto_seal), which may have waited for a seal that
      never came.
-On an object store, before any of these, the writer (holding the lease) removes the audit
-copies of manifest versions never committed (a committer killed between its audit copy
-and its commit point), then stamps its epoch: test_a_writer_killed_at_a_commit_point_
-does_not_block_the_next_writer (tests/test_fault_steps_s3.py).
+On an object store, before any of these, the writer (holding the lease):
+  0a. removes the audit copies of manifest versions never committed (a committer killed
+      between its audit copy and its commit point): test_a_writer_killed_at_a_commit_
+      point_does_not_block_the_next_writer (tests/test_fault_steps_s3.py);
+  0b. compares the epoch this local directory last wrote under (its `writer_epoch` file)
+      with the epoch stamped in the manifest: a newer stamp means another writer took
+      over since, so every local log file is superseded, whatever offsets it holds (its
+      records were never acknowledged to acks=all, or they are in the bucket already),
+      and all of them are set aside as one suffix; offsets then go on from the bucket's
+      sealed end, dense and never reused. test_a_restart_after_a_take_over_sets_aside_
+      the_whole_local_suffix (tests/test_failover_steps_s3.py);
+  0c. records its own epoch in that file (fsynced), then stamps it into the manifest
+      (lease.py), and takes the manifest's sealed end as its durable high watermark
+      (Partition.high_watermark). A crash between 0c's two writes leaves a local epoch
+      newer than the manifest's, which 0b reads as "nobody took over": right, since 0b
+      already set aside what was superseded;
+and after step 3, with nobody having taken over, a local file that starts below the
+sealed end or after a gap is set aside with every file after it (step 3b).
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from compactlog.errors import CorruptionError, StorageError
 from compactlog.storage import fsutil, locks
+from compactlog.storage.lease import EPOCH_KEY
 from compactlog.storage.logfile import LogSegment, base_offset_of, log_file_name
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
 from compactlog.storage.sweep import SweepResult, sweep
@@ -85,8 +100,12 @@ def open_locked(partition: Partition) -> None:
             # open. This writer holds the lease, so it is the document's owner and may
             # purge it, as its sweep does. test_a_writer_killed_at_a_commit_point_does_
             # not_block_the_next_writer (tests/test_fault_steps_s3.py)
-            partition.document.purge_uncommitted()
+            partition.document.purge_uncommitted()  # 0a.
+            _set_aside_after_take_over(partition)  # 0b.
+            _write_local_epoch(partition)  # 0c.
         partition.stamp_epoch()  # on an object store: fence former writers (lease.py)
+        if not partition.volume.is_local:
+            partition.note_durable_at_open()
         _recover_files(partition)
     _open_logs(partition)
     if partition.writable:
@@ -150,26 +169,76 @@ def _recover_files(partition: Partition) -> None:
         _set_aside_superseded(partition, sealed_end)
 
 
+LOCAL_EPOCH_FILE = "writer_epoch"
+
+
+def _local_epoch(partition: Partition) -> int:
+    """The epoch under which this local directory's log files were written (0: not
+    recorded, as before this file existed, or a new directory)."""
+    try:
+        return int((partition.directory / LOCAL_EPOCH_FILE).read_text().strip() or 0)
+    except FileNotFoundError:
+        return 0
+    except ValueError:
+        return 0  # damaged: treated as unknown, so a take-over is assumed (the safe side)
+
+
+def _write_local_epoch(partition: Partition) -> None:
+    if partition.writer_epoch is None or _local_epoch(partition) == partition.writer_epoch:
+        return
+    final = partition.directory / LOCAL_EPOCH_FILE
+    temp = fsutil.temp_path(partition.directory, LOCAL_EPOCH_FILE)
+    fsutil.write_file_durably(temp, f"{partition.writer_epoch}\n".encode())
+    fsutil.publish_replace(temp, final)
+
+
+def _set_aside_after_take_over(partition: Partition) -> None:
+    """Step 0b: every local log file goes aside when a newer writer stamped the manifest
+    since this directory's writer last wrote."""
+    stamped = int(partition.manifest.extra.get(EPOCH_KEY, 0))
+    local = _local_epoch(partition)
+    if stamped <= local:
+        return
+    files = log_files(partition.log_dir)
+    if any(path.stat().st_size > 0 for _, path in files):
+        _set_aside(partition, [path for _, path in files],
+                   f"written under epoch {local or 'unknown'}, and a newer writer (epoch "
+                   f"{stamped}) took over since; the bucket's log ends at "
+                   f"{partition.manifest.sealed_end_offset}")
+    else:
+        for _, path in files:  # empty: nothing to keep for inspection
+            fsutil.remove(path)
+        if files:
+            fsutil.fsync_dir(partition.log_dir)
+
+
 def _set_aside_superseded(partition: Partition, sealed_end: int) -> None:
-    """Step 3b, on an object store: a log file that starts below the manifest's sealed end
-    and survived step 3 holds offsets that another writer sealed since this directory's
-    writer stopped (a fail-over): its records were never uploaded, and with
-    ack_after_upload never acknowledged. Appending after them would put two records at
-    one offset, so the file is moved aside (kept for inspection, never read).
-    tests/test_failover_s3.py"""
+    """Step 3b, on an object store: the local log must continue the bucket's exactly. A
+    file that starts below the sealed end and survived step 3 holds offsets that another
+    writer sealed (its records never reached the bucket); a file that starts after it
+    leaves a hole. Either one, and every file after it, is moved aside (kept for
+    inspection, never read): appending after it would put two records at one offset,
+    or offsets that never exist. tests/test_failover_s3.py"""
+    files = log_files(partition.log_dir)
+    for position, (base, _) in enumerate(files):
+        if base != sealed_end:
+            _set_aside(partition, [path for _, path in files[position:]],
+                       f"the bucket's log ends at {sealed_end}, and this file starts at "
+                       f"{base}")
+        break
+
+
+def _set_aside(partition: Partition, paths: list[Path], why: str) -> None:
     aside = partition.directory / "superseded"
-    for base, path in log_files(partition.log_dir):
-        if base >= sealed_end:
-            continue
-        aside.mkdir(exist_ok=True)
-        target = aside / f"{path.name}.{partition.now_ms()}"
+    aside.mkdir(exist_ok=True)
+    stamp = partition.now_ms()
+    for path in paths:
+        target = aside / f"{path.name}.{stamp}"
         os.replace(path, target)
         partition.recovery.removed_files.append(path)
-        log.error("%s: %s starts at offset %d, below the bucket's sealed end %d (another "
-                  "writer took over): this writer never uploaded its records; moved to %s",
-                  partition.name, path.name, base, sealed_end, target)
-    if aside.is_dir():
-        fsutil.fsync_dir(partition.log_dir)
+        log.error("%s: set aside %s (%s): its records were never uploaded by this writer; "
+                  "moved to %s", partition.name, path.name, why, target)
+    fsutil.fsync_dir(partition.log_dir)
 
 
 def sweep_as_writer(partition: Partition, seal_lock_held: bool = False) -> SweepResult:
@@ -190,7 +259,7 @@ def _sweep_with_seal_lock(partition: Partition) -> SweepResult:
     lock_fd = locks.try_lock(partition.directory) if partition.ledger_dir.is_dir() else None
     try:
         orphan_dirs: list[str] = []
-        if partition.document.purge_uncommitted():
+        if partition.prove_manifest():
             orphan_dirs.append(SEGMENT_DIR)
             if lock_fd is not None:
                 orphan_dirs.append(LEDGER_DIR)

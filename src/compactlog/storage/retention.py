@@ -61,10 +61,11 @@ def delete_records(partition: Partition, before: int) -> int:
     new log start (Kafka's low watermark). Sealed segments wholly below it leave the
     manifest (retired by the commit); a segment partly below it, and the log segments,
     keep their bytes, hidden from reads. Compaction drops ledger records below it at its
-    next run. Raises OffsetOutOfRangeError past the log end."""
+    next run. Raises OffsetOutOfRangeError past the high watermark (Kafka's rule: only
+    records consumers may read can be deleted)."""
     partition.require_writable()
     with partition._lock:
-        end = partition.log_end_offset
+        end = partition.high_watermark
     if not 0 <= before <= end:
         raise OffsetOutOfRangeError(partition.topic, partition.index, before,
                                     partition.log_start_offset, end)

@@ -126,7 +126,7 @@ def remove_unlisted(partition: Partition, name: str, what: str) -> None:
     goes if no committed manifest lists it. The outcome of a failed commit may be
     unknown, so the manifest decides, not the error."""
     try:
-        proven = partition.document.purge_uncommitted()
+        proven = partition.prove_manifest()
         partition.load_manifest()
         if not proven:
             partition.sweep_soon()  # the sweep decides once the version is proven

@@ -298,6 +298,15 @@ class LogStore:
                               "the next writer on this directory seals them: %s",
                               partition.name, partition.log_dir, error)
 
+    def require_serving(self) -> None:
+        """LeaseLostError unless this process may acknowledge and serve now: on an object
+        store, while it holds a valid writer lease (lease.py step 4); a local store and a
+        read-only one always may."""
+        if self.lease_lost is not None:
+            raise self.lease_lost
+        if self.lease is not None:
+            self.lease.require_valid()
+
     def _require_writable(self) -> None:
         if self.read_only:
             raise ReadOnlyStoreError(f"data directory {self.location} is open read-only")
@@ -443,6 +452,12 @@ class LogStore:
             for index, group in sorted(groups.items())
         ]
         return [target.append_prepared(batch) for target, batch in prepared]
+
+    def open_partitions(self) -> list[Partition]:
+        """The partitions of the topics opened so far (no request to the store)."""
+        with self._lock:
+            return [partition for topic in self._topics.values()
+                    for partition in topic.partitions]
 
     def flush(self) -> None:
         with self._lock:

@@ -99,7 +99,11 @@ def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
                             "preferred_read_replica": -1, "records": b""})
             continue
         try:
+            # A server that is no longer the owner serves nothing (NOT_LEADER_OR_FOLLOWER):
+            # its state is frozen, and its consumers must go to the new owner.
+            broker.store.require_serving()
             partition = broker.store.topic(name).partition(index)
+            partition.require_owner()
             compacted = partition.config.compacted
             # Kafka's rule: the first batch of the response goes out whole even when it
             # is over the limits, so that a consumer can always make progress.
@@ -108,7 +112,7 @@ def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
             # segments that the ledger still covers.
             start, end = view_start_offset(partition, compacted), partition.log_end_offset
             if not start <= offset <= end:
-                results.append(_out_of_range(start, end))
+                results.append(_out_of_range(start, partition.high_watermark))
                 continue
             records = b""
             if limit > 0 or budget == max_bytes:
@@ -171,15 +175,18 @@ def _lookup_all(broker: Broker, wanted: list[tuple[str, int, int]],
                             "leader_epoch": -1})
             continue
         try:
+            broker.store.require_serving()
             partition = broker.store.topic(name).partition(index)
+            partition.require_owner()
             if timestamp == EARLIEST:
                 found, at = view_start_offset(partition, partition.config.compacted), -1
             elif timestamp == LATEST:
-                found, at = partition.log_end_offset, -1
+                # Kafka's answer to both isolation levels: the high watermark.
+                found, at = partition.high_watermark, -1
             elif timestamp < 0:
                 raise ValueError(f"unsupported ListOffsets timestamp {timestamp}")
             else:
-                offset = partition.offset_for_timestamp(timestamp)
+                offset = partition.offset_for_timestamp(timestamp)  # below the watermark
                 if offset is None:
                     found, at = -1, -1
                 else:

@@ -5,9 +5,12 @@ compacted topics) and appended by the store, which assigns offsets by rewriting 
 the batch's base offset (outside the CRC). acks=0 gets no response at all; if any of
 its partitions failed (denied, unknown, invalid, storage), the connection is closed, as
 Kafka's KafkaApis.handleProduceRequest closes it, so that the producer notices and
-refreshes its metadata instead of sending into a void. acks=1 and acks=-1 are the same
-on a single broker: the response goes once the store has taken the batch under the
-topic's flush policy.
+refreshes its metadata instead of sending into a void. On a local directory acks=1
+and acks=-1 are the same: the response goes once the store has taken the batch under
+the topic's flush policy. On an object store acks=-1 waits until the records are in the
+bucket (server/uploads.py, `ack_after_upload`), and acks=1 until they are on this
+server's disk. Either way a server whose writer lease lapsed answers
+NOT_LEADER_OR_FOLLOWER instead of acknowledging (`_unless_still_the_owner`).
 
 Batches with a producer id come from idempotent producers (KIP-98): InitProducerId
 hands out the ids, and server/producers.py checks each such batch's epoch and sequence
@@ -76,9 +79,11 @@ async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
     results = await broker.run_io(_append_all, broker, work, denied)
     broker.notify_data()
     last_offsets = [result.pop(LAST_OFFSET, None) for result in results]
-    if broker.uploads is not None and body.acks != 0:
+    if broker.uploads is not None and body.acks == -1 and broker.uploads.acks_all_waits:
         await _wait_for_uploads(broker, work, results, last_offsets,
                                 int(body.timeout.total_seconds() * 1000))
+    if body.acks != 0:
+        _unless_still_the_owner(broker, work, results, last_offsets)
     if body.acks == 0:
         failed = [f"{name}/{index}: {ErrorCode(result['error_code']).name.upper()}"
                   for (name, index, _), result in zip(work, results, strict=True)
@@ -111,6 +116,22 @@ async def _wait_for_uploads(broker: Broker, work: list[tuple[str, int, bytes]],
                 f"store within timeout_ms={timeout_ms} (ack_after_upload)")
 
 
+def _unless_still_the_owner(broker: Broker, work: list[tuple[str, int, bytes]],
+                            results: list[dict[str, Any]],
+                            last_offsets: list[tuple[Partition, int] | None]) -> None:
+    """A server whose writer lease lapsed while it appended or uploaded (lease.py step 4)
+    acknowledges nothing: another server may own the partitions already, and its log,
+    not this one's, is the partition's history. The producer retries there."""
+    try:
+        broker.store.require_serving()
+        return
+    except Exception as error:
+        lapsed = error
+    for index, appended in enumerate(last_offsets):
+        if appended is not None and results[index]["error_code"] == ErrorCode.none:
+            results[index].update(_failed(lapsed, work[index][0], work[index][1]))
+
+
 def _append_all(broker: Broker, work: list[tuple[str, int, bytes]],
                 denied: set[str]) -> list[dict[str, Any]]:
     return [{"error_code": authz.TOPIC_DENIED, "base_offset": -1, "log_append_time": None,
@@ -121,6 +142,7 @@ def _append_all(broker: Broker, work: list[tuple[str, int, bytes]],
 
 def _append_one(broker: Broker, name: str, index: int, records: bytes) -> dict[str, Any]:
     try:
+        broker.store.require_serving()  # no longer the owner: NOT_LEADER_OR_FOLLOWER
         partition = broker.store.topic(name).partition(index)
         batches = list(iter_batches(records))
         consumed = sum(header.size for _, header in batches)

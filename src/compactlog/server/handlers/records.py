@@ -64,7 +64,7 @@ def _delete_one(broker: Broker, name: str, index: int, offset: int) -> dict[str,
             log.info("DeleteRecords on %s refused: cleanup.policy=%s has no 'delete' "
                      "(POLICY_VIOLATION, as Kafka)", partition.name, config.cleanup_policy)
             return {"low_watermark": -1, "error_code": ErrorCode.policy_violation}
-        before = partition.log_end_offset if offset == HIGH_WATERMARK else offset
+        before = partition.high_watermark if offset == HIGH_WATERMARK else offset
         partition.delete_records(before)  # OffsetOutOfRangeError below 0 or past the end
         return {"low_watermark": view_start_offset(partition, config.compacted),
                 "error_code": ErrorCode.none}
