@@ -1,7 +1,8 @@
 """Fail-over of a server on an object store: two `compactlog serve` processes on one
 s3:// URL with separate local directories. The owner is killed with SIGKILL while a
-producer with acks=all sends and the server acknowledges only after upload
-(ack_after_upload); the standby takes over once the writer lease expires and serves on
+producer with acks=all sends and the server acknowledges once the records are in the
+bucket (the default on s3://: docs/server.md, "Acknowledgements and the high
+watermark"); the standby takes over once the writer lease expires and serves on
 the same address; every acknowledged record is in the bucket at the offset it was
 acknowledged with, in order. The former owner, restarted on its old local directory,
 stands by and writes nothing until the lease is its own, and then sets aside its local
@@ -98,7 +99,7 @@ def test_the_standby_takes_over_and_no_acknowledged_record_is_lost(
     where = str(s3.location("failover"))
     port = free_port()
     config = tmp_path / "server.toml"
-    config.write_text(f"lease_ttl_s = {TTL_S}\nack_after_upload = true\n"
+    config.write_text(f"lease_ttl_s = {TTL_S}\n"
                       "upload_interval_s = 0.1\nupkeep_interval_s = 0.2\n")
     acked: list[tuple[int, int, bytes]] = []
     failed: list[str] = []
@@ -199,7 +200,7 @@ def test_a_server_that_takes_over_keeps_the_groups_offsets_and_the_cluster_id(
     port = free_port()
     bootstrap = f"127.0.0.1:{port}"
     config = tmp_path / "server.toml"
-    config.write_text(f"lease_ttl_s = {TTL_S}\nack_after_upload = true\n"
+    config.write_text(f"lease_ttl_s = {TTL_S}\n"
                       "upload_interval_s = 0.1\nupkeep_interval_s = 0.2\n")
     partition = TopicPartition(TOPIC, 0)
 

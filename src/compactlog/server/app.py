@@ -339,8 +339,13 @@ class Server:
         # else: the partitions are another server's now; what this one did not upload
         # is set aside when a writer opens this local directory again (recovery.py).
         remove_server_info(self.config.data_dir)
+        lost = self.store.lease_lost is not None
         self.store.close()
-        log.info("server stopped; everything acknowledged is flushed")
+        if lost:
+            log.info("server stopped; it no longer owned the data (another server took "
+                     "the writer lease)")
+        else:
+            log.info("server stopped; everything acknowledged is flushed")
 
     async def _upkeep_loop(self) -> None:
         assert self.broker is not None
