@@ -11,6 +11,16 @@ without it and with the log start moved past it (commit.py; the dropped files ar
 retired by the commit, not deleted); 3. the sweep deletes them once
 file.delete.delay.ms has passed (sweep.py), so readers that loaded the older manifest
 can finish. A failure before 2 changes nothing; after it, the sweep runs later.
+
+What others may change under it, and what step 2 checks: it re-applies its change to
+the newest manifest after a conflict, removing only the files it chose (by name) and
+never moving the log start back. A compaction that landed meanwhile only moved the
+horizon forward, so what was at or below the old horizon still is, and its ledger
+keeps what retention removes: tests/test_commit_races.py test_retention_re_applies_
+itself_over_a_compaction_and_keeps_the_view. DeleteRecords applies the same way over a
+compaction's commit, keeping the compaction's pair and its own `deleted_below`:
+test_delete_records_re_applies_itself_over_a_compaction. A merge of segments this
+commit drops makes the merge conflict (merging.py step 4); a seal only appends.
 """
 
 from __future__ import annotations

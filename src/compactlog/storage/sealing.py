@@ -19,6 +19,20 @@ A failure in 1-3 leaves the log file in force; the file of 1-2, if any, is an or
 that the sweep deletes (at once here: the seal lock keeps other sealers out). A crash
 is repaired at the next open (recovery.py): a temporary file (1), an orphan (2), a log
 file already covered (after 3).
+
+What others may change under a seal, and what its commit checks (step 3 re-applies
+`add_segment` to the newest manifest after a conflict):
+- a compaction (another process) commits a new (horizon, ledger) pair: the fields are
+  disjoint and the new segment lies above any horizon, so both stand;
+  tests/test_commit_races.py test_a_seal_re_applies_itself_over_a_compaction_that_
+  landed_first, and the other order, test_a_compaction_that_landed_after_a_seal_
+  keeps_the_new_segment;
+- merging and retention are this writer's own and take the seal lock or commit only a
+  prefix; DeleteRecords moves the log start (a rolled segment wholly below it is
+  dropped unsealed, step 0 of seal_rolled);
+- another writer (a take-over on an object store) stamps a newer epoch or seals these
+  offsets: FencedError, this writer stops and acknowledges nothing (the wait for an
+  upload reads this writer's own high watermark: server/uploads.py).
 """
 
 from __future__ import annotations
