@@ -115,10 +115,13 @@ def ledger_file_name(run_id: str, sequence: int, base_offset: int) -> str:
 
 
 def is_tombstone_mask(table: pa.Table, empty_value_is_tombstone: bool) -> pa.Array:
+    """Per row, whether it is a tombstone: never null, so numpy can combine it."""
     value = table.column("value")
     tombstone = pc.is_null(value)
     if empty_value_is_tombstone:
-        tombstone = pc.or_(tombstone, pc.equal(pc.binary_length(value), 0))
+        # A null value's length is null: `or_` would make its row's mask null (and numpy
+        # would then see None), where Kleene logic gives true OR null = true.
+        tombstone = pc.or_kleene(tombstone, pc.equal(pc.binary_length(value), 0))
     return tombstone
 
 
