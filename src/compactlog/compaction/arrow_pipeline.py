@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from compactlog.compaction.arrow_survivors import (
+    NotInView,
     Phase1Stats,
     latest_over_ledger,
     partition_survivors,
@@ -207,6 +208,7 @@ def compact_one(task: dict[str, Any]) -> dict[str, Any]:
     # Every byte proven against the manifest's CRC32C: the pages' own CRCs add nothing.
     page_checksums = any(item.info.crc32c is None for item in inputs)
     deleted = load_deleted([item for item in inputs if item.is_ledger])
+    hidden = NotInView(deleted, rules.deleted_below)
     stats = Phase1Stats()
     strategy = parse_strategy(task["strategy"])
     ledger = [str(item.path) for item in inputs if item.is_ledger]
@@ -214,11 +216,11 @@ def compact_one(task: dict[str, Any]) -> dict[str, Any]:
     if task.get("deletion_vectors") and strategy.kind == "latest" and ledger:
         survivors = latest_over_ledger(
             ledger, [str(item.path) for item in inputs if not item.is_ledger],
-            task["budget"], stats, page_checksums, deleted)
+            task["budget"], stats, page_checksums, hidden)
     if survivors is None:
         survivors = partition_survivors(
             [str(item.path) for item in inputs], strategy,
-            rules.empty_value_is_tombstone, task["budget"], stats, page_checksums, deleted,
+            rules.empty_value_is_tombstone, task["budget"], stats, page_checksums, hidden,
         )
     verified = time.monotonic() - started - stats.read_s - stats.group_s
     written = time.monotonic()
@@ -233,7 +235,7 @@ def compact_one(task: dict[str, Any]) -> dict[str, Any]:
     sequence = 0
     for run in runs:
         groups = split_inputs(run, survivors, task["target_file_bytes"],
-                              rules.null_key_policy == "keep")
+                              rules.null_key_policy == "keep", rules.deleted_below)
         for files, piece_survivors in groups:
             result = write_ledger_piece(
                 # Verified above: the size is checked again, the whole-file CRC is not.

@@ -180,7 +180,8 @@ def write_ledger_piece(
                 gone = (deleted_mask(group.column("offset").to_numpy(), deleted)
                         if deleted is not None and len(deleted) else None)
                 counts["records_in"] += group.num_rows - (0 if gone is None else int(gone.sum()))
-                kept = _filter_group(_as_ledger_table(group), survivors, rules, counts, gone)
+                kept = _filter_group(_as_ledger_table(group), survivors, rules, counts, gone,
+                                     source.is_ledger)
                 if not kept.num_rows:
                     continue
                 offsets = kept.column("offset")
@@ -231,10 +232,11 @@ def write_ledger_piece(
 
 def _filter_group(
     table: pa.Table, survivors: np.ndarray, rules: TombstoneRules, counts: dict[str, int],
-    gone: np.ndarray | None = None,
+    gone: np.ndarray | None = None, is_ledger: bool = False,
 ) -> pa.Table:
-    """The rows of `table` that stay in the view, counted into `counts`; `gone` marks
-    rows a deletion vector took out before (not input: neither kept nor counted)."""
+    """The rows of `table` (a row group of a ledger file when `is_ledger`) that stay in
+    the view, counted into `counts`; `gone` marks rows a deletion vector took out before
+    (not input: neither kept nor counted)."""
     offsets = table.column("offset").to_numpy()
     chosen = deleted_mask(offsets, survivors)  # "is in the sorted array", whatever it holds
     null_key = pc.is_null(table.column("key")).to_numpy(zero_copy_only=False)
@@ -260,8 +262,13 @@ def _filter_group(
         keep &= ~too_old
     if rules.deleted_below:
         # Counted with retention: both take records out of the view by their position.
+        # Phase 1 never sees a row below the cut (it is not in the view), so none is
+        # chosen; a ledger row there was in the view until DeleteRecords took it out.
         deleted = offsets < rules.deleted_below
-        counts["expired_removed"] += int((keep & deleted).sum())
+        was_in_view = keep | (~null_key if is_ledger else np.zeros(len(offsets), bool))
+        if gone is not None:
+            was_in_view &= ~gone
+        counts["expired_removed"] += int((was_in_view & deleted).sum())
         keep &= ~deleted
     counts["tombstones_kept"] += int((keep & tombstone).sum())
     kept = table.filter(pa.array(keep))

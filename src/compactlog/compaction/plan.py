@@ -10,7 +10,9 @@ or the old horizon when no segment is cleanable.
 After phase 1 the surviving offsets are known, so phase 2 is split into pieces: runs
 of consecutive input files whose surviving bytes (estimated from the survivor counts
 and each file's bytes per record) fill about one target ledger file. Files with no
-survivors are not read at all.
+survivors are not read at all, nor is a file wholly below DeleteRecords' deleted_below
+(`wholly_cut`: nothing of it is in the view, null-key records included); the runner
+counts a cut ledger file's live records as removed by their position.
 """
 
 from __future__ import annotations
@@ -110,6 +112,13 @@ class PartitionPlan:
                                           for item in self.clean)
 
     @property
+    def cut_ledger_records(self) -> int:
+        """The live records of the previous ledger's files wholly below deleted_below:
+        they leave with their files, which phase 2 never reads (`wholly_cut`)."""
+        return sum(item.info.live_count for item in self.clean
+                   if wholly_cut(item.info, self.rules.deleted_below))
+
+    @property
     def ledger_dir(self) -> Path:
         return self.directory / LEDGER_DIR
 
@@ -204,19 +213,26 @@ def deleted_offsets(clean: list[InputFile]) -> np.ndarray:
     return np.sort(np.concatenate(found)) if found else np.empty(0, np.int64)
 
 
+def wholly_cut(info: SegmentInfo, deleted_below: int) -> bool:
+    """Whether every offset of the file `info` lies below DeleteRecords' cut."""
+    return info.last_offset < deleted_below
+
+
 def split_pieces(plan: PartitionPlan) -> list[Piece]:
     """Group the plan's input files into phase-2 pieces, by estimated surviving bytes."""
     groups = split_inputs(plan.inputs, plan.survivors, plan.target_file_bytes,
-                          plan.rules.null_key_policy == "keep")
+                          plan.rules.null_key_policy == "keep", plan.rules.deleted_below)
     return [Piece(plan, sequence, files, survivors)
             for sequence, (files, survivors) in enumerate(groups)]
 
 
 def split_inputs(
-    inputs: list[InputFile], survivors: np.ndarray, target_file_bytes: int, keep_nulls: bool
+    inputs: list[InputFile], survivors: np.ndarray, target_file_bytes: int, keep_nulls: bool,
+    deleted_below: int = 0,
 ) -> list[tuple[list[InputFile], np.ndarray]]:
     """Runs of consecutive input files whose surviving bytes fill about one ledger file,
-    each with its slice of the sorted surviving offsets (files with none are skipped)."""
+    each with its slice of the sorted surviving offsets (files with none are skipped,
+    and files wholly below `deleted_below`)."""
     pieces: list[tuple[list[InputFile], np.ndarray]] = []
     current: list[InputFile] = []
     current_bytes = 0.0
@@ -234,7 +250,7 @@ def split_inputs(
         low = np.searchsorted(survivors, info.base_offset, "left")
         high = np.searchsorted(survivors, info.last_offset, "right")
         surviving = int(high - low)
-        if surviving == 0 and not keep_nulls:
+        if (surviving == 0 and not keep_nulls) or wholly_cut(info, deleted_below):
             continue  # nothing of this file survives: it is not even read
         per_record = info.size_bytes / max(info.record_count, 1)
         current.append(item)

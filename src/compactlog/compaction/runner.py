@@ -272,6 +272,7 @@ def _commit(
         summary.tombstones_removed += piece.tombstones_removed
         summary.null_keys_removed += piece.null_keys_removed
         summary.expired_removed += piece.expired_removed
+    summary.expired_removed += plan.cut_ledger_records  # files phase 2 never read
     summary.records_in = sum(item.info.live_count for item in plan.inputs)
     summary.bytes_in = sum(item.info.size_bytes for item in plan.inputs)
     summary.bytes_out = sum(info.size_bytes for info in new_ledger)

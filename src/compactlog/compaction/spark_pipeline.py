@@ -2,8 +2,10 @@
 
 Phase 1 reads only (key, offset, tombstone flag, ordering value) of every input file
 of every partition in the run, in one Spark job, and finds each key's surviving
-offset. Keys are grouped by their bytes, never by a hash alone. The surviving offsets
-come back to the driver (8 bytes per live key) as sorted arrays.
+offset among the rows in the view (not a deletion vector's rows, not below
+DeleteRecords' deleted_below: phase 2 would drop them, and choosing one would lose its
+key's live rows). Keys are grouped by their bytes, never by a hash alone. The surviving
+offsets come back to the driver (8 bytes per live key) as sorted arrays.
 
 Phase 2 runs one Spark task per ledger piece (plan.split_pieces). Each task gets its
 piece's input file paths and surviving offsets, and copies the surviving rows with
@@ -77,8 +79,10 @@ def _input_frame(spark: SparkSession, plans: list[PartitionPlan], strategy: Stra
         # One scan per partition, its number a constant: a regex over every row's file
         # path cost about a third of phase 1 (bench/compaction.py, 2M records).
         frames = [
-            spark.read.schema(INPUT_SCHEMA).parquet(*(str(item.path) for item in plan.inputs))
-            .select(F.lit(plan.partition).alias("p"), *columns)
+            _from_deleted_below(
+                spark.read.schema(INPUT_SCHEMA).parquet(*(str(item.path) for item in plan.inputs)),
+                plan.rules.deleted_below,
+            ).select(F.lit(plan.partition).alias("p"), *columns)
             for plan in plans
         ]
         frame = frames[0]
@@ -94,6 +98,14 @@ def _input_frame(spark: SparkSession, plans: list[PartitionPlan], strategy: Stra
             .alias("p"),
             *columns,
         )
+        starts = [(plan.partition, plan.rules.deleted_below) for plan in plans
+                  if plan.rules.deleted_below]
+        if starts:
+            # Rows below a partition's deleted_below are not in its view.
+            bounds = spark.createDataFrame(starts, "p int, deleted_below long")
+            frame = (frame.join(F.broadcast(bounds), on="p", how="left")
+                     .where(F.col("offset") >= F.coalesce("deleted_below", F.lit(0)))
+                     .drop("deleted_below"))
     frame = frame.where(F.col("key").isNotNull())
     deleted = [(plan.partition, offsets) for plan in plans
                if len(offsets := deleted_offsets(plan.clean))]
@@ -106,6 +118,14 @@ def _input_frame(spark: SparkSession, plans: list[PartitionPlan], strategy: Stra
         gone = spark.createDataFrame(table)
         frame = frame.join(F.broadcast(gone), on=["p", "offset"], how="left_anti")
     return frame
+
+
+def _from_deleted_below(frame: DataFrame, deleted_below: int) -> DataFrame:
+    """`frame`'s rows in the view by their position: none below DeleteRecords' cut (the
+    filter reaches the Parquet scan, whose row-group statistics skip what lies below)."""
+    from pyspark.sql import functions as F
+
+    return frame.where(F.col("offset") >= deleted_below) if deleted_below else frame
 
 
 def _order_column(strategy: Strategy) -> Column:
