@@ -67,7 +67,8 @@ class LocalEngine:
         for item in plan.inputs:
             gone = set(deleted.get(str(item.path), np.empty(0, np.int64)).tolist())
             for record in table_to_records(pq.read_table(item.path)):
-                if record.key is not None and record.offset not in gone and record.offset >= below:
+                if (record.key is not None and record.offset not in gone
+                        and record.offset >= max(below, item.from_offset)):
                     history.setdefault(record.key, []).append(record)
 
         def is_tombstone(record: Record) -> bool:

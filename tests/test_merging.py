@@ -1,8 +1,10 @@
 """Merging small sealed segments (storage/merging.py), each protocol step, locally and on
 S3 (moto on loopback): a merge regroups records into one file and changes nothing a
 reader sees, raw or compacted; it never makes a file straddle the compaction horizon; a
-damaged input or a race with retention or DeleteRecords changes nothing. The store's
-model test (tests/test_model.py) interleaves merges with everything else."""
+damaged input or a race with retention or DeleteRecords changes nothing. Were a
+segment to straddle the horizon, a compaction would read only its rows above it (issue
+21, item 3). The store's model test (tests/test_model.py) interleaves merges with
+everything else."""
 
 from __future__ import annotations
 
@@ -12,11 +14,14 @@ from pathlib import Path
 import pytest
 
 from compactlog.errors import ConflictError, CorruptionError
+from compactlog.storage import merging
 from compactlog.storage.manifest import SEGMENT_DIR
 from compactlog.storage.merging import choose_run, merge_small_segments
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
+from compactlog.tables import view_dataset
+from engines import Engine, engine_fixture  # noqa: F401  (the `engine` fixture)
 from fakes import FakeClock
 from faultkit import compact
 from s3_support import (
@@ -151,3 +156,40 @@ def test_a_merge_that_loses_a_race_changes_nothing(store: LogStore,
     stray = {item.name for item in partition.volume.listing(SEGMENT_DIR)} - listed - retired
     assert not stray, stray
     assert [r.offset for r in everything(partition)] == list(range(3, 12))
+
+
+# -- a merge and a compaction of one partition, interleaved (issue 21, item 3) ------------
+
+
+def assert_each_key_once(store: LogStore, partition: Partition) -> None:
+    """The compacted view holds each key's latest record once, read by the Reader's path
+    (Partition.read_compacted) and by the table path (tables.view_dataset: the sealed
+    part, which is all of it here)."""
+    latest = {record.key: record for record in everything(partition)}
+    view = everything(partition, compacted=True)
+    assert view == sorted(latest.values(), key=lambda record: record.offset)
+    table = view_dataset(store.target, TOPIC).to_table(columns=["offset", "key"])
+    assert sorted(table.column("offset").to_pylist()) == [record.offset for record in view]
+
+
+def test_a_segment_across_the_horizon_feeds_only_its_rows_above_it(
+        tmp_path: Path, clock: FakeClock, engine: Engine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth (compaction/plan.py): were a listed segment to straddle the
+    horizon (forced here by a merge whose check is switched off), a run would read
+    only its rows above the horizon as dirty input, on every engine, so the ledger's
+    records never come back twice."""
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        store.create_topic(TOPIC, 1, {**CONFIG, **engine.config})
+        partition = store.topic(TOPIC).partition(0)
+        seal_each(store, range(4), "a")
+        engine.service(store, TOPIC).compact()
+        seal_each(store, range(4, 8), "b")
+        monkeypatch.setattr(merging, "_straddles", lambda *args: False)
+        merged = merge_small_segments(partition)
+        assert merged is not None and (merged.base_offset, merged.last_offset) == (0, 7)
+        assert partition.manifest.horizon == 3
+        engine.service(store, TOPIC).compact()
+        assert partition.manifest.horizon == 7
+        assert_each_key_once(store, partition)
+

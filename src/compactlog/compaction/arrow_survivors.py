@@ -47,24 +47,29 @@ LATEST = parse_strategy("latest")
 
 @dataclass(frozen=True)
 class NotInView:
-    """The input rows that are not in the view, which phase 1 never sees: phase 2 would
-    drop them whatever phase 1 chose, so choosing one would lose its key's live rows.
+    """The input rows that phase 1 never sees: those not in the view, which phase 2
+    would drop whatever phase 1 chose (so choosing one would lose its key's live rows),
+    and a dirty segment's rows that the ledger covers already (`starts`).
     (Records past retention.ms on compact,delete are seen: a record's age is no order,
     and leaving out a late record of a key would bring an earlier value of it back.)"""
 
     deleted: Deleted = field(default_factory=dict)  # per ledger file path: its DV's offsets
     below: int = 0  # DeleteRecords' deleted_below: every offset under it is gone
+    # Per input path, its first offset that is input (plan.InputFile.from_offset: the
+    # rows of a dirty segment up to the old horizon are the ledger's already).
+    starts: dict[str, int] = field(default_factory=dict)
 
     def needs_offsets(self, path: str) -> bool:
-        return self.below > 0 or path in self.deleted
+        return self.below > 0 or path in self.deleted or path in self.starts
 
     def visible(self, path: str, group: pa.Table) -> pa.Table:
         """The rows of `group` (a row group of `path`, with its offsets) in the view."""
         group = drop_deleted(group, self.deleted.get(path))
-        if self.below and group.num_rows:
+        start = max(self.below, self.starts.get(path, 0))
+        if start and group.num_rows:
             offsets = group.column("offset")
-            if pc.min(offsets).as_py() < self.below:
-                group = group.filter(pc.greater_equal(offsets, self.below))
+            if pc.min(offsets).as_py() < start:
+                group = group.filter(pc.greater_equal(offsets, start))
         return group
 
 

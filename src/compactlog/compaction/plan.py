@@ -7,6 +7,11 @@ active and rolled log segments are never input (they are not sealed), so the hor
 stays below them. The new horizon is the last offset of the last dirty segment read,
 or the old horizon when no segment is cleanable.
 
+The dirty part never holds a record at or below the old horizon: the ledger covers
+those. No commit lists a segment across the horizon (compaction/runner.py, step 5;
+storage/merging.py, step 4), and were one listed all the same, only its rows above the
+horizon are input (`InputFile.from_offset`, applied by every engine in both phases).
+
 After phase 1 the surviving offsets are known, so phase 2 is split into pieces: runs
 of consecutive input files whose surviving bytes (estimated from the survivor counts
 and each file's bytes per record) fill about one target ledger file. Files with no
@@ -37,6 +42,9 @@ class InputFile:
     info: SegmentInfo
     path: Path  # where the driver reads it (on S3: its read cache's copy, once fetched)
     is_ledger: bool
+    # Its rows below this offset are not input: set on a dirty segment that straddles
+    # the old horizon, whose rows up to it the ledger already covers (see the module).
+    from_offset: int = 0
 
     @property
     def relative(self) -> str:
@@ -136,7 +144,8 @@ class Piece:
     survivors: np.ndarray
 
     def piece_inputs(self) -> list[PieceInput]:
-        return [PieceInput.of(item.path, item.is_ledger, item.info) for item in self.inputs]
+        return [PieceInput.of(item.path, item.is_ledger, item.info,
+                              from_offset=item.from_offset) for item in self.inputs]
 
 
 def plan_partition(
@@ -164,7 +173,11 @@ def plan_partition(
             # A prefix only, so the horizon covers everything below it. (As in Kafka, a
             # producer timestamp in the future holds its segment back until it is past.)
             break
-        dirty.append(InputFile(info, volume.path_of(f"{SEGMENT_DIR}/{info.file}"), False))
+        from_offset = 0
+        if old_horizon is not None and info.base_offset <= old_horizon:
+            from_offset = old_horizon + 1  # defence in depth: the rows up to it are the ledger's
+        dirty.append(InputFile(info, volume.path_of(f"{SEGMENT_DIR}/{info.file}"), False,
+                               from_offset))
     new_horizon = dirty[-1].info.last_offset if dirty else old_horizon
     retention_ms = config["retention.ms"] if "delete" in config.cleanup_policy.split(",") else -1
     rules = TombstoneRules(
