@@ -63,10 +63,12 @@ class LocalEngine:
         empty = plan.rules.empty_value_is_tombstone
         history: dict[bytes, list[Record]] = {}
         deleted = load_deleted(plan.clean)
+        below = plan.rules.deleted_below  # DeleteRecords: not in the view, so never a survivor
         for item in plan.inputs:
             gone = set(deleted.get(str(item.path), np.empty(0, np.int64)).tolist())
             for record in table_to_records(pq.read_table(item.path)):
-                if record.key is not None and record.offset not in gone:
+                if (record.key is not None and record.offset not in gone
+                        and record.offset >= max(below, item.from_offset)):
                     history.setdefault(record.key, []).append(record)
 
         def is_tombstone(record: Record) -> bool:

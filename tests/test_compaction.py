@@ -26,6 +26,7 @@ from compactlog.errors import CorruptionError, UserError
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
+from engines import Engine, engine_fixture  # noqa: F401  (the `engine` fixture)
 from fakes import FakeClock
 
 DAY_MS = 24 * 3600 * 1000
@@ -145,6 +146,33 @@ def test_zero_delete_retention_drops_tombstones_at_once_as_pulsar(
     seal_all(store, "t")
     service(store, "t").compact()
     assert [r.key for r in compacted(store.topic("t").partitions[0])] == [b"b"]
+
+
+def test_null_and_empty_tombstones_compact_when_empty_values_are_tombstones(
+    store: LogStore, clock: FakeClock, engine: Engine
+) -> None:
+    """Issue 21, item 6: with empty.value.is.tombstone a null value's tombstone mask was
+    null (Kleene logic), and every run of a partition holding one failed."""
+    store.create_topic("t", config={**COMPACT, **engine.config, "delete.retention.ms":
+                                    str(DAY_MS), "empty.value.is.tombstone": "true"})
+    partition = store.topic("t").partitions[0]
+    compactor = engine.service(store, "t")
+    produce(store, "t", [(b"a", b"1"), (b"b", b"1"), (b"a", None), (b"b", b""),
+                         (b"c", b"1"), (b"d", b"")], clock)
+    seal_all(store, "t")
+    report = compactor.compact()
+    assert [(r.offset, r.value) for r in compacted(partition)] == [
+        (2, None), (3, b""), (4, b"1"), (5, b"")]
+    assert report.partitions[0].tombstones_kept == 3
+    clock.advance(60)
+    produce(store, "t", [(b"c", None), (b"e", b"1")], clock)
+    seal_all(store, "t")
+    compactor.compact()  # over a ledger that holds both kinds of tombstone
+    assert [(r.offset, r.value) for r in compacted(partition)] == [
+        (2, None), (3, b""), (5, b""), (6, None), (7, b"1")]
+    clock.advance(DAY_MS / 1000)  # every tombstone's retention has passed
+    compactor.compact()
+    assert [(r.key, r.value) for r in compacted(partition)] == [(b"e", b"1")]
 
 
 def test_compacting_an_empty_topic_changes_nothing(

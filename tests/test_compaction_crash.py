@@ -1,7 +1,10 @@
-"""Crash tests of compaction: the compactor is killed with SIGKILL at each step of its
-protocol. Afterwards the partition must show the old (horizon, ledger) pair or the new
-one, never a mix; readers must read a whole view; the status must say the run died;
-and the next run must succeed, leave no stray files and give the new view.
+"""Crash and race tests of compaction: the compactor is killed with SIGKILL at each step
+of its protocol. Afterwards the partition must show the old (horizon, ledger) pair or
+the new one, never a mix; readers must read a whole view; the status must say the run
+died; and the next run must succeed, leave no stray files and give the new view. Two
+compactors race for one commit; and the writer's actors (seal, retention, DeleteRecords,
+a config change) land between a run's plan and its commit, which goes through or
+conflicts as runner.py's step 5 says (its merges: tests/test_merging.py).
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from compactlog.compaction import load_factory
+from compactlog.compaction.runner import run_compaction
 from compactlog.compaction.status import read_status
+from compactlog.errors import ConflictError
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
@@ -24,6 +30,8 @@ from compactlog.storage.store import LogStore
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))
 from crash_compactor import KILL_POINTS  # noqa: E402
+from engines import CommitHookEngine  # noqa: E402
+from fakes import FakeClock  # noqa: E402
 
 # Retired ledger files go at the run's final sweep, so "no stray files" can be checked.
 CONFIG = {"cleanup.policy": "compact", "segment.bytes": "4096", "min.compaction.lag.ms": "0",
@@ -37,6 +45,11 @@ def view(partition: Partition) -> list[Record]:
         records += batch
         offset = batch[-1].offset + 1
     return records
+
+
+def compact_in_store(store: LogStore, clock: FakeClock) -> None:
+    factory = load_factory("local_engine:LocalCompactionServiceFactory")
+    factory.new_service(store, "t", {"clock": clock}).compact()
 
 
 def compact_in_process(data: Path) -> None:
@@ -184,7 +197,6 @@ def test_a_compactor_that_loses_the_commit_race_leaves_nothing(
     import contextlib
 
     from compactlog.compaction import runner
-    from compactlog.errors import ConflictError
     from local_engine import LocalEngine
 
     data = tmp_path / "data"
@@ -208,3 +220,122 @@ def test_a_compactor_that_loses_the_commit_race_leaves_nothing(
     assert ledger_files(data)[0] == sorted(listed[0]), "the loser left files behind"
     compact_in_process(reference)
     assert winner == views(reference)
+
+
+# -- the writer's actors between a compaction's plan and its commit (runner.py, step 5) ---
+
+COMPACTED = {**CONFIG, "delete.retention.ms": str(10**9)}
+
+
+def fill_and_seal(store: LogStore, count: int, keys: int, tag: str) -> None:
+    """`count` records over `keys` keys, one sealed segment per 4 records."""
+    partition = store.topic("t").partition(0)
+    for i in range(count):
+        store.append("t", [ProducerRecord(b"k%d" % (i % keys), b"%s-%d" % (tag.encode(), i))],
+                     partition=0)
+        if i % 4 == 3:
+            partition.roll()
+    partition.roll()
+
+
+def latest_view(partition: Partition) -> list[Record]:
+    """What the compacted view holds once everything sealed is compacted (latest)."""
+    latest = {record.key: record for record in raw(partition)}
+    return sorted(latest.values(), key=lambda record: record.offset)
+
+
+def raw(partition: Partition) -> list[Record]:
+    records: list[Record] = []
+    while batch := partition.read(records[-1].offset + 1 if records else 0, 100):
+        records += batch
+    return records
+
+
+def run_with(store: LogStore, clock: FakeClock, before_commit: Callable[[], object]) -> None:
+    run_compaction(store, "t", CommitHookEngine(before_commit), clock=clock)
+
+
+def test_segments_sealed_under_a_compaction_stay_dirty_for_the_next_run(
+        store: LogStore, clock: FakeClock) -> None:
+    """Step 5b: the commit goes through at the planned horizon; the next run covers the
+    segments sealed meanwhile."""
+    store.create_topic("t", 1, COMPACTED)
+    partition = store.topic("t").partition(0)
+    fill_and_seal(store, 12, 5, "a")
+    run_with(store, clock, lambda: fill_and_seal(store, 8, 7, "b"))
+    assert partition.manifest.horizon == 11
+    assert partition.manifest.sealed_end_offset == 20
+    compact_in_store(store, clock)
+    assert partition.manifest.horizon == 19
+    assert view(partition) == latest_view(partition)
+
+
+def test_retention_under_a_compaction_lets_it_commit(store: LogStore, clock: FakeClock) -> None:
+    """Step 5d: on a compacted topic retention removes only segments the old ledger
+    covers; the commit goes through and the view keeps every key."""
+    store.create_topic("t", 1, {**COMPACTED, "retention.bytes": "0"})
+    partition = store.topic("t").partition(0)
+    fill_and_seal(store, 12, 5, "a")
+    compact_in_store(store, clock)
+    fill_and_seal(store, 8, 7, "b")
+    removed: list[object] = []
+    run_with(store, clock, lambda: removed.extend(partition.apply_retention()))
+    assert len(removed) == 3  # the segments of offsets 0..11
+    assert partition.manifest.horizon == 19
+    assert view(partition) == latest_view(partition)  # every key of b: k0..k6
+    assert len(view(partition)) == 7
+
+
+def test_retention_of_a_planned_segment_after_a_switch_to_delete_makes_the_commit_conflict(
+        store: LogStore, clock: FakeClock) -> None:
+    """Step 5d: after a switch to cleanup.policy=delete retention removes segments this
+    run read: the commit conflicts and the old pair stays."""
+    store.create_topic("t", 1, COMPACTED)
+    partition = store.topic("t").partition(0)
+    fill_and_seal(store, 12, 5, "a")
+    compact_in_store(store, clock)
+    before = partition.manifest.compaction
+    fill_and_seal(store, 8, 7, "b")
+
+    def switch_and_retain() -> None:
+        store.alter_topic("t", {"cleanup.policy": "delete", "retention.bytes": "0"})
+        assert partition.apply_retention()
+
+    with pytest.raises(ConflictError, match="no longer listed"):
+        run_with(store, clock, switch_and_retain)
+    assert partition.manifest.compaction == before
+
+
+def test_delete_records_under_a_compaction_makes_its_commit_conflict(
+        store: LogStore, clock: FakeClock) -> None:
+    """Step 5e: under `first` the run chose k0@0; DeleteRecords(1) lands before its
+    commit. Had it committed, the ledger would hold k0@0 (hidden by the cut) and not
+    k0@1, and k0 would be gone for good; it conflicts, and the next run keeps k0@1."""
+    store.create_topic("t", 1, {**COMPACTED, "compaction.strategy": "first"})
+    partition = store.topic("t").partition(0)
+    for value in (b"a", b"b"):
+        store.append("t", [ProducerRecord(b"k0", value)])
+    partition.roll()
+    with pytest.raises(ConflictError, match="DeleteRecords"):
+        run_with(store, clock, lambda: partition.delete_records(1))
+    assert partition.manifest.compaction is None
+    compact_in_store(store, clock)
+    assert [(r.offset, r.value) for r in view(partition)] == [(1, b"b")]
+
+
+def test_a_config_change_under_a_compaction_applies_from_the_next_run(
+        store: LogStore, clock: FakeClock) -> None:
+    """Step 5f: the run commits what it planned with `latest`, and says so; the switch
+    to `first` made meanwhile decides from the next run on."""
+    store.create_topic("t", 1, COMPACTED)
+    partition = store.topic("t").partition(0)
+    fill_and_seal(store, 12, 5, "a")
+    run_with(store, clock, lambda: store.alter_topic("t", {"compaction.strategy": "first"}))
+    compaction = partition.manifest.compaction
+    assert compaction is not None and compaction.strategy == "latest"
+    assert view(partition) == latest_view(partition)
+    kept = {r.key: r.value for r in view(partition)}
+    fill_and_seal(store, 8, 7, "b")
+    compact_in_store(store, clock)
+    values = {r.key: r.value for r in view(partition)}
+    assert values == {**{b"k5": b"b-5", b"k6": b"b-6"}, **kept}

@@ -5,7 +5,16 @@ The model keeps the raw log as a list and the compacted ledger as a dict of key 
 (record, tombstone kept since). A compaction in the model folds the previous ledger and
 the newly sealed records in offset order with the topic's strategy, exactly as the
 contract says; the store must then read back the same view, at the same offsets. Every
-strategy and tombstone retention (with an injectable clock) are covered.
+strategy and tombstone retention (with an injectable clock) are covered, and
+DeleteRecords: the records below its cut leave every view and the fold, so a key whose
+survivor it deleted takes its best later record (issue 21, item 8).
+
+Many incremental runs equal one full run (`one_full_run_agrees`): the same records,
+appended to a fresh store and compacted once, give the same live records. (Tombstones
+are left out of that comparison: a tombstone's retention counts from the run that first
+kept it. Under a strategy other than `latest`, a DeleteRecords cut at or below the
+horizon ends the comparison: it deletes a survivor whose key's later records the
+incremental runs had already dropped, which a full run still holds.)
 
 The plain-Python service runs many examples; the Spark service runs fewer, as each of
 its compactions costs a Spark job.
@@ -87,6 +96,8 @@ class CompactionModel(RuleBasedStateMachine):
         self.horizon = -1
         self.ledger: dict[bytes | None, tuple[Record, int | None]] = {}
         self.null_ledger: list[Record] = []
+        self.deleted_below = 0  # DeleteRecords: no view serves an offset below it
+        self.full_run_comparable = True  # see the module: one_full_run_agrees
 
     extra_config: dict[str, str] = {}  # noqa: RUF012  (read only)
 
@@ -99,14 +110,15 @@ class CompactionModel(RuleBasedStateMachine):
         self.strategy = strategy
         self.retention = retention
         self.null_policy = null_policy
-        self.store.create_topic("m", config={
+        self.topic_config = {
             "cleanup.policy": "compact", "min.compaction.lag.ms": "0",
             "compaction.strategy": strategy, "delete.retention.ms": str(retention),
             "null.key.policy": null_policy, "segment.bytes": str(1 << 30),
             "compaction.deletion.vectors": str(deletion_vectors).lower(),
             "compaction.ledger.rewrite.live.fraction": str(rewrite),
             **self.extra_config,
-        })
+        }
+        self.store.create_topic("m", config=self.topic_config)
         self.partition = self.store.topic("m").partitions[0]
         self.service = self.make_service(self.store, "m", self.clock)
 
@@ -159,6 +171,8 @@ class CompactionModel(RuleBasedStateMachine):
         if not dirty and not has_expiring:
             return
         for record in dirty:
+            if record.offset < self.deleted_below:
+                continue  # not in the view: DeleteRecords deleted it before this run
             if record.key is None:
                 if self.null_policy == "keep":
                     self.null_ledger.append(record)
@@ -177,9 +191,49 @@ class CompactionModel(RuleBasedStateMachine):
                 else:
                     self.ledger[key] = (record, since)
 
+    @precondition(lambda self: hasattr(self, "partition"))
+    @rule(data=st.data())
+    def delete_records(self, data: Any) -> None:
+        cut = data.draw(st.integers(self.deleted_below, len(self.log)))
+        self.partition.delete_records(cut)
+        if self.strategy != "latest" and cut <= self.horizon:
+            self.full_run_comparable = False
+        self.deleted_below = cut
+        self.ledger = {key: kept for key, kept in self.ledger.items() if kept[0].offset >= cut}
+        self.null_ledger = [record for record in self.null_ledger if record.offset >= cut]
+
+    @precondition(lambda self: hasattr(self, "service"))
+    @rule()
+    def one_full_run_agrees(self) -> None:
+        """Seal and compact, then compact the same records once in a fresh store."""
+        self.seal()
+        self.compact()
+        if not self.full_run_comparable or not self.log:
+            return
+        directory = Path(tempfile.mkdtemp(prefix="compaction-full-"))
+        try:
+            with LogStore.open(directory, clock=self.clock) as full:
+                full.create_topic("m", config=self.topic_config)
+                full.append("m", [ProducerRecord(r.key, r.value, r.headers, r.timestamp)
+                                  for r in self.log], partition=0)
+                partition = full.topic("m").partitions[0]
+                partition.delete_records(self.deleted_below)
+                partition.roll()
+                self.make_service(full, "m", self.clock).compact()
+                once = partition.read_compacted(0, 10_000, 1 << 40)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        incremental = self.partition.read_compacted(0, 10_000, 1 << 40)
+
+        def live(view: list[Record]) -> list[Record]:
+            return [record for record in view if record.value is not None]
+
+        assert live(incremental) == live(once)
+
     def expected_view(self) -> list[Record]:
         kept = [record for record, _ in self.ledger.values()] + self.null_ledger
-        return sorted(kept, key=lambda r: r.offset) + self.log[self.horizon + 1 :]
+        tail = self.log[max(self.horizon + 1, self.deleted_below):]
+        return sorted(kept, key=lambda r: r.offset) + tail
 
     @invariant()
     def views_match(self) -> None:
@@ -191,7 +245,7 @@ class CompactionModel(RuleBasedStateMachine):
             view += batch
             offset = batch[-1].offset + 1
         assert view == self.expected_view()
-        assert self.partition.read(0, 10_000, 1 << 40) == self.log
+        assert self.partition.read(0, 10_000, 1 << 40) == self.log[self.deleted_below:]
 
     @precondition(lambda self: hasattr(self, "partition"))
     @rule(data=st.data())
@@ -219,6 +273,22 @@ class LocalCompactionModel(AnyStrategyModel):
 
 TestLocalCompactionModel = LocalCompactionModel.TestCase
 TestLocalCompactionModel.settings = settings(
+    max_examples=150, stateful_step_count=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+class ArrowTasksModel(AnyStrategyModel):
+    """The Arrow tasks of the Spark service (run in this process) for every strategy
+    they run (the others take the plain-Python engine), deletion vectors on and off."""
+
+    def make_service(self, store: LogStore, topic: str, clock: Clock) -> TopicCompactionService:
+        factory = load_factory("local_engine:LocalCompactionServiceFactory")
+        return factory.new_service(store, topic, {"clock": clock, "engine": "arrow"})
+
+
+TestArrowTasksModel = ArrowTasksModel.TestCase
+TestArrowTasksModel.settings = settings(
     max_examples=150, stateful_step_count=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

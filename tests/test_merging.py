@@ -1,8 +1,11 @@
 """Merging small sealed segments (storage/merging.py), each protocol step, locally and on
 S3 (moto on loopback): a merge regroups records into one file and changes nothing a
 reader sees, raw or compacted; it never makes a file straddle the compaction horizon; a
-damaged input or a race with retention or DeleteRecords changes nothing. The store's
-model test (tests/test_model.py) interleaves merges with everything else."""
+damaged input or a race with retention or DeleteRecords changes nothing. A merge and a
+compaction of one partition interleave in both orders (issue 21, item 3): whichever
+commits second conflicts when the merged file would straddle the new horizon, and the
+compacted view holds each key once. The store's model test (tests/test_model.py)
+interleaves merges with everything else."""
 
 from __future__ import annotations
 
@@ -11,12 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from compactlog.compaction.runner import run_compaction
 from compactlog.errors import ConflictError, CorruptionError
-from compactlog.storage.manifest import SEGMENT_DIR
+from compactlog.storage import merging
+from compactlog.storage.manifest import SEGMENT_DIR, SegmentInfo
 from compactlog.storage.merging import choose_run, merge_small_segments
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
+from compactlog.tables import view_dataset
+from engines import CommitHookEngine, Engine, engine_fixture  # noqa: F401  (`engine`)
 from fakes import FakeClock
 from faultkit import compact
 from s3_support import (
@@ -151,3 +158,121 @@ def test_a_merge_that_loses_a_race_changes_nothing(store: LogStore,
     stray = {item.name for item in partition.volume.listing(SEGMENT_DIR)} - listed - retired
     assert not stray, stray
     assert [r.offset for r in everything(partition)] == list(range(3, 12))
+
+
+# -- a merge and a compaction of one partition, interleaved (issue 21, item 3) ------------
+
+
+def assert_each_key_once(store: LogStore, partition: Partition) -> None:
+    """The compacted view holds each key's latest record once, read by the Reader's path
+    (Partition.read_compacted) and by the table path (tables.view_dataset: the sealed
+    part, which is all of it here)."""
+    latest = {record.key: record for record in everything(partition)}
+    view = everything(partition, compacted=True)
+    assert view == sorted(latest.values(), key=lambda record: record.offset)
+    table = view_dataset(store.target, TOPIC).to_table(columns=["offset", "key"])
+    assert sorted(table.column("offset").to_pylist()) == [record.offset for record in view]
+
+
+def test_a_merge_across_a_running_compactions_horizon_makes_its_commit_conflict(
+        store: LogStore) -> None:
+    """The merge commits first: a compaction plans s1..s4 (horizon 3); before its commit
+    the writer seals s5..s8 and merges s1..s8 into one file, which the horizon would
+    split. The compaction's commit conflicts (runner.py, step 5c), so the next run plans
+    over the merged file. Had it committed, the next run would have taken the whole
+    merged file as dirty input and the view would hold s1..s4's records twice (as
+    today only plan.py's defence in depth prevents, tested on its own below)."""
+    clock = store.clock  # type: ignore[attr-defined]
+    partition = store.topic(TOPIC).partition(0)
+    seal_each(store, range(4), "a")
+    merged: list[SegmentInfo | None] = []
+
+    def seal_and_merge() -> None:
+        seal_each(store, range(4, 8), "b")
+        merged.append(merge_small_segments(partition))
+
+    outcome: BaseException | None = None
+    try:
+        run_compaction(store, TOPIC, CommitHookEngine(seal_and_merge), clock=clock)
+    except ConflictError as error:
+        outcome = error
+    (merged_file,) = merged
+    assert merged_file is not None and (merged_file.base_offset, merged_file.last_offset) == (0, 7)
+    compact(store, clock)  # the next run, as the scheduler retries a conflicted one
+    assert_each_key_once(store, partition)
+    assert isinstance(outcome, ConflictError) and "straddles" in str(outcome), outcome
+    assert partition.manifest.compaction is not None
+    assert partition.manifest.compaction.horizon == 7
+
+
+def test_a_compaction_committed_under_a_merge_makes_the_merge_give_up(
+        store: LogStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compaction commits first: the merge chose s1..s8 below any horizon; between
+    its upload and its commit a compaction commits horizon 3 (s5..s8 are younger than
+    min.compaction.lag.ms). The merge's commit sees the horizon inside its run and gives
+    up (merging.py, step 4); its file goes, and no listed segment straddles the
+    horizon."""
+    clock = store.clock  # type: ignore[attr-defined]
+    store.alter_topic(TOPIC, {"min.compaction.lag.ms": "60000"})
+    partition = store.topic(TOPIC).partition(0)
+    seal_each(store, range(4), "a")
+    clock.advance(120)
+    seal_each(store, range(4, 8), "b")
+    publish = partition.volume.publish
+
+    def publish_then_compact(temp: Path, relative: str) -> None:
+        publish(temp, relative)
+        if relative.startswith(SEGMENT_DIR):  # the merged file (not the run's ledger files)
+            compact(store, clock)
+
+    with monkeypatch.context() as patch, pytest.raises(ConflictError, match="merge given up"):
+        patch.setattr(partition.volume, "publish", publish_then_compact)
+        merge_small_segments(partition)
+    assert partition.manifest.compaction is not None
+    assert partition.manifest.compaction.horizon == 3
+    assert len(partition.manifest.segments) == 8
+    listed = {info.file for info in partition.manifest.segments}
+    retired = {Path(item.path).name for item in partition.manifest.retired}
+    assert not {item.name for item in partition.volume.listing(SEGMENT_DIR)} - listed - retired
+    clock.advance(120)
+    compact(store, clock)
+    assert_each_key_once(store, partition)
+
+
+def test_a_segment_across_the_horizon_feeds_only_its_rows_above_it(
+        tmp_path: Path, clock: FakeClock, engine: Engine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth (compaction/plan.py): were a listed segment to straddle the
+    horizon (no commit allows one now; forced here by a merge whose check is switched
+    off), a run would read only its rows above the horizon as dirty input, on every
+    engine, so the ledger's records never come back twice."""
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        store.create_topic(TOPIC, 1, {**CONFIG, **engine.config})
+        partition = store.topic(TOPIC).partition(0)
+        seal_each(store, range(4), "a")
+        engine.service(store, TOPIC).compact()
+        seal_each(store, range(4, 8), "b")
+        monkeypatch.setattr(merging, "_straddles", lambda *args: False)
+        merged = merge_small_segments(partition)
+        assert merged is not None and (merged.base_offset, merged.last_offset) == (0, 7)
+        assert partition.manifest.horizon == 3
+        engine.service(store, TOPIC).compact()
+        assert partition.manifest.horizon == 7
+        assert_each_key_once(store, partition)
+
+
+def test_a_merge_below_a_running_compactions_horizon_lets_it_commit(store: LogStore) -> None:
+    """A merge of segments the compaction planned over, wholly at or below its new
+    horizon, regroups the same records: the compaction's commit goes through (runner.py,
+    step 5c) and lists the merged file as clean."""
+    clock = store.clock  # type: ignore[attr-defined]
+    partition = store.topic(TOPIC).partition(0)
+    seal_each(store, range(8), "a")
+    merged: list[SegmentInfo | None] = []
+    run_compaction(store, TOPIC, CommitHookEngine(
+        lambda: merged.append(merge_small_segments(partition))), clock=clock)
+    (merged_file,) = merged
+    assert merged_file is not None
+    assert [info.file for info in partition.manifest.segments] == [merged_file.file]
+    assert partition.manifest.horizon == merged_file.last_offset == 7
+    assert_each_key_once(store, partition)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from compactlog.compaction.arrow_survivors import (
+    NotInView,
     Phase1Stats,
     latest_over_ledger,
     partition_survivors,
@@ -147,6 +148,8 @@ def _task(plan: PartitionPlan, run_id: str) -> dict[str, Any]:
     return {
         "partition": plan.partition,
         "inputs": [[str(item.path), item.is_ledger, asdict(item.info)] for item in plan.inputs],
+        # Per input, its first offset that is input (plan.InputFile.from_offset).
+        "from_offsets": [item.from_offset for item in plan.inputs],
         "strategy": plan.strategy.spec,
         "budget": plan.task_memory_bytes,
         "rules": asdict(plan.rules),
@@ -200,13 +203,17 @@ def compact_one(task: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     _use_task_cpus()
     rules = TombstoneRules(**task["rules"])
-    inputs = [InputFile(SegmentInfo.from_json(info), Path(path), is_ledger)
-              for path, is_ledger, info in task["inputs"]]
+    from_offsets = task.get("from_offsets") or [0] * len(task["inputs"])
+    inputs = [InputFile(SegmentInfo.from_json(info), Path(path), is_ledger, from_offset)
+              for (path, is_ledger, info), from_offset
+              in zip(task["inputs"], from_offsets, strict=True)]
     for item in inputs:  # before any Parquet reader parses a footer
         PieceInput.of(item.path, item.is_ledger, item.info).verify()
     # Every byte proven against the manifest's CRC32C: the pages' own CRCs add nothing.
     page_checksums = any(item.info.crc32c is None for item in inputs)
     deleted = load_deleted([item for item in inputs if item.is_ledger])
+    hidden = NotInView(deleted, rules.deleted_below, {
+        str(item.path): item.from_offset for item in inputs if item.from_offset})
     stats = Phase1Stats()
     strategy = parse_strategy(task["strategy"])
     ledger = [str(item.path) for item in inputs if item.is_ledger]
@@ -214,11 +221,11 @@ def compact_one(task: dict[str, Any]) -> dict[str, Any]:
     if task.get("deletion_vectors") and strategy.kind == "latest" and ledger:
         survivors = latest_over_ledger(
             ledger, [str(item.path) for item in inputs if not item.is_ledger],
-            task["budget"], stats, page_checksums, deleted)
+            task["budget"], stats, page_checksums, hidden)
     if survivors is None:
         survivors = partition_survivors(
             [str(item.path) for item in inputs], strategy,
-            rules.empty_value_is_tombstone, task["budget"], stats, page_checksums, deleted,
+            rules.empty_value_is_tombstone, task["budget"], stats, page_checksums, hidden,
         )
     verified = time.monotonic() - started - stats.read_s - stats.group_s
     written = time.monotonic()
@@ -233,11 +240,12 @@ def compact_one(task: dict[str, Any]) -> dict[str, Any]:
     sequence = 0
     for run in runs:
         groups = split_inputs(run, survivors, task["target_file_bytes"],
-                              rules.null_key_policy == "keep")
+                              rules.null_key_policy == "keep", rules.deleted_below)
         for files, piece_survivors in groups:
             result = write_ledger_piece(
                 # Verified above: the size is checked again, the whole-file CRC is not.
-                [PieceInput.of(item.path, item.is_ledger, item.info, False) for item in files],
+                [PieceInput.of(item.path, item.is_ledger, item.info, False, item.from_offset)
+                 for item in files],
                 piece_survivors, rules, Path(task["out_dir"]),
                 ledger_file_name(task["run_id"], sequence, files[0].info.base_offset),
                 task["compression"], page_checksums=page_checksums,

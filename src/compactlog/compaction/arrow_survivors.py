@@ -3,10 +3,13 @@
 Invariant: `partition_survivors` returns exactly the offsets that the Spark SQL
 formulation (spark_pipeline.find_survivors) returns for the same input files and
 strategy: per non-null key, compared byte for byte, the record its strategy keeps
-(tombstones included). Null-key records are never survivors; phase 2 applies the
-null-key policy to them, as with the SQL formulation. A hash of the key only ever
-chooses which bucket a key is processed in; within a bucket keys are grouped by their
-bytes, so a collision can put two keys in one bucket but never merge them.
+(tombstones included), among the input rows that are in the view (`NotInView`: a
+deletion vector's rows and rows below DeleteRecords' deleted_below are never seen, so a
+survivor is never a row that phase 2 drops for its position, and a key whose best row
+was deleted keeps its best live one). Null-key records are never survivors; phase 2
+applies the null-key policy to them, as with the SQL formulation. A hash of the key
+only ever chooses which bucket a key is processed in; within a bucket keys are grouped
+by their bytes, so a collision can put two keys in one bucket but never merge them.
 
 Memory: the columns phase 1 needs (key, offset, value_size and the ordering value) are
 estimated from the Parquet footers before anything is read. When the estimate, times
@@ -23,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +43,37 @@ ROW_BYTES = 8 + 4 + 2  # offset, value_size, validity bits and slack, per row
 HASH_SLICE_ROWS = 1 << 16
 Deleted = dict[str, np.ndarray]  # per input path: offsets a deletion vector deleted
 LATEST = parse_strategy("latest")
+
+
+@dataclass(frozen=True)
+class NotInView:
+    """The input rows that phase 1 never sees: those not in the view, which phase 2
+    would drop whatever phase 1 chose (so choosing one would lose its key's live rows),
+    and a dirty segment's rows that the ledger covers already (`starts`).
+    (Records past retention.ms on compact,delete are seen: a record's age is no order,
+    and leaving out a late record of a key would bring an earlier value of it back.)"""
+
+    deleted: Deleted = field(default_factory=dict)  # per ledger file path: its DV's offsets
+    below: int = 0  # DeleteRecords' deleted_below: every offset under it is gone
+    # Per input path, its first offset that is input (plan.InputFile.from_offset: the
+    # rows of a dirty segment up to the old horizon are the ledger's already).
+    starts: dict[str, int] = field(default_factory=dict)
+
+    def needs_offsets(self, path: str) -> bool:
+        return self.below > 0 or path in self.deleted or path in self.starts
+
+    def visible(self, path: str, group: pa.Table) -> pa.Table:
+        """The rows of `group` (a row group of `path`, with its offsets) in the view."""
+        group = drop_deleted(group, self.deleted.get(path))
+        start = max(self.below, self.starts.get(path, 0))
+        if start and group.num_rows:
+            offsets = group.column("offset")
+            if pc.min(offsets).as_py() < start:
+                group = group.filter(pc.greater_equal(offsets, start))
+        return group
+
+
+EVERYTHING = NotInView()
 
 
 def supports(strategy: Strategy) -> bool:
@@ -123,38 +157,38 @@ def _hash_slice(keys: pa.Array) -> np.ndarray:
 
 
 def _read_groups(paths: list[str], columns: list[str], page_checksums: bool,
-                 deleted: Deleted | None = None) -> Iterator[pa.Table]:
+                 hidden: NotInView = EVERYTHING) -> Iterator[pa.Table]:
     """Every row group of `paths`, in order, its rows with a null key left out, and
-    those a deletion vector deleted (`deleted`: sorted offsets per path)."""
+    those not in the view (`hidden`)."""
     for path in paths:
-        gone = (deleted or {}).get(path)
-        wanted = columns if gone is None or "offset" in columns else [*columns, "offset"]
+        wanted = (columns if not hidden.needs_offsets(path) or "offset" in columns
+                  else [*columns, "offset"])
         handle = pq.ParquetFile(path, page_checksum_verification=page_checksums)
         try:
             for index in range(handle.metadata.num_row_groups):
                 group = handle.read_row_group(index, columns=wanted)
-                group = drop_deleted(group, gone).select(columns)
+                group = hidden.visible(path, group).select(columns)
                 yield group.filter(pc.is_valid(group.column("key")))
         finally:
             handle.close()
 
 
 def bucket_ids(paths: list[str], buckets: int, page_checksums: bool,
-               deleted: Deleted | None = None) -> list[np.ndarray]:
+               hidden: NotInView = EVERYTHING) -> list[np.ndarray]:
     """Per row group of `paths` (in `_read_groups` order), each row's bucket: the hash
     is computed once per run, 2 bytes per row, whatever the number of passes."""
     return [key_buckets(group.column("key").combine_chunks(), buckets)
-            for group in _read_groups(paths, ["key"], page_checksums, deleted)]
+            for group in _read_groups(paths, ["key"], page_checksums, hidden)]
 
 
 def read_phase1(paths: list[str], strategy: Strategy, bucket: int = 0,
                 ids: list[np.ndarray] | None = None, page_checksums: bool = True,
-                deleted: Deleted | None = None) -> pa.Table:
+                hidden: NotInView = EVERYTHING) -> pa.Table:
     """The phase-1 columns of the rows with a non-null key (of one bucket when `ids`
     gives each row's bucket), with the tombstone flag left to `survivors` (value_size)."""
     parts = []
     for number, group in enumerate(_read_groups(paths, needed_columns(strategy),
-                                                page_checksums, deleted)):
+                                                page_checksums, hidden)):
         if ids is not None:
             group = group.filter(pa.array(ids[number] == bucket))
         if strategy.kind == "order" and strategy.order_header is not None:
@@ -254,21 +288,21 @@ def _dense_rank(values: pa.Array) -> np.ndarray:
 def partition_survivors(paths: list[str], strategy: Strategy, empty_is_tombstone: bool,
                         budget_bytes: int, stats: Phase1Stats | None = None,
                         page_checksums: bool = True,
-                        deleted: Deleted | None = None) -> np.ndarray:
+                        hidden: NotInView = EVERYTHING) -> np.ndarray:
     """The sorted surviving offsets of one partition's input files (see the module).
     `page_checksums=False` when the caller has proven the files whole (CRC32C);
-    `deleted`: per ledger file path, the offsets its deletion vector deletes."""
+    `hidden`: the input rows not in the view."""
     stats = stats if stats is not None else Phase1Stats()
     stats.estimated_bytes = estimate_bytes(paths, needed_columns(strategy))
     stats.buckets = max(1, math.ceil(stats.estimated_bytes / max(budget_bytes, 1)))
     found = []
     started = time.monotonic()
-    ids = (bucket_ids(paths, stats.buckets, page_checksums, deleted)
+    ids = (bucket_ids(paths, stats.buckets, page_checksums, hidden)
            if stats.buckets > 1 else None)
     stats.read_s += time.monotonic() - started
     for bucket in range(stats.buckets):
         started = time.monotonic()
-        table = read_phase1(paths, strategy, bucket, ids, page_checksums, deleted)
+        table = read_phase1(paths, strategy, bucket, ids, page_checksums, hidden)
         read_done = time.monotonic()
         stats.rows += table.num_rows
         found.append(survivors(table, strategy, empty_is_tombstone))
@@ -282,7 +316,7 @@ def partition_survivors(paths: list[str], strategy: Strategy, empty_is_tombstone
 
 def latest_over_ledger(ledger_paths: list[str], dirty_paths: list[str], budget_bytes: int,
                        stats: Phase1Stats, page_checksums: bool,
-                       deleted: Deleted | None) -> np.ndarray | None:
+                       hidden: NotInView) -> np.ndarray | None:
     """`latest` survivors when the input is a previous ledger plus dirty segments, with
     no grouping of the ledger's keys: every dirty offset is above every ledger offset,
     and a ledger's live rows hold each key once, so a ledger row survives exactly when
@@ -295,7 +329,7 @@ def latest_over_ledger(ledger_paths: list[str], dirty_paths: list[str], budget_b
         return None
     stats.estimated_bytes = estimated
     started = time.monotonic()
-    dirty = read_phase1(dirty_paths, LATEST, page_checksums=page_checksums)
+    dirty = read_phase1(dirty_paths, LATEST, page_checksums=page_checksums, hidden=hidden)
     read_done = time.monotonic()
     # The dirty part's own latest per key, and its distinct keys, from one encoding.
     encoded = pc.dictionary_encode(_keys(dirty))
@@ -309,7 +343,7 @@ def latest_over_ledger(ledger_paths: list[str], dirty_paths: list[str], budget_b
     stats.read_s += read_done - started
     stats.rows += dirty.num_rows
     started = time.monotonic()
-    groups = list(_read_groups(ledger_paths, ["key", "offset"], page_checksums, deleted))
+    groups = list(_read_groups(ledger_paths, ["key", "offset"], page_checksums, hidden))
     read_done = time.monotonic()
     stats.read_s += read_done - started
     if groups:

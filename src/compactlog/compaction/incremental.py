@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactlog.compaction.ledger import PieceInput, PieceResult, TombstoneRules
-from compactlog.compaction.plan import InputFile
+from compactlog.compaction.plan import InputFile, wholly_cut
 from compactlog.storage.deletion import (
     deleted_mask,
     drop_deleted,
@@ -55,6 +55,9 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
     """The fate of ledger file `item` (whose DV deletes `deleted`); writes its new DV
     when the fate is `dv`."""
     info = item.info
+    if wholly_cut(info, rules.deleted_below):
+        # Nothing of it is in the view: dropped unread (the runner counts its records).
+        return Fate(item, "drop", PieceResult(None, 0, 0, 0, 0, 0, 0, 0))
     if rules.null_key_policy != "keep":
         # Phase 1's survivors in the file's offset range bound its live rows from above
         # (the rules only take more away): below the threshold, rewrite without reading.
@@ -96,8 +99,10 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
         expired += int((keep & too_old).sum())
         keep &= ~too_old
     if rules.deleted_below:
+        # Phase 1 never sees a row below the cut, so none is chosen: each live row there
+        # (a key's, or a null key's kept by the policy) left the view by DeleteRecords.
         below = offsets < rules.deleted_below
-        expired += int((keep & below).sum())
+        expired += int((below & (keep | ~null_key)).sum())
         keep &= ~below
     live = int(keep.sum())
     removed = offsets[~keep]

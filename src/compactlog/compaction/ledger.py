@@ -63,6 +63,8 @@ class PieceInput:
     dv_path: str | None = None
     dv_size_bytes: int = 0
     dv_crc32c: int | None = None
+    # Rows below this offset are not input either (plan.InputFile.from_offset).
+    from_offset: int = 0
 
     def verify(self) -> None:
         # Remembered per process (compaction/verified.py): ledger files are immutable.
@@ -76,12 +78,22 @@ class PieceInput:
 
     @classmethod
     def of(cls, path: Path, is_ledger: bool, info: SegmentInfo,
-           checksum: bool = True) -> PieceInput:
+           checksum: bool = True, from_offset: int = 0) -> PieceInput:
         """The input `path` described by its manifest entry `info` (its CRC32C is not
         checked again when `checksum` is False: the caller proved the file whole)."""
         dv = str(path.parent / info.dv_file) if info.dv_file else None
         return cls(str(path), is_ledger, info.size_bytes, info.crc32c if checksum else None,
-                   dv, info.dv_size_bytes, info.dv_crc32c)
+                   dv, info.dv_size_bytes, info.dv_crc32c, from_offset)
+
+    def not_input(self, offsets: np.ndarray, deleted: np.ndarray | None) -> np.ndarray | None:
+        """Which of a row group's `offsets` are not input (its DV's, `deleted`, and those
+        below from_offset); None when every one is input."""
+        gone = (deleted_mask(offsets, deleted)
+                if deleted is not None and len(deleted) else None)
+        if self.from_offset and len(offsets) and offsets[0] < self.from_offset:
+            below = offsets < self.from_offset
+            gone = below if gone is None else gone | below
+        return gone
 
 
 @dataclass(frozen=True)
@@ -115,10 +127,13 @@ def ledger_file_name(run_id: str, sequence: int, base_offset: int) -> str:
 
 
 def is_tombstone_mask(table: pa.Table, empty_value_is_tombstone: bool) -> pa.Array:
+    """Per row, whether it is a tombstone: never null, so numpy can combine it."""
     value = table.column("value")
     tombstone = pc.is_null(value)
     if empty_value_is_tombstone:
-        tombstone = pc.or_(tombstone, pc.equal(pc.binary_length(value), 0))
+        # A null value's length is null: `or_` would make its row's mask null (and numpy
+        # would then see None), where Kleene logic gives true OR null = true.
+        tombstone = pc.or_kleene(tombstone, pc.equal(pc.binary_length(value), 0))
     return tombstone
 
 
@@ -174,10 +189,10 @@ def write_ledger_piece(
             for group in _row_groups(source.path, page_checksums):
                 # The DV's rows leave with the rest in _filter_group's one filter: every
                 # column is copied once, not once for the DV and again for the survivors.
-                gone = (deleted_mask(group.column("offset").to_numpy(), deleted)
-                        if deleted is not None and len(deleted) else None)
+                gone = source.not_input(group.column("offset").to_numpy(), deleted)
                 counts["records_in"] += group.num_rows - (0 if gone is None else int(gone.sum()))
-                kept = _filter_group(_as_ledger_table(group), survivors, rules, counts, gone)
+                kept = _filter_group(_as_ledger_table(group), survivors, rules, counts, gone,
+                                     source.is_ledger)
                 if not kept.num_rows:
                     continue
                 offsets = kept.column("offset")
@@ -228,10 +243,12 @@ def write_ledger_piece(
 
 def _filter_group(
     table: pa.Table, survivors: np.ndarray, rules: TombstoneRules, counts: dict[str, int],
-    gone: np.ndarray | None = None,
+    gone: np.ndarray | None = None, is_ledger: bool = False,
 ) -> pa.Table:
-    """The rows of `table` that stay in the view, counted into `counts`; `gone` marks
-    rows a deletion vector took out before (not input: neither kept nor counted)."""
+    """The rows of `table` (a row group of a ledger file when `is_ledger`) that stay in
+    the view, counted into `counts`; `gone` marks rows that are not input (a deletion
+    vector took them out before, or they lie below the input's from_offset): neither
+    kept nor counted."""
     offsets = table.column("offset").to_numpy()
     chosen = deleted_mask(offsets, survivors)  # "is in the sorted array", whatever it holds
     null_key = pc.is_null(table.column("key")).to_numpy(zero_copy_only=False)
@@ -257,8 +274,13 @@ def _filter_group(
         keep &= ~too_old
     if rules.deleted_below:
         # Counted with retention: both take records out of the view by their position.
+        # Phase 1 never sees a row below the cut (it is not in the view), so none is
+        # chosen; a ledger row there was in the view until DeleteRecords took it out.
         deleted = offsets < rules.deleted_below
-        counts["expired_removed"] += int((keep & deleted).sum())
+        was_in_view = keep | (~null_key if is_ledger else np.zeros(len(offsets), bool))
+        if gone is not None:
+            was_in_view &= ~gone
+        counts["expired_removed"] += int((was_in_view & deleted).sum())
         keep &= ~deleted
     counts["tombstones_kept"] += int((keep & tombstone).sum())
     kept = table.filter(pa.array(keep))

@@ -7,10 +7,17 @@ active and rolled log segments are never input (they are not sealed), so the hor
 stays below them. The new horizon is the last offset of the last dirty segment read,
 or the old horizon when no segment is cleanable.
 
+The dirty part never holds a record at or below the old horizon: the ledger covers
+those. No commit lists a segment across the horizon (compaction/runner.py, step 5;
+storage/merging.py, step 4), and were one listed all the same, only its rows above the
+horizon are input (`InputFile.from_offset`, applied by every engine in both phases).
+
 After phase 1 the surviving offsets are known, so phase 2 is split into pieces: runs
 of consecutive input files whose surviving bytes (estimated from the survivor counts
 and each file's bytes per record) fill about one target ledger file. Files with no
-survivors are not read at all.
+survivors are not read at all, nor is a file wholly below DeleteRecords' deleted_below
+(`wholly_cut`: nothing of it is in the view, null-key records included); the runner
+counts a cut ledger file's live records as removed by their position.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ class InputFile:
     info: SegmentInfo
     path: Path  # where the driver reads it (on S3: its read cache's copy, once fetched)
     is_ledger: bool
+    # Its rows below this offset are not input: set on a dirty segment that straddles
+    # the old horizon, whose rows up to it the ledger already covers (see the module).
+    from_offset: int = 0
 
     @property
     def relative(self) -> str:
@@ -110,6 +120,13 @@ class PartitionPlan:
                                           for item in self.clean)
 
     @property
+    def cut_ledger_records(self) -> int:
+        """The live records of the previous ledger's files wholly below deleted_below:
+        they leave with their files, which phase 2 never reads (`wholly_cut`)."""
+        return sum(item.info.live_count for item in self.clean
+                   if wholly_cut(item.info, self.rules.deleted_below))
+
+    @property
     def ledger_dir(self) -> Path:
         return self.directory / LEDGER_DIR
 
@@ -127,7 +144,8 @@ class Piece:
     survivors: np.ndarray
 
     def piece_inputs(self) -> list[PieceInput]:
-        return [PieceInput.of(item.path, item.is_ledger, item.info) for item in self.inputs]
+        return [PieceInput.of(item.path, item.is_ledger, item.info,
+                              from_offset=item.from_offset) for item in self.inputs]
 
 
 def plan_partition(
@@ -155,7 +173,11 @@ def plan_partition(
             # A prefix only, so the horizon covers everything below it. (As in Kafka, a
             # producer timestamp in the future holds its segment back until it is past.)
             break
-        dirty.append(InputFile(info, volume.path_of(f"{SEGMENT_DIR}/{info.file}"), False))
+        from_offset = 0
+        if old_horizon is not None and info.base_offset <= old_horizon:
+            from_offset = old_horizon + 1  # defence in depth: the rows up to it are the ledger's
+        dirty.append(InputFile(info, volume.path_of(f"{SEGMENT_DIR}/{info.file}"), False,
+                               from_offset))
     new_horizon = dirty[-1].info.last_offset if dirty else old_horizon
     retention_ms = config["retention.ms"] if "delete" in config.cleanup_policy.split(",") else -1
     rules = TombstoneRules(
@@ -204,19 +226,26 @@ def deleted_offsets(clean: list[InputFile]) -> np.ndarray:
     return np.sort(np.concatenate(found)) if found else np.empty(0, np.int64)
 
 
+def wholly_cut(info: SegmentInfo, deleted_below: int) -> bool:
+    """Whether every offset of the file `info` lies below DeleteRecords' cut."""
+    return info.last_offset < deleted_below
+
+
 def split_pieces(plan: PartitionPlan) -> list[Piece]:
     """Group the plan's input files into phase-2 pieces, by estimated surviving bytes."""
     groups = split_inputs(plan.inputs, plan.survivors, plan.target_file_bytes,
-                          plan.rules.null_key_policy == "keep")
+                          plan.rules.null_key_policy == "keep", plan.rules.deleted_below)
     return [Piece(plan, sequence, files, survivors)
             for sequence, (files, survivors) in enumerate(groups)]
 
 
 def split_inputs(
-    inputs: list[InputFile], survivors: np.ndarray, target_file_bytes: int, keep_nulls: bool
+    inputs: list[InputFile], survivors: np.ndarray, target_file_bytes: int, keep_nulls: bool,
+    deleted_below: int = 0,
 ) -> list[tuple[list[InputFile], np.ndarray]]:
     """Runs of consecutive input files whose surviving bytes fill about one ledger file,
-    each with its slice of the sorted surviving offsets (files with none are skipped)."""
+    each with its slice of the sorted surviving offsets (files with none are skipped,
+    and files wholly below `deleted_below`)."""
     pieces: list[tuple[list[InputFile], np.ndarray]] = []
     current: list[InputFile] = []
     current_bytes = 0.0
@@ -234,7 +263,7 @@ def split_inputs(
         low = np.searchsorted(survivors, info.base_offset, "left")
         high = np.searchsorted(survivors, info.last_offset, "right")
         surviving = int(high - low)
-        if surviving == 0 and not keep_nulls:
+        if (surviving == 0 and not keep_nulls) or wholly_cut(info, deleted_below):
             continue  # nothing of this file survives: it is not even read
         per_record = info.size_bytes / max(info.record_count, 1)
         current.append(item)

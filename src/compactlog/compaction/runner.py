@@ -14,7 +14,8 @@ tests/test_fault_steps.py fails or stalls each one):
      retired files whose delay has passed) and write status RUNNING;
   2. plan from the current manifest: previous ledger + cleanable dirty segments (on an
      object store, inputs that the driver reads are fetched into its read cache; Arrow
-     tasks fetch their own, compaction/remote_files.py);
+     tasks fetch their own, compaction/remote_files.py); a dirty segment's rows at or
+     below the old horizon are never input, even were one to straddle it (plan.py);
   3. phase 1 (engine): surviving offsets per partition;
   4. phase 2 (engine): new ledger files, and with deletion vectors new DV files
      (compaction/incremental.py), each written under a temporary name, fsynced, then
@@ -24,9 +25,45 @@ tests/test_fault_steps.py fails or stalls each one):
      that every file the commit will list is in the bucket, else fail before 5
      (tests/test_compaction_s3.py);
   5. commit the new (horizon, ledger) pair, each ledger file with its current DV, in
-     one manifest version by compare-and-swap, provided the manifest's pair (files and
-     DVs) is still the one planned from; the writer's commits
-     (sealing, retention) merge in, and the previous ledger's files are retired by it;
+     one manifest version by compare-and-swap, its checks made again on the newest
+     manifest after every lost race (`swap`, `_check_commit`); the previous ledger's
+     files are retired by it. A check that fails raises ConflictError: the run fails,
+     commits nothing, and is retried later (the cleaner's backoff), planned afresh.
+     What the other actors may change between 2 and 5, and what the commit checks:
+     a. another compaction commits a pair: the manifest's horizon, ledger files or
+        DVs differ from those planned from: conflict. Tests:
+          test_compaction_crash.py::
+          test_a_compactor_that_loses_the_commit_race_leaves_nothing
+          test_compaction_s3.py::test_two_compactions_from_two_machines_one_wins
+     b. the writer seals segments: all lie above the planned ones and stay dirty for
+        the next run; nothing to check. Test: test_compaction_crash.py::
+          test_segments_sealed_under_a_compaction_stay_dirty_for_the_next_run
+     c. the writer merges small segments (storage/merging.py): a listed segment that
+        straddles the new horizon (base_offset <= horizon < last_offset) would give
+        the next run records the new ledger holds: conflict. A merged file wholly on
+        one side of it holds the same records as the planned segments it replaced:
+        it goes through. Tests: test_merging.py::
+          test_a_merge_across_a_running_compactions_horizon_makes_its_commit_conflict
+          test_a_merge_below_a_running_compactions_horizon_lets_it_commit
+        (the other order, the compaction's commit first, is the merge's to check:
+          test_a_compaction_committed_under_a_merge_makes_the_merge_give_up)
+     d. retention removes segments: on a compacted topic only those wholly at or below
+        the old horizon, whose records the ledger holds: it goes through. A planned
+        segment whose offsets no listed segment covers any more (retention after a
+        switch to cleanup.policy=delete) held records this run read: conflict. Tests:
+          test_compaction_crash.py::test_retention_under_a_compaction_lets_it_commit
+          test_compaction_crash.py::
+          test_retention_of_a_planned_segment_after_a_switch_to_delete_makes_the_commit_conflict
+     e. DeleteRecords moves deleted_below: phase 1 chose among the records above the
+        old cut, so under a strategy other than `latest` a survivor may lie below the
+        new cut while the key's later records were left out: conflict. Under `latest`
+        a survivor below the cut has no later record (readers hide it, the next run
+        drops it): it goes through. Test: test_compaction_crash.py::
+          test_delete_records_under_a_compaction_makes_its_commit_conflict
+     f. a config change: the run keeps the config it planned with (the pair records its
+        strategy) and the change applies from the next run; the commit checks nothing
+        of it but what it lets another actor do (d). Test: test_compaction_crash.py::
+          test_a_config_change_under_a_compaction_applies_from_the_next_run
   6. sweep ledger/ again and write each partition's status: SUCCESS where step 5
      committed; ERROR, with the error, where the run failed before it. The sweep after
      a failure deletes exactly the files of this run that no commit took.
@@ -36,6 +73,7 @@ file.delete.delay.ms; one that takes longer reloads and reads again.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import time
@@ -272,6 +310,7 @@ def _commit(
         summary.tombstones_removed += piece.tombstones_removed
         summary.null_keys_removed += piece.null_keys_removed
         summary.expired_removed += piece.expired_removed
+    summary.expired_removed += plan.cut_ledger_records  # files phase 2 never read
     summary.records_in = sum(item.info.live_count for item in plan.inputs)
     summary.bytes_in = sum(item.info.size_bytes for item in plan.inputs)
     summary.bytes_out = sum(info.size_bytes for info in new_ledger)
@@ -300,9 +339,48 @@ def _commit(
             raise ConflictError(
                 f"{partition.name}: another compaction committed while this one ran"
             )
+        _check_commit(partition.name, plan, manifest)
         return replace(manifest, compaction=compaction)
 
     partition.commit_manifest(swap)
+
+
+def _check_commit(name: str, plan: PartitionPlan, manifest: PartitionManifest) -> None:
+    """Step 5's checks of what the writer changed under the run (c, d, e of the
+    protocol); raises ConflictError when the new pair would not hold on `manifest`."""
+    horizon = plan.new_horizon
+    assert horizon is not None, "a plan with work has a horizon"
+    # A new horizon is a planned segment's end, which no segment listed at planning
+    # straddled: one that does now was merged since. (One across an unmoved horizon was
+    # there before this run, written by an older build: plan.py reads around it.)
+    moved_horizon = horizon != plan.old_horizon
+    for info in manifest.segments if moved_horizon else ():
+        if info.base_offset <= horizon < info.last_offset:  # c.
+            raise ConflictError(
+                f"{name}: segment {info.file} (offsets {info.base_offset}.."
+                f"{info.last_offset}) straddles the new horizon {horizon}: a merge "
+                "replaced segments this run planned over; the next run plans over it")
+    listed = manifest.segments
+    starts = [info.base_offset for info in listed]
+    names = {info.file for info in listed}
+    for item in plan.dirty:  # d.
+        planned = item.info
+        if planned.file in names:
+            continue
+        # Replaced by a merge (the same records, in a file now wholly on one side of
+        # the horizon), or removed: then no listed segment covers its offsets.
+        at = bisect.bisect_right(starts, planned.base_offset) - 1
+        if at < 0 or listed[at].last_offset < planned.last_offset:
+            raise ConflictError(
+                f"{name}: segment {planned.file} (offsets {planned.base_offset}.."
+                f"{planned.last_offset}), which this run read, is no longer listed "
+                "(retention removed it)")
+    moved = manifest.deleted_below != plan.rules.deleted_below
+    if moved and plan.strategy.kind != "latest":  # e.
+        raise ConflictError(
+            f"{name}: DeleteRecords moved the log start from {plan.rules.deleted_below} "
+            f"to {manifest.deleted_below} while this run ran; under "
+            f"{plan.strategy.spec} a survivor it chose may be a record the cut deleted")
 
 
 def _finish(

@@ -2,8 +2,10 @@
 
 Phase 1 reads only (key, offset, tombstone flag, ordering value) of every input file
 of every partition in the run, in one Spark job, and finds each key's surviving
-offset. Keys are grouped by their bytes, never by a hash alone. The surviving offsets
-come back to the driver (8 bytes per live key) as sorted arrays.
+offset among the rows in the view (not a deletion vector's rows, not below
+DeleteRecords' deleted_below: phase 2 would drop them, and choosing one would lose its
+key's live rows). Keys are grouped by their bytes, never by a hash alone. The surviving
+offsets come back to the driver (8 bytes per live key) as sorted arrays.
 
 Phase 2 runs one Spark task per ledger piece (plan.split_pieces). Each task gets its
 piece's input file paths and surviving offsets, and copies the surviving rows with
@@ -77,23 +79,27 @@ def _input_frame(spark: SparkSession, plans: list[PartitionPlan], strategy: Stra
         # One scan per partition, its number a constant: a regex over every row's file
         # path cost about a third of phase 1 (bench/compaction.py, 2M records).
         frames = [
-            spark.read.schema(INPUT_SCHEMA).parquet(*(str(item.path) for item in plan.inputs))
+            _scan(spark, whole, plan.rules.deleted_below)
             .select(F.lit(plan.partition).alias("p"), *columns)
             for plan in plans
+            if (whole := [str(item.path) for item in plan.inputs if not item.from_offset])
         ]
-        frame = frames[0]
-        for other in frames[1:]:
-            frame = frame.unionAll(other)
     else:
         # Thousands of scans would swamp the planner: find each row's partition from its
         # file's path instead.
-        paths = [str(item.path) for plan in plans for item in plan.inputs]
-        frame = spark.read.schema(INPUT_SCHEMA).parquet(*paths).select(
-            F.regexp_extract(F.col("_metadata.file_path"), PARTITION_OF_PATH, 1)
-            .cast("int")
-            .alias("p"),
-            *columns,
-        )
+        paths = [str(item.path) for plan in plans for item in plan.inputs
+                 if not item.from_offset]
+        frames = [_scan_by_path(spark, plans, paths, columns)] if paths else []
+    # A segment across the old horizon (plan.InputFile.from_offset; none is ever
+    # committed) is scanned on its own, from its first row above the horizon.
+    frames += [
+        _scan(spark, [str(item.path)], max(plan.rules.deleted_below, item.from_offset))
+        .select(F.lit(plan.partition).alias("p"), *columns)
+        for plan in plans for item in plan.inputs if item.from_offset
+    ]
+    frame = frames[0]  # every plan here has inputs, so some scan has files
+    for other in frames[1:]:
+        frame = frame.unionAll(other)
     frame = frame.where(F.col("key").isNotNull())
     deleted = [(plan.partition, offsets) for plan in plans
                if len(offsets := deleted_offsets(plan.clean))]
@@ -106,6 +112,38 @@ def _input_frame(spark: SparkSession, plans: list[PartitionPlan], strategy: Stra
         gone = spark.createDataFrame(table)
         frame = frame.join(F.broadcast(gone), on=["p", "offset"], how="left_anti")
     return frame
+
+
+def _scan_by_path(spark: SparkSession, plans: list[PartitionPlan], paths: list[str],
+                  columns: list[Column | str]) -> DataFrame:
+    """One scan of `paths` (files of many partitions), each row's partition taken from its
+    file's path, without the rows below its partition's deleted_below."""
+    from pyspark.sql import functions as F
+
+    frame = _scan(spark, paths).select(
+        F.regexp_extract(F.col("_metadata.file_path"), PARTITION_OF_PATH, 1)
+        .cast("int")
+        .alias("p"),
+        *columns,
+    )
+    starts = [(plan.partition, plan.rules.deleted_below) for plan in plans
+              if plan.rules.deleted_below]
+    if not starts:
+        return frame
+    bounds = spark.createDataFrame(starts, "p int, deleted_below long")
+    return (frame.join(F.broadcast(bounds), on="p", how="left")
+            .where(F.col("offset") >= F.coalesce("deleted_below", F.lit(0)))
+            .drop("deleted_below"))
+
+
+def _scan(spark: SparkSession, paths: list[str], start: int = 0) -> DataFrame:
+    """The rows of the Parquet files `paths` from offset `start` on (DeleteRecords' cut,
+    or a file's from_offset): the filter reaches the scan, whose row-group statistics
+    skip what lies below."""
+    from pyspark.sql import functions as F
+
+    frame = spark.read.schema(INPUT_SCHEMA).parquet(*paths)
+    return frame.where(F.col("offset") >= start) if start else frame
 
 
 def _order_column(strategy: Strategy) -> Column:
@@ -225,7 +263,7 @@ def _piece_row(piece: Piece, run_id: str) -> tuple[str]:
         "partition": plan.partition,
         "sequence": piece.sequence,
         "inputs": [[item.path, item.is_ledger, item.size_bytes, item.crc32c, item.dv_path,
-                    item.dv_size_bytes, item.dv_crc32c]
+                    item.dv_size_bytes, item.dv_crc32c, item.from_offset]
                    for item in piece.piece_inputs()],
         "survivors": base64.b64encode(piece.survivors.astype("<i8").tobytes()).decode(),
         "rules": plan.rules.__dict__,

@@ -12,7 +12,8 @@ records there are, their offsets, bytes or batch attributes: the merged file hol
 inputs' rows, in order, unchanged; it replaces exactly its inputs in one manifest
 commit, and only if they are all still listed, contiguous, and not split by the
 compaction horizon (a compaction's dirty input is the segments above the horizon, so a
-file that straddles it would feed records the ledger already holds back in). Until the
+file that straddles it would feed records the ledger already holds back in; a
+compaction that commits after the merge checks the same of its own new horizon). Until the
 commit readers use the inputs; after it the merged file; the inputs are retired
 (deleted after file.delete.delay.ms, as retention's are), so a read that began before
 goes on.
@@ -39,7 +40,18 @@ Merge protocol (merge_small_segments; tests in tests/test_merging.py):
   4. commit a manifest that lists it in place of its inputs, compare-and-swap, re-
      checked on the newest manifest: inputs gone (retention, DeleteRecords) or the
      horizon moved inside the run: ConflictError, nothing changed;
-     test_a_merge_that_loses_a_race_changes_nothing
+     test_a_merge_that_loses_a_race_changes_nothing (DeleteRecords),
+     test_a_compaction_committed_under_a_merge_makes_the_merge_give_up (a compaction
+     that committed a horizon inside the run after step 1)
+Against a compaction still running when the merge commits, the merge checks nothing
+more: it cannot know the horizon that run will commit. That run's own commit does
+(compaction/runner.py, step 5c): it conflicts when a listed segment straddles its new
+horizon, and goes through when the merged file lies wholly at or below it; and a run's
+dirty input never holds a row at or below the old horizon, even from a file across it
+(compaction/plan.py). Tests, in tests/test_merging.py:
+  test_a_merge_across_a_running_compactions_horizon_makes_its_commit_conflict
+  test_a_merge_below_a_running_compactions_horizon_lets_it_commit
+  test_a_segment_across_the_horizon_feeds_only_its_rows_above_it
 A failure in 2-4 removes the file of 3 if no committed manifest lists it (else the
 sweep does); the inputs stay in force. tests/test_fault_steps.py ("merge") raises a
 fault at every disk step of two merges, one on each side of a horizon, and kills the
