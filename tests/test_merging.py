@@ -175,7 +175,7 @@ def assert_each_key_once(store: LogStore, partition: Partition) -> None:
 
 
 def test_a_merge_across_a_running_compactions_horizon_makes_its_commit_conflict(
-        store: LogStore) -> None:
+        store: LogStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The merge commits first: a compaction plans s1..s4 (horizon 3); before its commit
     the writer seals s5..s8 and merges s1..s8 into one file, which the horizon would
     split. The compaction's commit conflicts (runner.py, step 5c), so the next run plans
@@ -186,6 +186,8 @@ def test_a_merge_across_a_running_compactions_horizon_makes_its_commit_conflict(
     partition = store.topic(TOPIC).partition(0)
     seal_each(store, range(4), "a")
     merged: list[SegmentInfo | None] = []
+    # A compaction on another machine: the writer's merge cannot see its lock here.
+    monkeypatch.setattr(merging.locks, "is_locked", lambda directory: False)
 
     def seal_and_merge() -> None:
         seal_each(store, range(4, 8), "b")
@@ -203,6 +205,34 @@ def test_a_merge_across_a_running_compactions_horizon_makes_its_commit_conflict(
     assert isinstance(outcome, ConflictError) and "straddles" in str(outcome), outcome
     assert partition.manifest.compaction is not None
     assert partition.manifest.compaction.horizon == 7
+
+
+def test_a_merge_leaves_dirty_segments_alone_while_a_compaction_runs(
+        store: LogStore) -> None:
+    """While this machine runs a compaction of the partition (its compaction lock is
+    held), the writer merges only segments wholly at or below the horizon: a merge of
+    dirty ones could straddle the horizon the run is about to commit and make it
+    conflict, and a busy partition on S3 merges every few seconds (merging.py, step 1).
+    The merge-first race above is what a compaction on another machine still meets."""
+    clock = store.clock  # type: ignore[attr-defined]
+    partition = store.topic(TOPIC).partition(0)
+    seal_each(store, range(8), "a")
+    compact(store, clock)  # horizon 7: the eight segments are clean
+    seal_each(store, range(8, 16), "b")  # eight dirty ones
+    merged: list[SegmentInfo | None] = []
+
+    def merge_twice() -> None:
+        merged.append(merge_small_segments(partition))
+        merged.append(merge_small_segments(partition))
+
+    run_compaction(store, TOPIC, CommitHookEngine(merge_twice), clock=clock)
+    clean, dirty = merged
+    assert clean is not None and (clean.base_offset, clean.last_offset) == (0, 7)
+    assert dirty is None  # the dirty run waits for the compaction to end
+    assert partition.manifest.compaction is not None
+    assert partition.manifest.compaction.horizon == 15
+    assert_each_key_once(store, partition)
+    assert merge_small_segments(partition) is not None  # now it may
 
 
 def test_a_compaction_committed_under_a_merge_makes_the_merge_give_up(
@@ -261,12 +291,15 @@ def test_a_segment_across_the_horizon_feeds_only_its_rows_above_it(
         assert_each_key_once(store, partition)
 
 
-def test_a_merge_below_a_running_compactions_horizon_lets_it_commit(store: LogStore) -> None:
+def test_a_merge_below_a_running_compactions_horizon_lets_it_commit(
+        store: LogStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A merge of segments the compaction planned over, wholly at or below its new
     horizon, regroups the same records: the compaction's commit goes through (runner.py,
-    step 5c) and lists the merged file as clean."""
+    step 5c) and lists the merged file as clean. (The compaction runs on another
+    machine: this one's merge does not see its lock.)"""
     clock = store.clock  # type: ignore[attr-defined]
     partition = store.topic(TOPIC).partition(0)
+    monkeypatch.setattr(merging.locks, "is_locked", lambda directory: False)
     seal_each(store, range(8), "a")
     merged: list[SegmentInfo | None] = []
     run_compaction(store, TOPIC, CommitHookEngine(

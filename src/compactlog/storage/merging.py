@@ -30,8 +30,12 @@ the input it reads.
 
 Merge protocol (merge_small_segments; tests in tests/test_merging.py):
   1. take the seal lock (without waiting: a seal in progress means a merge later) and
-     choose a run in the current manifest; test_small_segments_are_merged_and_reads_
-     are_unchanged, test_a_run_is_not_merged_across_the_horizon
+     choose a run in the current manifest; while this machine runs a compaction of the
+     partition, only a run wholly at or below the horizon (a dirty run could straddle
+     the horizon that compaction commits, and make it conflict);
+     test_small_segments_are_merged_and_reads_are_unchanged,
+     test_a_run_is_not_merged_across_the_horizon,
+     test_a_merge_leaves_dirty_segments_alone_while_a_compaction_runs
   2. fetch each input (the read cache on S3), check its size and CRC32C against the
      manifest (a damaged input stops the merge: CorruptionError, nothing changed);
      test_a_damaged_input_stops_the_merge_and_changes_nothing
@@ -72,7 +76,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from compactlog.errors import ConflictError
-from compactlog.storage import fsutil
+from compactlog.storage import fsutil, locks
 from compactlog.storage.manifest import SEGMENT_DIR, PartitionManifest, SegmentInfo
 from compactlog.storage.sealed import (
     FORMAT_VERSION,
@@ -94,8 +98,10 @@ MAX_INPUTS = 256
 
 
 def choose_run(manifest: PartitionManifest, segment_bytes: int,
-               min_run: int = MIN_RUN) -> tuple[SegmentInfo, ...]:
-    """The oldest run of small segments worth merging (step 1), or ()."""
+               min_run: int = MIN_RUN, clean_only: bool = False) -> tuple[SegmentInfo, ...]:
+    """The oldest run of small segments worth merging (step 1), or (). `clean_only`:
+    only segments wholly at or below the horizon (a compaction is running, and would
+    choose its new horizon among the dirty segments' ends)."""
     small = max(1, segment_bytes // min_run)
     most = min(segment_bytes, MAX_MERGE_BYTES)
     horizon = manifest.compaction.horizon if manifest.compaction is not None else None
@@ -103,7 +109,8 @@ def choose_run(manifest: PartitionManifest, segment_bytes: int,
     total = 0
     for info in manifest.segments:
         fits = (info.size_bytes < small and not info.missing
-                and total + info.size_bytes <= most)
+                and total + info.size_bytes <= most
+                and not (clean_only and (horizon is None or info.last_offset > horizon)))
         joins = (fits and run and len(run) < MAX_INPUTS
                  and info.base_offset == run[-1].last_offset + 1
                  and not _straddles(run[0], info, horizon))
@@ -132,8 +139,14 @@ def merge_small_segments(partition: Partition, min_run: int = MIN_RUN,
     if not partition.seal_lock.acquire(blocking=False):  # 1.
         return None
     try:
+        # A merge of dirty segments would make a compaction running now conflict if it
+        # straddled the horizon that compaction commits (step 4 of the runner's
+        # protocol), and a busy partition merges every few seconds: so while this
+        # machine runs one (its compaction lock is held), only clean segments merge.
+        # test_a_merge_leaves_dirty_segments_alone_while_a_compaction_runs
+        running = locks.is_locked(partition.directory)
         run = choose_run(partition.manifest, segment_bytes or partition.config["segment.bytes"],
-                         min_run)
+                         min_run, clean_only=running)
         if not run:
             return None
         return _merge(partition, run)
