@@ -25,6 +25,7 @@ from compactlog.compaction.strategies import Strategy, parse_strategy
 from compactlog.config import TopicConfig
 from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest, SegmentInfo
+from compactlog.storage.view_rows import retention_ms
 from compactlog.storage.volume import LocalVolume, Volume
 
 MAX_LEDGER_FILE_BYTES = 256 * 1024 * 1024
@@ -91,8 +92,8 @@ class PartitionPlan:
     @property
     def expiry_cutoff_ms(self) -> int | None:
         """compact,delete: records older than this leave the view (else None)."""
-        retention_ms = self.rules.retention_ms
-        return None if retention_ms < 0 else self.rules.now_ms - retention_ms
+        retention = self.rules.retention_ms
+        return None if retention < 0 else self.rules.now_ms - retention
 
     @property
     def ledger_expired(self) -> bool:
@@ -157,13 +158,13 @@ def plan_partition(
             break
         dirty.append(InputFile(info, volume.path_of(f"{SEGMENT_DIR}/{info.file}"), False))
     new_horizon = dirty[-1].info.last_offset if dirty else old_horizon
-    retention_ms = config["retention.ms"] if "delete" in config.cleanup_policy.split(",") else -1
     rules = TombstoneRules(
         now_ms=now_ms,
         delete_retention_ms=config["delete.retention.ms"],
         empty_value_is_tombstone=config["empty.value.is.tombstone"],
         null_key_policy=config["null.key.policy"],
-        retention_ms=retention_ms,
+        # The records a read already leaves out (storage/view_rows.py), for good.
+        retention_ms=retention_ms(config),
         deleted_below=manifest.deleted_below,
     )
     return PartitionPlan(

@@ -100,12 +100,14 @@ class RecoveryReport:
 @dataclass(frozen=True)
 class View:
     """One consistent view of a partition for a read: a manifest and the log segments
-    and log end offset that went with it."""
+    and log end offset that went with it. Reads serve records below `high_watermark`
+    only (storage/view_rows.py, `upper_bound`)."""
 
     manifest: PartitionManifest
     version: int
     logs: tuple[LogSegment, ...]
     log_end_offset: int
+    high_watermark: int
 
 
 class Partition:
@@ -223,7 +225,7 @@ class Partition:
     def view(self) -> View:
         with self._lock:
             return View(self.manifest, self.manifest_version, tuple(self.logs),
-                        self.log_end_offset)
+                        self.log_end_offset, high_watermark=self.log_end_offset)
 
     # -- the manifest -----------------------------------------------------------------
 
