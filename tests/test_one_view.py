@@ -1,7 +1,7 @@
 """One compacted view (DESIGN.md, contract items 2, 10 and 14): every read path leaves out
 what DeleteRecords deleted, ledger records past retention.ms on a `compact,delete`
 topic, and tombstones past delete.retention.ms, at read time, before any compaction
-makes it final.
+makes it final; and a DeleteRecords below the horizon schedules the run that does.
 
 The paths (tests/read_paths.py): the Reader, Kafka Fetch's bytes, `tables.view_dataset`
 through DuckDB and through Polars, `spark.read.format("compactlog")` and `read_topic`.
@@ -16,11 +16,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
+from compactlog.compaction.plan import plan_partition
+from compactlog.compaction.scheduler import CompactionScheduler, SchedulerPolicy
+from compactlog.server.cleaner import partition_load
+from compactlog.storage.deletion import read_deletion_vector
+from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
+from fakes import FakeClock
 from local_engine import LocalCompactionService
 from read_paths import (
     Row,
@@ -181,3 +189,55 @@ def test_every_read_path_serves_the_one_compacted_view(
     data, expected = topics
     got = sorted(rows_of(path_name, data, topic, session_if_needed))
     assert got == sorted(expected[topic])
+
+
+# -- DeleteRecords below the horizon schedules the run that makes it final -------------------
+
+
+def live_ledger_offsets(partition: Partition) -> list[int]:
+    """The offsets the ledger files hold, minus their deletion vectors', read from the
+    files themselves (not through any read path)."""
+    offsets: list[int] = []
+    for info in partition.manifest.ledger:
+        column = pq.read_table(partition.ledger_dir / info.file, columns=["offset"])["offset"]
+        found = column.to_numpy()
+        if info.dv_file:
+            gone = read_deletion_vector(partition.ledger_dir / info.dv_file)
+            found = found[~np.isin(found, gone)]
+        offsets += found.tolist()
+    return offsets
+
+
+@pytest.mark.parametrize("deletion_vectors", [True, False])
+def test_delete_records_below_the_horizon_schedules_the_run_that_makes_it_final(
+    tmp_path: Path, clock: FakeClock, deletion_vectors: bool,
+) -> None:
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        store.create_topic("t", 1, {**BASE,
+                                    "compaction.deletion.vectors": str(deletion_vectors).lower()})
+        store.append("t", [ProducerRecord(b"k%d" % i, b"v%d" % i) for i in range(20)])
+        roll_all(store, "t")
+        compact(store, "t", clock)
+        partition = store.topic("t").partition(0)
+        assert live_ledger_offsets(partition) == list(range(20))
+        partition.delete_records(12)
+
+        def plan_now() -> bool:
+            return plan_partition("t", 0, partition.directory, partition.manifest,
+                                  partition.manifest_version, partition.config,
+                                  clock.ms).has_work
+
+        assert plan_now(), "no new sealed data, but the ledger still holds deleted records"
+        scheduler = CompactionScheduler(SchedulerPolicy(), clock)
+        load = partition_load("t", partition, clock.ms)
+        assert scheduler.reasons(load, clock.ms) == ["delete_records"]
+        (job,) = scheduler.pick([load])
+        assert job.partitions == [0]
+        scheduler.finished(job, 0)
+
+        compact(store, "t", clock)
+        assert live_ledger_offsets(partition) == list(range(12, 20))
+        assert not plan_now(), "the deletion is final: nothing more to do"
+        load = partition_load("t", partition, clock.ms)
+        assert scheduler.reasons(load, clock.ms) == []
+        assert [r.offset for r in partition.read_compacted(0, 100)] == list(range(12, 20))

@@ -58,6 +58,9 @@ class PartitionPlan:
     target_file_bytes: int
     compression: str
     oldest_tombstone_ms: int | None = None
+    # DeleteRecords' deleted_below that the current ledger was compacted with: it holds
+    # no live record below (manifest.CompactionState.deleted_below).
+    ledger_deleted_below: int = 0
     # Phase 1 engine wanted (compaction.phase1.engine) and one Arrow task's memory budget.
     phase1_engine: str = "auto"
     task_memory_bytes: int = 512 * 1024 * 1024
@@ -80,9 +83,21 @@ class PartitionPlan:
 
     @property
     def has_work(self) -> bool:
-        """Dirty segments to read, kept tombstones whose retention has passed, or (on a
-        compact,delete topic) ledger records older than retention.ms."""
-        return bool(self.dirty) or self.tombstones_due or self.ledger_expired
+        """Dirty segments to read, kept tombstones whose retention has passed, (on a
+        compact,delete topic) ledger records older than retention.ms, or ledger records
+        that DeleteRecords deleted."""
+        return (bool(self.dirty) or self.tombstones_due or self.ledger_expired
+                or self.deletion_due)
+
+    @property
+    def deletion_due(self) -> bool:
+        """DeleteRecords cut into the ledger since it was compacted: reads hide the
+        deleted records at once (storage/view_rows.py), and a run makes that final
+        (erases them from the ledger's files, or deletes them by a deletion vector)
+        even when no new data comes."""
+        cut, done = self.rules.deleted_below, self.ledger_deleted_below
+        return cut > done and any(item.info.base_offset < cut and item.info.last_offset >= done
+                                  for item in self.clean)
 
     @property
     def tombstones_due(self) -> bool:
@@ -182,6 +197,8 @@ def plan_partition(
         compression=config["parquet.compression"],
         oldest_tombstone_ms=(None if manifest.compaction is None
                              else manifest.compaction.oldest_tombstone_ms),
+        ledger_deleted_below=(0 if manifest.compaction is None
+                              else manifest.compaction.deleted_below),
         phase1_engine=config["compaction.phase1.engine"],
         task_memory_bytes=config["compaction.task.memory.bytes"],
         deletion_vectors=config["compaction.deletion.vectors"],
