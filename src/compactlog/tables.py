@@ -124,7 +124,7 @@ def _partition_files(partition: Partition, view: str,
                      filesystem: fs.FileSystem) -> list[ViewFile]:
     rows = rows_of(partition, partition.view(), view == "compacted")
     found = []
-    for file in rows.files:
+    for file in rows.files():
         path = _path(partition, file.relative)
         excluded = [_expired_tombstones(file, path, filesystem)]
         if file.dv_relative is not None:

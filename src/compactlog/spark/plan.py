@@ -173,9 +173,9 @@ def plan_range(partition: Partition, config: TopicConfig, view: str, start: int,
     anything: see stream.py)."""
     rows = partition_rows(partition.manifest, TimeRules.of(config, partition.now_ms()),
                           view == "compacted", end, start)
-    for file in rows.ledger:
+    for file in rows.ledger():
         yield _file_part(partition, file, rows.ledger_condition)
-    for file in rows.segments:
+    for file in rows.segments():
         yield _file_part(partition, file, rows.segment_condition)
     if rows.tail_start < end:
         yield TailPart(partition.topic, partition.index, str(partition.directory), config,

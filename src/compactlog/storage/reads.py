@@ -28,7 +28,7 @@ view_rows.py; the readers here apply it and decide nothing themselves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from contextlib import closing
 from dataclasses import replace
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
@@ -74,7 +74,7 @@ def with_view(partition: Partition, read: Callable[[View], T]) -> T:
 
 # -- table sources --------------------------------------------------------------------
 
-def _file_tables(partition: Partition, files: tuple[FileRows, ...],
+def _file_tables(partition: Partition, files: Iterable[FileRows],
                  columns: list[str] | None) -> Tables:
     """The rows of `files` in the view (view_rows.py), row group by row group, with
     `columns` (None: all of the file's)."""
@@ -120,14 +120,14 @@ def _file_tables(partition: Partition, files: tuple[FileRows, ...],
 def sealed_tables(partition: Partition, rows: PartitionRows,
                   columns: list[str] | None = RECORD_COLUMNS) -> Tables:
     """The raw part's sealed rows of `rows`, from its first offset on."""
-    return _file_tables(partition, rows.segments, columns)
+    return _file_tables(partition, rows.segments(), columns)
 
 
 def ledger_tables(partition: Partition, rows: PartitionRows,
                   columns: list[str] | None = RECORD_COLUMNS) -> Tables:
     """The ledger's rows in the view `rows` (deletion vectors, DeleteRecords, retention
     on compact,delete and tombstone retention applied: view_rows.py)."""
-    return _file_tables(partition, rows.ledger, columns)
+    return _file_tables(partition, rows.ledger(), columns)
 
 
 # -- bounded reads of records ---------------------------------------------------------
@@ -152,7 +152,7 @@ class TableRead:
 
     def run(self, offset: int, compacted: bool) -> list[Part]:
         rows = rows_of(self.partition, self.view, compacted, offset)
-        if rows.ledger:
+        if rows.horizon is not None and offset <= rows.horizon:
             self._ledger(rows)
             if self.full:
                 return self.parts
@@ -281,7 +281,7 @@ def last_ledger_record(partition: Partition) -> Record | None:
 
     def read(view: View) -> Record | None:
         rows = rows_of(partition, view, True)
-        for file in reversed(rows.ledger):
+        for file in reversed(tuple(rows.ledger())):
             # A whole file's last row is in the view: read its last row group only.
             start = file.info.last_offset if file.is_whole else file.first_offset
             tables = _file_tables(partition, (_from(file, start),), RECORD_COLUMNS)
@@ -321,7 +321,7 @@ def offset_for_timestamp(partition: Partition, timestamp: int,
 
     def raw(view: View) -> int | None:
         rows = rows_of(partition, view, False)
-        for file in rows.segments:
+        for file in rows.segments():
             if file.info.max_timestamp >= timestamp:
                 found = _first_in_file(partition, file, timestamp)
                 if found is not None:
@@ -333,7 +333,7 @@ def offset_for_timestamp(partition: Partition, timestamp: int,
         return None
 
     def ledger(view: View) -> int | None:
-        for file in rows_of(partition, view, True).ledger:
+        for file in rows_of(partition, view, True).ledger():
             if file.info.max_timestamp >= timestamp:
                 found = _first_in_file(partition, file, timestamp)
                 if found is not None:

@@ -33,6 +33,8 @@ from the same fields, here.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -249,21 +251,31 @@ class PartitionRows:
     raw_start: int  # the raw part's first offset; raw offsets are dense from here
     sealed_end: int  # offsets from here on are in log segments
     end: int  # the upper bound, exclusive: the durable high watermark
-    ledger: tuple[FileRows, ...]
-    segments: tuple[FileRows, ...]
-    # The conditions before trimming to each file: what an engine filtering many files
-    # at once applies to all of them (tables.py, spark/fast.py).
+    # The conditions on every ledger file's and sealed segment's rows, before trimming to
+    # each file: what an engine filtering many files at once applies (tables.py,
+    # spark/fast.py).
     ledger_condition: RowCondition
     segment_condition: RowCondition
+    ledger_infos: tuple[SegmentInfo, ...]  # the manifest's (none for a raw view)
+    segment_infos: tuple[SegmentInfo, ...]
 
     @property
     def tail_start(self) -> int:
         """The first offset of the raw part that log segments hold."""
         return max(self.raw_start, self.sealed_end)
 
-    @property
-    def files(self) -> tuple[FileRows, ...]:
-        return self.ledger + self.segments
+    def ledger(self) -> Iterator[FileRows]:
+        """The ledger files with rows in the view, in offset order, each with its
+        condition. Lazily: a read that fills up early builds no more of them."""
+        return _files(LEDGER_DIR, self.ledger_infos, self.ledger_condition)
+
+    def segments(self) -> Iterator[FileRows]:
+        """The sealed segments of the raw part, in offset order (as `ledger`)."""
+        return _files(SEGMENT_DIR, self.segment_infos, self.segment_condition)
+
+    def files(self) -> Iterator[FileRows]:
+        yield from self.ledger()
+        yield from self.segments()
 
 
 def partition_rows(manifest: PartitionManifest, rules: TimeRules, compacted: bool,
@@ -275,13 +287,10 @@ def partition_rows(manifest: PartitionManifest, rules: TimeRules, compacted: boo
     if horizon is not None:
         raw_start = max(raw_start, horizon + 1)
         ledger_condition = _ledger_condition(manifest, rules, start, min(horizon + 1, end))
-    segment_condition = RowCondition(raw_start, end)
     return PartitionRows(
         compacted, view_start(manifest, compacted), horizon, raw_start,
-        manifest.sealed_end_offset, end,
-        _files(LEDGER_DIR, manifest.ledger if horizon is not None else (), ledger_condition),
-        _files(SEGMENT_DIR, manifest.segments, segment_condition),
-        ledger_condition, segment_condition)
+        manifest.sealed_end_offset, end, ledger_condition, RowCondition(raw_start, end),
+        manifest.ledger if horizon is not None else (), manifest.segments)
 
 
 def _ledger_condition(manifest: PartitionManifest, rules: TimeRules, start: int,
@@ -297,12 +306,23 @@ def _ledger_condition(manifest: PartitionManifest, rules: TimeRules, start: int,
 
 
 def _files(folder: str, infos: tuple[SegmentInfo, ...],
-           condition: RowCondition) -> tuple[FileRows, ...]:
-    """The files of `infos` with rows in the view, each with `condition` trimmed to it."""
-    return tuple(
-        FileRows(folder, info, condition.trimmed(info.base_offset, info.last_offset,
-                                                 info.min_timestamp))
-        for info in infos if not condition.excludes_all(info))
+           condition: RowCondition) -> Iterator[FileRows]:
+    """The files of `infos` (in offset order) with rows in the view, each with
+    `condition` trimmed to it: from the first that reaches the condition's first offset
+    (a binary search, as reads seek), up to its end offset."""
+    first = 0
+    if condition.min_offset is not None:
+        first = bisect.bisect_left(infos, condition.min_offset, key=_last_offset)
+    for info in infos[first:]:
+        if condition.end_offset is not None and info.base_offset >= condition.end_offset:
+            return
+        if not condition.excludes_all(info):
+            yield FileRows(folder, info, condition.trimmed(
+                info.base_offset, info.last_offset, info.min_timestamp))
+
+
+def _last_offset(info: SegmentInfo) -> int:
+    return info.last_offset
 
 
 def view_start(manifest: PartitionManifest, compacted: bool) -> int:
