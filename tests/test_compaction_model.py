@@ -231,7 +231,11 @@ class CompactionModel(RuleBasedStateMachine):
         assert live(incremental) == live(once)
 
     def expected_view(self) -> list[Record]:
-        kept = [record for record, _ in self.ledger.values()] + self.null_ledger
+        # A kept tombstone leaves the view once delete.retention.ms has passed since the
+        # run that kept it, at read time (contract item 2), before a run drops it.
+        now_ms = int(self.clock.now * 1000)
+        kept = [record for record, since in self.ledger.values()
+                if since is None or now_ms - since < self.retention] + self.null_ledger
         tail = self.log[max(self.horizon + 1, self.deleted_below):]
         return sorted(kept, key=lambda r: r.offset) + tail
 

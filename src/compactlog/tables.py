@@ -7,45 +7,51 @@
     polars.scan_pyarrow_dataset(prices).collect()      # so does Polars
 
 Invariant: the dataset holds exactly the rows of the view that are sealed, as of one
-snapshot of each partition's manifest taken when it is made: for the raw view, the sealed
-segments' rows from the log start offset; for the compacted view, the ledger files' rows
-minus their deletion vectors' offsets, then the rows of the sealed segments above the
-horizon. That is the Reader's view below each partition's sealed end (records still in
-log segments are on the writer's disk, in Kafka's format, and are not in it). It reads
-only the files the manifest lists (never a listing of the folders), which are never
-modified once listed. A file that retention or a newer compaction deletes after the
-dataset was made fails the scan: make the dataset again.
+snapshot of each partition's manifest taken when it is made, and as decided by
+storage/view_rows.py, the definition every read path shares: for the raw view, the
+sealed segments' rows from the log start offset; for the compacted view, the ledger's
+rows in the view (minus deletion vectors, below-DeleteRecords offsets, records past
+retention.ms on compact,delete, tombstones past delete.retention.ms, all evaluated when
+the dataset is made), then the rows of the sealed segments above the horizon; all below
+the high watermark. That is the Reader's view below each partition's sealed end (records
+still in log segments are on the writer's disk, in Kafka's format, and are not in it).
+It reads only the files the manifest lists (never a listing of the folders), which are
+never modified once listed. A file that retention or a newer compaction deletes after
+the dataset was made fails the scan: make the dataset again.
 
 The files are read through `pyarrow.fs`: `LocalFileSystem`, or on S3 an `S3FileSystem`
 configured from the standard AWS settings of this process's environment
 (`S3Settings.from_env().pyarrow_filesystem()`). Each file is a fragment whose partition
 expression gives two constant columns, `partition` and `ledger` (whether the row is from
 a ledger file); the view's per-file conditions are a filter on the dataset
-(`Dataset.filter`), which engines apply when they scan it. Deletion vectors are read
-when the dataset is made, through the store (size and CRC32C checked), and go into that
-filter as offset sets.
+(`Dataset.filter`), which engines apply when they scan it: the offset and time bounds as
+expressions, and the offsets to leave out (a ledger file's deletion vector, read through
+the store with its size and CRC32C checked, and its expired tombstones, found from the
+file's offset, value_size and tombstone_since_ms columns) as offset sets.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from pyarrow import fs
 
 from compactlog.errors import UserError
 from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.location import Location, S3Settings
-from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR
 from compactlog.storage.partition import Partition
 from compactlog.storage.sealed import RECORD_COLUMNS, SCHEMA
 from compactlog.storage.store import LogStore
+from compactlog.storage.view_rows import FileRows, RowCondition, rows_of
 from compactlog.storage.volume import ObjectVolume
 
 VIEWS = ("raw", "compacted")
@@ -60,14 +66,15 @@ DATASET_SCHEMA = pa.schema(
 
 @dataclass(frozen=True)
 class ViewFile:
-    """One Parquet file of a view: rows with offsets from `start_offset` on, minus the
-    `deleted` offsets (a ledger file's deletion vector), are in the view."""
+    """One Parquet file of a view: its rows that meet `condition` (the view's condition
+    for every file of its partition and kind), minus the `excluded` offsets (a ledger
+    file's deletion vector and expired tombstones), are in the view."""
 
     partition: int
     path: str  # in the view's filesystem: a local path, or BUCKET/KEY on S3
     ledger: bool
-    start_offset: int
-    deleted: np.ndarray | None = None
+    condition: RowCondition
+    excluded: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -80,21 +87,26 @@ class ViewFiles:
     files: tuple[ViewFile, ...]
 
 
+Clock = Callable[[], float]
+
+
 def view_files(location: str | os.PathLike[str], topic: str, view: str = "compacted",
-               partitions: Sequence[int] | None = None) -> ViewFiles:
+               partitions: Sequence[int] | None = None, clock: Clock = time.time
+               ) -> ViewFiles:
     """The files that hold the sealed part of `view` ("raw" or "compacted") of `topic`,
-    from each partition's current manifest (see the module's invariant)."""
+    from each partition's current manifest, with the view's time rules evaluated at
+    `clock()` (see the module's invariant)."""
     if view not in VIEWS:
         raise UserError(f"unknown view {view!r}: use 'raw' or 'compacted'")
     where = Location.parse(location)
     if not where.is_s3:
-        return _view_files(LogStore.open(location, read_only=True), topic, view, partitions,
-                           fs.LocalFileSystem())
+        return _view_files(LogStore.open(location, read_only=True, clock=clock), topic, view,
+                           partitions, fs.LocalFileSystem())
     filesystem = S3Settings.from_env().pyarrow_filesystem()
     # A local directory of our own: the manifests are all we read, and no writer's logs.
     with tempfile.TemporaryDirectory(prefix="compactlog-view-") as local_dir:
-        return _view_files(LogStore.open(where, read_only=True, local_dir=local_dir), topic,
-                           view, partitions, filesystem)
+        return _view_files(LogStore.open(where, read_only=True, local_dir=local_dir,
+                                         clock=clock), topic, view, partitions, filesystem)
 
 
 def _view_files(store: LogStore, topic_name: str, view: str,
@@ -104,44 +116,54 @@ def _view_files(store: LogStore, topic_name: str, view: str,
         indexes = range(len(topic.partitions)) if partitions is None else partitions
         found: list[ViewFile] = []
         for index in indexes:
-            found.extend(_partition_files(topic.partition(index), view))
+            found.extend(_partition_files(topic.partition(index), view, filesystem))
         return ViewFiles(topic_name, view, filesystem, tuple(found))
 
 
-def _partition_files(partition: Partition, view: str) -> list[ViewFile]:
-    manifest = partition.manifest
-    start = manifest.log_start_offset
+def _partition_files(partition: Partition, view: str,
+                     filesystem: fs.FileSystem) -> list[ViewFile]:
+    rows = rows_of(partition, partition.view(), view == "compacted")
     found = []
-    if view == "compacted" and manifest.horizon is not None:
-        for info in manifest.ledger:
-            deleted = None
-            if info.dv_file:
-                dv = partition.data_path(f"{LEDGER_DIR}/{info.dv_file}")
-                deleted = read_deletion_vector(dv, info.dv_size_bytes, info.dv_crc32c)
-            found.append(ViewFile(partition.index, _path(partition, LEDGER_DIR, info.file),
-                                  True, info.base_offset, deleted))
-        start = max(start, manifest.horizon + 1)
-    for info in manifest.segments:
-        if info.last_offset >= start:
-            found.append(ViewFile(partition.index, _path(partition, SEGMENT_DIR, info.file),
-                                  False, start))
+    for file in rows.files():
+        path = _path(partition, file.relative)
+        excluded = [_expired_tombstones(file, path, filesystem)]
+        if file.dv_relative is not None:
+            info = file.info
+            excluded.append(read_deletion_vector(partition.data_path(file.dv_relative),
+                                                 info.dv_size_bytes, info.dv_crc32c))
+        condition = rows.ledger_condition if file.is_ledger else rows.segment_condition
+        offsets = np.concatenate(excluded)
+        found.append(ViewFile(partition.index, path, file.is_ledger, condition,
+                              offsets if len(offsets) else None))
     return found
 
 
-def _path(partition: Partition, folder: str, name: str) -> str:
+def _expired_tombstones(file: FileRows, path: str, filesystem: fs.FileSystem) -> np.ndarray:
+    """The offsets of `file`'s tombstones past delete.retention.ms: only the three narrow
+    columns the rule needs are read (on S3, by ranged reads of their column chunks)."""
+    if file.condition.tombstone_cutoff_ms is None:
+        return np.empty(0, np.int64)
+    with filesystem.open_input_file(path) as handle:
+        table = pq.read_table(handle, columns=["offset", "value_size", "tombstone_since_ms"])
+    return file.expired_tombstones(table)
+
+
+def _path(partition: Partition, relative: str) -> str:
     volume = partition.volume
-    relative = f"{folder}/{name}"
     if isinstance(volume, ObjectVolume):
         return f"{volume.bucket}/{volume.key(relative)}"
     return str(Path(volume.path_of(relative)).resolve())
 
 
 def view_dataset(location: str | os.PathLike[str], topic: str, view: str = "compacted",
-                 partitions: Sequence[int] | None = None) -> ds.Dataset:
+                 partitions: Sequence[int] | None = None, clock: Clock = time.time
+                 ) -> ds.Dataset:
     """The sealed part of `view` of `topic` as a filtered pyarrow dataset, with columns
     partition, ledger, offset, timestamp, key, value, headers (see the module's
-    invariant). DuckDB and Polars (`pl.scan_pyarrow_dataset`) scan it directly."""
-    return dataset_of(view_files(location, topic, view, partitions))
+    invariant). DuckDB and Polars (`pl.scan_pyarrow_dataset`) scan it directly. The
+    view's time rules (retention.ms on compact,delete, delete.retention.ms) are
+    evaluated at `clock()` when the dataset is made."""
+    return dataset_of(view_files(location, topic, view, partitions, clock))
 
 
 def dataset_of(files: ViewFiles) -> ds.Dataset:
@@ -160,14 +182,14 @@ def dataset_of(files: ViewFiles) -> ds.Dataset:
     for (partition, ledger), group in sorted(by_partition.items()):
         here = ((ds.field("partition") == pa.scalar(partition, pa.int32()))
                 & (ds.field("ledger") == pa.scalar(ledger)))
-        if ledger:
-            deleted = [f.deleted for f in group if f.deleted is not None and len(f.deleted)]
-            if deleted:
-                offsets = pa.array(np.concatenate(deleted), pa.int64())
-                here = here & ~ds.field("offset").isin(offsets)
-        else:
-            # One start per partition: the log start, or the horizon + 1.
-            here = here & (ds.field("offset") >= min(f.start_offset for f in group))
+        # One condition for every file of the partition and kind (view_rows.py).
+        bounds = group[0].condition.bounds_expression()
+        if bounds is not None:
+            here = here & bounds
+        excluded = [f.excluded for f in group if f.excluded is not None]
+        if excluded:
+            here = here & ~ds.field("offset").isin(pa.array(np.concatenate(excluded),
+                                                            pa.int64()))
         conditions.append(here)
     if not conditions:
         return dataset

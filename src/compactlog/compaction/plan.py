@@ -32,6 +32,7 @@ from compactlog.compaction.strategies import Strategy, parse_strategy
 from compactlog.config import TopicConfig
 from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest, SegmentInfo
+from compactlog.storage.view_rows import retention_ms
 from compactlog.storage.volume import LocalVolume, Volume
 
 MAX_LEDGER_FILE_BYTES = 256 * 1024 * 1024
@@ -67,6 +68,9 @@ class PartitionPlan:
     target_file_bytes: int
     compression: str
     oldest_tombstone_ms: int | None = None
+    # DeleteRecords' deleted_below that the current ledger was compacted with: it holds
+    # no live record below (manifest.CompactionState.deleted_below).
+    ledger_deleted_below: int = 0
     # Phase 1 engine wanted (compaction.phase1.engine) and one Arrow task's memory budget.
     phase1_engine: str = "auto"
     task_memory_bytes: int = 512 * 1024 * 1024
@@ -89,9 +93,21 @@ class PartitionPlan:
 
     @property
     def has_work(self) -> bool:
-        """Dirty segments to read, kept tombstones whose retention has passed, or (on a
-        compact,delete topic) ledger records older than retention.ms."""
-        return bool(self.dirty) or self.tombstones_due or self.ledger_expired
+        """Dirty segments to read, kept tombstones whose retention has passed, (on a
+        compact,delete topic) ledger records older than retention.ms, or ledger records
+        that DeleteRecords deleted."""
+        return (bool(self.dirty) or self.tombstones_due or self.ledger_expired
+                or self.deletion_due)
+
+    @property
+    def deletion_due(self) -> bool:
+        """DeleteRecords cut into the ledger since it was compacted: reads hide the
+        deleted records at once (storage/view_rows.py), and a run makes that final
+        (erases them from the ledger's files, or deletes them by a deletion vector)
+        even when no new data comes."""
+        cut, done = self.rules.deleted_below, self.ledger_deleted_below
+        return cut > done and any(item.info.base_offset < cut and item.info.last_offset >= done
+                                  for item in self.clean)
 
     @property
     def tombstones_due(self) -> bool:
@@ -101,8 +117,8 @@ class PartitionPlan:
     @property
     def expiry_cutoff_ms(self) -> int | None:
         """compact,delete: records older than this leave the view (else None)."""
-        retention_ms = self.rules.retention_ms
-        return None if retention_ms < 0 else self.rules.now_ms - retention_ms
+        retention = self.rules.retention_ms
+        return None if retention < 0 else self.rules.now_ms - retention
 
     @property
     def ledger_expired(self) -> bool:
@@ -179,13 +195,13 @@ def plan_partition(
         dirty.append(InputFile(info, volume.path_of(f"{SEGMENT_DIR}/{info.file}"), False,
                                from_offset))
     new_horizon = dirty[-1].info.last_offset if dirty else old_horizon
-    retention_ms = config["retention.ms"] if "delete" in config.cleanup_policy.split(",") else -1
     rules = TombstoneRules(
         now_ms=now_ms,
         delete_retention_ms=config["delete.retention.ms"],
         empty_value_is_tombstone=config["empty.value.is.tombstone"],
         null_key_policy=config["null.key.policy"],
-        retention_ms=retention_ms,
+        # The records a read already leaves out (storage/view_rows.py), for good.
+        retention_ms=retention_ms(config),
         deleted_below=manifest.deleted_below,
     )
     return PartitionPlan(
@@ -203,6 +219,8 @@ def plan_partition(
         compression=config["parquet.compression"],
         oldest_tombstone_ms=(None if manifest.compaction is None
                              else manifest.compaction.oldest_tombstone_ms),
+        ledger_deleted_below=(0 if manifest.compaction is None
+                              else manifest.compaction.deleted_below),
         phase1_engine=config["compaction.phase1.engine"],
         task_memory_bytes=config["compaction.task.memory.bytes"],
         deletion_vectors=config["compaction.deletion.vectors"],

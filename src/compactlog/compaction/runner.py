@@ -329,6 +329,7 @@ def _commit(
         run_id=run_id,
         compacted_at_ms=now_ms,
         strategy=plan.strategy.spec,
+        deleted_below=plan.rules.deleted_below,
     )
 
     def swap(manifest: PartitionManifest) -> PartitionManifest:

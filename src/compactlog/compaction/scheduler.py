@@ -14,7 +14,9 @@ A partition is due when any trigger holds (and a run would have something to do)
   - tombstones: tombstones kept in the ledger have outlived delete.retention.ms and a run
                would drop them;
   - retention: on a compact,delete topic, a ledger file wholly older than retention.ms, or
-               a dirty record older than it (Kafka deletes such records on time alone).
+               a dirty record older than it (Kafka deletes such records on time alone);
+  - delete_records: DeleteRecords cut into the ledger since its last run; reads hide the
+               records at once, and the run erases them from the ledger for good.
 Due partitions go dirtiest first. A run covers one topic: the dirtiest due partition's,
 with every other due partition of that topic, so Spark starts once for them all. A
 partition is never in two runs at once, and at most `max_concurrent_runs` runs go at once.
@@ -53,6 +55,8 @@ class PartitionLoad:
     max_lag_ms: int  # max.compaction.lag.ms
     # compact,delete: a ledger file, or a dirty record, past retention.ms (cleaner.py)
     retention_due: bool = False
+    # DeleteRecords cut into the ledger since its last run (PartitionPlan.deletion_due)
+    deletion_due: bool = False
 
     @property
     def key(self) -> Key:
@@ -133,6 +137,8 @@ class CompactionScheduler:
             found.append("tombstones")
         if load.retention_due:
             found.append("retention")
+        if load.deletion_due:
+            found.append("delete_records")
         return found
 
     def running_keys(self) -> set[Key]:
@@ -162,7 +168,8 @@ class CompactionScheduler:
                 continue
             reasons = self.reasons(load, now_ms)
             if failure is not None and not reasons and (
-                    load.cleanable_bytes or load.tombstones_due or load.retention_due):
+                    load.cleanable_bytes or load.tombstones_due or load.retention_due
+                    or load.deletion_due):
                 reasons = ["retry"]  # it was due when it failed
             if reasons:
                 due.append((load, reasons))

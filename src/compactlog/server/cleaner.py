@@ -137,6 +137,7 @@ def partition_load(topic: str, partition: Partition, now_ms: int) -> PartitionLo
         oldest_dirty_ms=min((s.min_timestamp for s in above), default=None),
         tombstones_due=plan.tombstones_due,
         retention_due=_retention_due(plan, [s.min_timestamp for s in above]),
+        deletion_due=plan.deletion_due,
         min_cleanable_ratio=config["min.cleanable.dirty.ratio"],
         max_lag_ms=config["max.compaction.lag.ms"],
     )

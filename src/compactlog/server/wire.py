@@ -51,7 +51,7 @@ from aiokafka.record._crecords import DefaultRecordBatchBuilder
 
 from compactlog.errors import CorruptionError
 from compactlog.storage.gcpause import gc_paused
-from compactlog.storage.reads import ledger_tables, sealed_tables, view_start, with_view
+from compactlog.storage.reads import ledger_tables, sealed_tables, with_view
 from compactlog.storage.records import (
     CONTROL_MASK,
     CRC_START,
@@ -64,6 +64,7 @@ from compactlog.storage.records import (
     TRANSACTIONAL_MASK,
 )
 from compactlog.storage.sealed import SegmentMissingError
+from compactlog.storage.view_rows import PartitionRows, rows_of, upper_bound, view_start
 
 if TYPE_CHECKING:
     from compactlog.storage.partition import Partition, View
@@ -133,14 +134,16 @@ def read_batches(
     """
 
     def read(view: View) -> WireRead:
-        # One consistent view: the manifest, the log segments and the high watermark.
-        reader = _BatchReader(partition, view, max_bytes)
-        reader.run(offset, compacted)
+        # One consistent view: the manifest, the log segments and the high watermark;
+        # which of their rows the view holds is view_rows.py's to say.
+        rows = rows_of(partition, view, compacted, offset)
+        reader = _BatchReader(partition, view, rows, max_bytes)
+        reader.run(offset)
         return WireRead(
             records=bytes(reader.out),
             next_offset=reader.next_offset,
-            high_watermark=view.high_watermark,
-            log_start_offset=reader.view_start,
+            high_watermark=upper_bound(view),
+            log_start_offset=rows.view_start,
         )
 
     return with_view(partition, read)
@@ -152,7 +155,8 @@ def view_start_offset(partition: Partition, compacted: bool = False) -> int:
     For the raw log, the log start. For the compacted view it can be lower: retention
     deletes raw segments the horizon covers and moves the log start past them, but
     their surviving records stay in the ledger (docs/design.md, Retention), and
-    `read_compacted` still serves them; so does a compacted read here.
+    `read_compacted` still serves them; so does a compacted read here
+    (storage/view_rows.py).
     """
     return view_start(partition.view().manifest, compacted)
 
@@ -183,30 +187,29 @@ class _BatchReader:
     before it (or fails, when nothing came before it), as Partition.read does.
     """
 
-    def __init__(self, partition: Partition, view: View, max_bytes: int) -> None:
+    def __init__(self, partition: Partition, view: View, rows: PartitionRows,
+                 max_bytes: int) -> None:
         self.partition = partition
-        self.manifest = view.manifest
+        self.rows = rows
         self.logs = view.logs
-        self.high_watermark = view.high_watermark
+        self.high_watermark = rows.end
         self.max_bytes = max_bytes
         self.out = bytearray()
         self.next_offset = 0
         self.expected = 0
         self.stopped = False  # the budget is spent, or the raw log has a gap
-        self.view_start = view.manifest.log_start_offset
 
-    def run(self, offset: int, compacted: bool) -> None:
-        horizon = self.manifest.horizon if compacted else None
-        self.view_start = view_start(self.manifest, compacted)
-        start = max(offset, self.view_start)
+    def run(self, offset: int) -> None:
+        horizon = self.rows.horizon
+        start = max(offset, self.rows.view_start)
         self.next_offset = start
         if start >= self.high_watermark:
             return
         try:
             if horizon is None or start > horizon:
-                self._raw(start)
+                self._raw()
             else:
-                self._compacted(start, horizon)
+                self._compacted(horizon)
         except SegmentMissingError:
             raise  # a file went under this view: the caller retries on a new one
         except CorruptionError:
@@ -217,15 +220,15 @@ class _BatchReader:
 
     # -- the two views ----------------------------------------------------------------
 
-    def _compacted(self, start: int, horizon: int) -> None:
-        tables = ledger_tables(self.partition, self.manifest, start, WIRE_COLUMNS)
+    def _compacted(self, horizon: int) -> None:
+        tables = ledger_tables(self.partition, self.rows, WIRE_COLUMNS)
         with closing(tables):
             self._emit_tables(tables, dense=False)
         if self.stopped:
             return
         before_raw = len(self.out)
         try:
-            self._raw(horizon + 1)
+            self._raw()
         except SegmentMissingError:
             raise
         except CorruptionError:
@@ -238,9 +241,9 @@ class _BatchReader:
             # The rest of the compacted range holds nothing, and nothing follows it yet.
             self._append_empty(horizon)
 
-    def _raw(self, start: int) -> None:
-        self.expected = start
-        tables = sealed_tables(self.partition, self.manifest, start, WIRE_COLUMNS)
+    def _raw(self) -> None:
+        self.expected = self.rows.raw_start
+        tables = sealed_tables(self.partition, self.rows, WIRE_COLUMNS)
         with closing(tables):
             self._emit_tables(tables, dense=True)
         if self.stopped:

@@ -8,10 +8,12 @@ only 0.48 (docs/benchmarks.md). So this function plans the same read as the data
 (spark/plan.py, one snapshot of each partition's manifest) and splits it:
 
 - the sealed segments and ledger files go to `spark.read.parquet`, one scan per partition
-  and kind, with the partition number as a constant and the same offset bounds the data
-  source applies; Spark prunes columns and verifies every page's checksum
-  (`parquet.page.verify-checksum.enabled`, sealed files are written with them); the
-  ledger rows that deletion vectors delete are taken out by a broadcast anti-join;
+  and kind, with the partition number as a constant and the row condition the data
+  source's tasks apply (storage/view_rows.py: offset bounds, DeleteRecords, retention.ms
+  on compact,delete) as a SQL filter; Spark prunes columns and verifies every page's
+  checksum (`parquet.page.verify-checksum.enabled`, sealed files are written with
+  them); the ledger rows that deletion vectors delete, and expired tombstones (found on
+  the driver from three narrow columns), are taken out by a broadcast anti-join;
 - the unsealed tail of each partition, [sealed end, log end) at planning, goes through a
   small Python source (`compactlog-tail`) over the store's read API, which finds those
   records wherever they are by then (still in the log, or sealed meanwhile).
@@ -30,12 +32,14 @@ footer) fails the Parquet reader with its own error rather than ours.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -49,6 +53,7 @@ from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.location import Location
 from compactlog.storage.sealed import RECORD_COLUMNS
 from compactlog.storage.store import LogStore
+from compactlog.storage.view_rows import TOMBSTONE_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -62,10 +67,13 @@ PARQUET_SCHEMA = ", ".join(
 
 
 def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
-               partitions: list[int] | None = None) -> DataFrame:
+               partitions: list[int] | None = None,
+               clock: Callable[[], float] = time.time) -> DataFrame:
     """Every record of `topic` (view "raw") or its compacted view ("compacted"), with
     columns partition, offset, timestamp, key, value, headers: the same rows as
-    `spark.read.format("compactlog")` with these options, read faster."""
+    `spark.read.format("compactlog")` with these options, read faster. The view's time
+    rules (retention.ms on compact,delete, delete.retention.ms) are evaluated at
+    `clock()`, when the read is planned."""
     from pyspark.sql import functions as F
 
     if view not in VIEWS:
@@ -80,7 +88,8 @@ def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
             reader = reader.option("partitions", ",".join(map(str, partitions)))
         return reader.load()
     parts = plan_read(ReadOptions(path, topic, "raw" if view == "raw" else "compacted",
-                                  tuple(partitions) if partitions is not None else None))
+                                  tuple(partitions) if partitions is not None else None),
+                      clock)
     frames: list[DataFrame] = []
     tails: list[TailPart] = []
     files: dict[tuple[int, bool], list[FilePart]] = {}
@@ -90,22 +99,23 @@ def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
         elif isinstance(part, FilePart):
             files.setdefault((part.partition, part.is_ledger), []).append(part)
     for (partition, _), group in files.items():
-        # Each file's own start is its base offset but for the first one read, so the
-        # smallest start bounds them all (ledger files start at 0: no bound).
-        start = min(part.start_offset for part in group)
         frame = (spark.read.schema(PARQUET_SCHEMA)
                  .option("parquet.page.verify-checksum.enabled", "true")
                  .parquet(*(_local(part) for part in group)))
-        if start > min(part.info.base_offset for part in group):
-            # Only then: a filter makes even count() read the offset column.
-            frame = frame.where(F.col("offset") >= start)
-        deleted = [read_deletion_vector(Path(_local(part)).parent / part.info.dv_file,
-                                        part.info.dv_size_bytes, part.info.dv_crc32c)
-                   for part in group if part.info.dv_file]
-        if deleted:
-            # Ledger rows that deletion vectors deleted (storage/deletion.py) are not in
-            # the view: a broadcast anti-join on their offsets.
-            gone = spark.createDataFrame(pa.table({"offset": np.concatenate(deleted)}))
+        # One condition for every file of the partition and kind, without the bounds
+        # that all of them meet: a filter makes even count() read its columns.
+        condition = group[0].group_condition.trimmed(
+            min(part.info.base_offset for part in group),
+            max(part.info.last_offset for part in group),
+            min(part.info.min_timestamp for part in group))
+        bounds = condition.bounds_sql()
+        if bounds is not None:
+            frame = frame.where(bounds)
+        excluded = [offsets for part in group for offsets in _excluded(part)]
+        if excluded:
+            # Ledger rows that deletion vectors deleted (storage/deletion.py) and expired
+            # tombstones are not in the view: a broadcast anti-join on their offsets.
+            gone = spark.createDataFrame(pa.table({"offset": np.concatenate(excluded)}))
             frame = frame.join(F.broadcast(gone), on="offset", how="left_anti")
         frame = frame.select(F.lit(partition).cast("int").alias("partition"), *RECORD_COLUMNS)
         frames.append(frame)
@@ -126,6 +136,19 @@ def _local(part: FilePart) -> str:
     path = part.local_path
     assert path is not None, "a local data directory plans local files"
     return path
+
+
+def _excluded(part: FilePart) -> Iterator[np.ndarray]:
+    """The offsets of `part`'s file that are not in the view though its bounds hold: its
+    deletion vector's, and its tombstones past delete.retention.ms (read here, on the
+    driver, from three narrow columns)."""
+    info = part.info
+    if info.dv_file:
+        yield read_deletion_vector(Path(_local(part)).parent / info.dv_file,
+                                   info.dv_size_bytes, info.dv_crc32c)
+    if part.rows.condition.tombstone_cutoff_ms is not None:
+        narrow = pq.read_table(_local(part), columns=["offset", *TOMBSTONE_COLUMNS])
+        yield part.rows.expired_tombstones(narrow)
 
 
 class TailSource(DataSource):

@@ -1,13 +1,17 @@
 """Planning a read on the driver: which files and offset ranges each Spark task reads.
 
 The plan is taken from one snapshot of each partition: its manifest (sealed segments,
-and the (horizon, ledger) pair) and its log end offset. From it:
+and the (horizon, ledger) pair) and its upper bound, the high watermark. Which files,
+offsets and rows are in the view is storage/view_rows.py's to say, the definition every
+read path shares, evaluated once here on the driver (its time rules at the planning
+instant, the store's clock's), and carried by each task:
 
 - raw view: one task per sealed segment, from the log start offset; then one task per
-  partition for the unsealed tail, [sealed end, log end).
-- compacted view: one task per ledger file (every record they hold is at or below the
-  horizon); one task per sealed segment above the horizon, from horizon + 1; then the
-  tail, [max(sealed end, horizon + 1), log end).
+  partition for the unsealed tail, [sealed end, high watermark).
+- compacted view: one task per ledger file with rows in the view (deletion vectors,
+  DeleteRecords, retention.ms on compact,delete and tombstone retention applied by the
+  task's row condition); one task per sealed segment above the horizon, from
+  horizon + 1; then the tail, [max(sealed end, horizon + 1), high watermark).
 
 This is exactly what `Reader(..., read_compacted=True)` (or a raw Reader) returns from
 the earliest position: see storage/compacted.py and storage/partition.py. File tasks
@@ -38,7 +42,8 @@ offset 0 to the log end.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,29 +53,57 @@ from compactlog.config import TopicConfig
 from compactlog.errors import CorruptionError
 from compactlog.spark.options import ReadOptions
 from compactlog.storage.location import Location
-from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, SegmentInfo
+from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
+from compactlog.storage.view_rows import (
+    FileRows,
+    RowCondition,
+    TimeRules,
+    partition_rows,
+    upper_bound,
+)
 from compactlog.storage.volume import Volume, volume_from_spec
+
+Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
 class FilePart(InputPartition):
-    """A task reading one Parquet file (sealed segment or ledger file) from `start_offset`,
-    up to `end_offset` (exclusive) when one is set, else to the end of the file."""
+    """A task reading the rows of one Parquet file (sealed segment or ledger file) that
+    are in the view: `rows` (view_rows.py) names the file, where reading starts and the
+    condition on its rows; `group_condition` is the condition before it was trimmed to
+    this file, the same for every file of the partition and kind (fast.py filters them
+    together)."""
 
     topic: str
     partition: int
     volume: tuple[tuple[str, str], ...]  # the partition volume's spec, as items
-    relative: str  # the file in the volume: segments/<file> or ledger/<file>
     where: str  # the file as a user should see it in a message
-    info: SegmentInfo
-    start_offset: int
-    end_offset: int | None = None
+    rows: FileRows
+    group_condition: RowCondition
+
+    @property
+    def relative(self) -> str:
+        """The file in the volume: segments/<file> or ledger/<file>."""
+        return self.rows.relative
+
+    @property
+    def info(self) -> SegmentInfo:
+        return self.rows.info
+
+    @property
+    def start_offset(self) -> int:
+        return self.rows.first_offset
+
+    @property
+    def end_offset(self) -> int | None:
+        """Exclusive; None: to the end of the file."""
+        return self.rows.condition.end_offset
 
     @property
     def is_ledger(self) -> bool:
-        return self.relative.startswith(LEDGER_DIR + "/")
+        return self.rows.is_ledger
 
     @property
     def local_path(self) -> str | None:
@@ -99,17 +132,20 @@ class TailPart(InputPartition):
     end_offset: int
 
 
-def plan_read(options: ReadOptions) -> list[InputPartition]:
+def plan_read(options: ReadOptions, clock: Clock = time.time) -> list[InputPartition]:
     """The tasks of one read, partition by partition, each in offset order (on S3, of
-    the sealed part: see the module's docstring)."""
+    the sealed part: see the module's docstring), with the view's time rules evaluated
+    at `clock()`."""
     if not Location.parse(options.path).is_s3:
-        return _plan_store(options, None)
+        return _plan_store(options, None, clock)
     with tempfile.TemporaryDirectory(prefix="compactlog-plan-") as local_dir:
-        return _plan_store(options, local_dir)
+        return _plan_store(options, local_dir, clock)
 
 
-def _plan_store(options: ReadOptions, local_dir: str | None) -> list[InputPartition]:
-    with LogStore.open(options.path, read_only=True, local_dir=local_dir) as store:
+def _plan_store(options: ReadOptions, local_dir: str | None,
+                clock: Clock) -> list[InputPartition]:
+    with LogStore.open(options.path, read_only=True, local_dir=local_dir,
+                       clock=clock) as store:
         topic = store.topic(options.topic)  # UnknownTopicError names the topic
         chosen = options.partitions
         indexes = range(len(topic.partitions)) if chosen is None else chosen
@@ -126,37 +162,31 @@ def _plan_partition(partition: Partition, config: TopicConfig, view: str) -> Ite
     # A read-only partition loaded its manifest and scanned its logs when it was opened,
     # just now: that is the snapshot. Sealing may move the tail into Parquet before the
     # tail task runs; that task reads through the store API, which follows it there.
-    return plan_range(partition, config, view, 0, partition.high_watermark)
+    return plan_range(partition, config, view, 0, upper_bound(partition.view()))
 
 
 def plan_range(partition: Partition, config: TopicConfig, view: str, start: int,
                end: int) -> Iterator[InputPartition]:
     """The tasks reading the records of `view` whose offsets are in [start, end), from
-    the partition's current manifest. Offsets below the log start are not read (the
-    caller decides whether that lost anything: see stream.py)."""
-    manifest = partition.manifest
-    raw_start = max(start, manifest.log_start_offset)
-    if view == "compacted":
-        horizon = manifest.horizon
-        if horizon is not None:
-            for info in manifest.ledger:
-                if info.last_offset >= start and info.base_offset < end:
-                    yield _file_part(partition, LEDGER_DIR, info, start, end)
-            raw_start = max(raw_start, horizon + 1)
-    for info in manifest.segments:
-        if info.last_offset >= raw_start and info.base_offset < end:
-            yield _file_part(partition, SEGMENT_DIR, info, raw_start, end)
-    tail_start = max(raw_start, manifest.sealed_end_offset)
-    if tail_start < end:
+    the partition's current manifest, the time rules at the partition's clock's now.
+    Offsets below the log start are not read (the caller decides whether that lost
+    anything: see stream.py)."""
+    rows = partition_rows(partition.manifest, TimeRules.of(config, partition.now_ms()),
+                          view == "compacted", end, start)
+    for file in rows.ledger():
+        yield _file_part(partition, file, rows.ledger_condition)
+    for file in rows.segments():
+        yield _file_part(partition, file, rows.segment_condition)
+    if rows.tail_start < end:
         yield TailPart(partition.topic, partition.index, str(partition.directory), config,
-                       tail_start, end)
+                       rows.tail_start, end)
 
 
-def _file_part(partition: Partition, folder: str, info: SegmentInfo, start: int,
-               end: int) -> FilePart:
-    relative = f"{folder}/{info.file}"
-    where = partition.volume.describe(relative)
-    start = max(start, info.base_offset)
+def _file_part(partition: Partition, file: FileRows, group: RowCondition) -> FilePart:
+    info = file.info
+    where = partition.volume.describe(file.relative)
+    start, end = file.first_offset, file.condition.end_offset
+    end = info.last_offset + 1 if end is None else end
     # A hole's last offset is -1 when the damage hid where it ended.
     holes = [(first, last) for first, last in info.missing
              if (last < 0 or last >= start) and first < end]
@@ -170,4 +200,4 @@ def _file_part(partition: Partition, folder: str, info: SegmentInfo, start: int,
             "option 'partitions'",
         )
     return FilePart(partition.topic, partition.index, tuple(sorted(partition.volume.spec.items())),
-                    relative, where, info, start, end if end <= info.last_offset else None)
+                    where, file, group)

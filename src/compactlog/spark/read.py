@@ -7,9 +7,11 @@ settings of this process's environment), deletion vectors likewise. They read it
 through `SealedSegment`, the store's own reader: it
 checks the file's size and CRC32C against the manifest before parsing (a damaged footer
 can crash a Parquet reader rather than fail it), verifies page checksums, and slices the
-first row group at the task's start offset, and drops the rows a ledger file's
-deletion vector deletes (storage/deletion.py). Row groups go to Spark as Arrow batches, so
-no Python object is built per record.
+first row group at the task's start offset. The task keeps the rows its `FileRows`
+(storage/view_rows.py, evaluated by the driver at planning) puts in the view: minus a
+ledger file's deletion vector (storage/deletion.py), DeleteRecords, retention.ms on
+compact,delete and expired tombstones, below the end offset. Row groups go to Spark as
+Arrow batches, so no Python object is built per record.
 
 Tail tasks read the unsealed log through the partition's read API, a bounded chunk at
 a time, and stop at the end offset the driver planned, so the DataFrame is the snapshot
@@ -27,7 +29,7 @@ import pyarrow as pa
 from compactlog.errors import ConflictError, CorruptionError, RetryableError
 from compactlog.spark.plan import FilePart, TailPart
 from compactlog.spark.schema import ARROW_SCHEMA
-from compactlog.storage.deletion import drop_deleted, read_deletion_vector
+from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.partition import Partition
 from compactlog.storage.sealed import RECORD_COLUMNS, SealedSegment, SegmentMissingError
 
@@ -47,23 +49,21 @@ def read_file(part: FilePart) -> Iterator[pa.RecordBatch]:
         segment = SealedSegment(volume.fetch(part.relative), part.info)
     except FileNotFoundError as error:
         raise _deleted(part) from error
+    rows = part.rows
+    # The row condition's own columns are read too (a ledger file's tombstone columns).
+    columns = RECORD_COLUMNS + [c for c in rows.condition.columns if c not in RECORD_COLUMNS]
+    end = rows.condition.end_offset
     try:
         info = part.info  # a ledger file's deletion vector: its offsets are not read
         deleted = (read_deletion_vector(volume.fetch(part.sibling(info.dv_file)),
                                         info.dv_size_bytes, info.dv_crc32c)
                    if info.dv_file else None)
-        for table in segment.iter_tables(part.start_offset, RECORD_COLUMNS):
-            if deleted is not None:
-                table = drop_deleted(table, deleted)
-            if part.end_offset is None:
-                yield from _batches(table, part.partition)
-                continue
-            # A streaming micro-batch ends inside this file: stop at its end offset.
-            offsets = table.column("offset").to_numpy()
-            wanted = int(np.searchsorted(offsets, part.end_offset))
-            yield from _batches(table.slice(0, wanted), part.partition)
-            if wanted < table.num_rows or (wanted and offsets[-1] + 1 >= part.end_offset):
-                break  # without reading the next row group
+        for table in segment.iter_tables(part.start_offset, columns):
+            past_end = (end is not None and table.num_rows > 0
+                        and table.column("offset")[-1].as_py() >= end - 1)
+            yield from _batches(rows.keep(table, deleted), part.partition)
+            if past_end:
+                break  # a streaming micro-batch ends in this file: not the next row group
     except (SegmentMissingError, FileNotFoundError) as error:
         raise _deleted(part) from error
     except CorruptionError as error:

@@ -19,7 +19,8 @@ environment: tasks carry a file's volume spec and name, never a credential
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import (
@@ -68,9 +69,11 @@ class CompactlogReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         # Parsed here, on the driver, so that a bad option fails the query at planning.
         self.options = parse_read_options(options)
+        # When the view's time rules are evaluated: at planning, by this clock.
+        self.clock: Callable[[], float] = time.time
 
     def partitions(self) -> list[InputPartition]:
-        return plan_read(self.options)
+        return plan_read(self.options, self.clock)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, FilePart | TailPart):

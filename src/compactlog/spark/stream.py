@@ -62,6 +62,7 @@ from compactlog.spark.read import read_part
 from compactlog.storage.location import Location
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore, Topic
+from compactlog.storage.view_rows import upper_bound
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -106,7 +107,7 @@ class CompactlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 wanted = starting.get(partition.index, EARLIEST)
             else:
                 wanted = EARLIEST if starting == "earliest" else LATEST
-            end = partition.high_watermark
+            end = upper_bound(partition.view())
             if wanted > end:
                 raise UserError(
                     f"startingOffsets: offset {wanted} of {partition.name} is past its log "
@@ -190,7 +191,7 @@ class CompactlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return partitions
 
     def _log_ends(self) -> Offsets:
-        return {str(p.index): p.high_watermark for p in self._partitions()}
+        return {str(p.index): upper_bound(p.view()) for p in self._partitions()}
 
     def _earliest(self, partition: Partition) -> int:
         if self.options.read.view == "compacted" and partition.manifest.horizon is not None:

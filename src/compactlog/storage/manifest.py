@@ -89,6 +89,10 @@ class CompactionState:
     run_id: str = ""
     compacted_at_ms: int = 0
     strategy: str = "latest"
+    # The manifest's deleted_below (DeleteRecords) when the run planned: the ledger holds
+    # no live record below it. A later DeleteRecords past it makes a run due
+    # (compaction/plan.py, PartitionPlan.deletion_due), which makes that one final.
+    deleted_below: int = 0
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -104,6 +108,7 @@ class CompactionState:
             run_id=str(body.get("run_id") or ""),
             compacted_at_ms=int(body.get("compacted_at_ms") or 0),
             strategy=str(body.get("strategy") or "latest"),
+            deleted_below=int(body.get("deleted_below") or 0),
         )
 
     @property

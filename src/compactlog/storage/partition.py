@@ -101,7 +101,7 @@ class RecoveryReport:
 class View:
     """One consistent view of a partition for a read: a manifest and the log segments,
     log end offset and high watermark that went with it. Reads serve only offsets below
-    `high_watermark` (Partition.high_watermark)."""
+    `high_watermark` (Partition.high_watermark; storage/view_rows.py, `upper_bound`)."""
 
     manifest: PartitionManifest
     version: int
@@ -360,28 +360,19 @@ class Partition:
         return self.document.purge_uncommitted() if owner else self.document.proven()
 
     def refresh(self) -> None:
-        """Pick up what other processes committed or appended."""
+        """Pick up what other processes committed or appended: a writer, the manifests
+        that compactions commit; a reader, the writer's log files too, listed before the
+        manifest is loaded (recovery.follow_writer says why)."""
         with self._lock:
-            if self.document.changed_since(self.snapshot):
-                self.load_manifest()
             if self.writable:
+                if self.document.changed_since(self.snapshot):
+                    self.load_manifest()
                 return
-            known = {segment.base_offset for segment in self.logs}
-            for base, path in recovery.log_files(self.log_dir):
-                if base not in known:
-                    try:
-                        segment = LogSegment(path, base, writable=False,
-                                             created_ms=self.now_ms())
-                    except FileNotFoundError:
-                        continue
-                    self.logs.append(segment)
-            self.logs.sort(key=lambda s: s.base_offset)
-            for segment in self.logs:
-                segment.scan(repair=False)
-            sealed_end = self.manifest.sealed_end_offset
-            while len(self.logs) > 1 and self.logs[0].next_offset <= sealed_end:
-                # Not closed: a read in another thread may hold it (LogSegment.__del__).
-                self.logs.pop(0)
+            recovery.follow_writer(self, self._load_manifest_if_changed)
+
+    def _load_manifest_if_changed(self) -> None:
+        if self.document.changed_since(self.snapshot):
+            self.load_manifest()
 
     def _schedule_sweep(self, manifest: PartitionManifest) -> None:
         waiting = [item.retired_ms for item in manifest.retired

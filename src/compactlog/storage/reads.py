@@ -19,26 +19,26 @@ The compacted view: the ledger files from the one holding the offset up to the h
 horizon + 1. A read from offset o <= horizon starts in the first ledger file whose last
 offset is >= o, at the row group found through the offset statistics (a binary search,
 as Pulsar's readCompacted does over entry IDs). Retention may have moved the raw log's
-start past records the ledger still holds, so the view can start below the log start
-(`view_start`).
+start past records the ledger still holds, so the view can start below the log start.
+
+Which files, offsets and rows a view holds (deletion vectors, DeleteRecords, retention
+on compact,delete, tombstone retention, the high watermark) is decided in one place,
+view_rows.py; the readers here apply it and decide nothing themselves.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from contextlib import closing
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from compactlog.errors import ConflictError, CorruptionError
-from compactlog.storage.deletion import cached_deletion_vector, drop_deleted
+from compactlog.storage.deletion import cached_deletion_vector
 from compactlog.storage.logfile import LogSegment
-from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest, SegmentInfo
 from compactlog.storage.records import Record
 from compactlog.storage.sealed import (
     RECORD_COLUMNS,
@@ -47,6 +47,7 @@ from compactlog.storage.sealed import (
     records_to_table,
     table_to_records,
 )
+from compactlog.storage.view_rows import FileRows, PartitionRows, rows_of, upper_bound
 
 if TYPE_CHECKING:
     from compactlog.storage.partition import Partition, View
@@ -71,93 +72,62 @@ def with_view(partition: Partition, read: Callable[[View], T]) -> T:
     raise ConflictError(f"{partition.name}: files kept changing under a read")
 
 
-def view_start(manifest: PartitionManifest, compacted: bool) -> int:
-    """The first offset a read of the view can serve (Fetch's log_start_offset): the raw
-    log's start; for the compacted view the ledger's first offset when retention moved
-    the raw log past it; never below what DeleteRecords deleted."""
-    log_start = manifest.log_start_offset
-    if not compacted or manifest.horizon is None or not manifest.ledger:
-        return log_start
-    return max(manifest.deleted_below, min(log_start, manifest.ledger[0].base_offset))
-
-
 # -- table sources --------------------------------------------------------------------
 
-def _file_tables(partition: Partition, path_dir: str, infos: tuple[SegmentInfo, ...],
-                 offset: int, columns: list[str] | None,
-                 check_holes: bool) -> Tables:
-    start = bisect.bisect_left([info.last_offset for info in infos], offset)
-    for info in infos[start:]:
-        if check_holes:
-            hole = info.missing_range_at(offset)
+def _file_tables(partition: Partition, files: Iterable[FileRows],
+                 columns: list[str] | None) -> Tables:
+    """The rows of `files` in the view (view_rows.py), row group by row group, with
+    `columns` (None: all of the file's)."""
+    for rows in files:
+        info = rows.info
+        begin = rows.first_offset
+        if not rows.is_ledger:
+            hole = info.missing_range_at(begin)
             if hole is not None:
                 raise CorruptionError(
-                    partition.volume.describe(f"{path_dir}/{info.file}"),
+                    partition.volume.describe(rows.relative),
                     f"offsets {hole[0]}..{hole[1]} were lost to a corrupt range in the log "
                     "before this segment was sealed",
                 )
+        # The condition's own columns are read too, and dropped once it is applied.
+        wanted = columns
+        if columns is not None and not set(rows.condition.columns) <= set(columns):
+            wanted = columns + [c for c in rows.condition.columns if c not in columns]
+        end = rows.condition.end_offset
         try:
-            deleted = (cached_deletion_vector(_local(partition, path_dir, info.dv_file),
+            deleted = (cached_deletion_vector(partition.data_path(rows.dv_relative),
                                               info.dv_size_bytes, info.dv_crc32c)
-                       if info.dv_file else None)
-            path = _local(partition, path_dir, info.file)
+                       if rows.dv_relative else None)
+            path = partition.data_path(rows.relative)
             with partition.files.lease(path, info) as segment:
-                for table in segment.iter_tables(offset, columns):
-                    if table.num_rows:
-                        offset = table.column("offset")[-1].as_py() + 1
-                    yield drop_deleted(table, deleted)
+                for table in segment.iter_tables(begin, wanted):
+                    past_end = (end is not None and table.num_rows > 0
+                                and table.column("offset")[-1].as_py() >= end - 1)
+                    kept = rows.keep(table, deleted)
+                    yield kept if wanted is columns else kept.select(columns)
+                    if past_end:
+                        return  # the files after this one are past the end too
         except CorruptionError as error:
             if not isinstance(error, SegmentMissingError):
                 # On an object store the damage may be the downloaded copy's: the next
                 # read downloads it again (and fails again if the object is damaged).
-                partition.files.retire(partition.volume.path_of(f"{path_dir}/{info.file}"))
-                for name in filter(None, (info.file, info.dv_file)):
-                    partition.volume.evict(f"{path_dir}/{name}")
+                partition.files.retire(partition.volume.path_of(rows.relative))
+                for relative in filter(None, (rows.relative, rows.dv_relative)):
+                    partition.volume.evict(relative)
             raise
 
 
-def _local(partition: Partition, path_dir: str, name: str) -> Path:
-    """A local path of a data file (volume.py: on an object store a cached copy)."""
-    return partition.data_path(f"{path_dir}/{name}")
-
-
-def sealed_tables(partition: Partition, manifest: PartitionManifest, offset: int,
+def sealed_tables(partition: Partition, rows: PartitionRows,
                   columns: list[str] | None = RECORD_COLUMNS) -> Tables:
-    """The raw log's sealed row groups from the one holding `offset`, sliced to start there."""
-    return _file_tables(partition, "segments", manifest.segments, offset, columns, True)
+    """The raw part's sealed rows of `rows`, from its first offset on."""
+    return _file_tables(partition, rows.segments(), columns)
 
 
-def ledger_tables(partition: Partition, manifest: PartitionManifest, offset: int,
+def ledger_tables(partition: Partition, rows: PartitionRows,
                   columns: list[str] | None = RECORD_COLUMNS) -> Tables:
-    """The ledger's row groups from the one holding `offset`, sliced to start there.
-
-    On a `compact,delete` topic, records older than retention.ms leave the compacted view
-    at once, here, not only at the next compaction (which drops them for good): Kafka's
-    retention deletes old records on time alone, whether or not new records arrive.
-    """
-    tables = _file_tables(partition, "ledger", manifest.ledger, offset, columns, False)
-    cutoff = expiry_cutoff_ms(partition)
-    if cutoff is None:
-        return tables
-    return _unexpired(tables, cutoff)
-
-
-def expiry_cutoff_ms(partition: Partition) -> int | None:
-    """Records older than this leave the compacted view (compact,delete topics only)."""
-    config = partition.config
-    retention_ms: int = config["retention.ms"]
-    if retention_ms < 0 or "delete" not in config.cleanup_policy.split(","):
-        return None
-    return partition.now_ms() - retention_ms
-
-
-def _unexpired(tables: Tables, cutoff: int) -> Tables:
-    with closing(tables):
-        for table in tables:
-            timestamps = table.column("timestamp")
-            if table.num_rows and pc.min(timestamps).as_py() < cutoff:
-                table = table.filter(pc.greater_equal(timestamps, cutoff))
-            yield table
+    """The ledger's rows in the view `rows` (deletion vectors, DeleteRecords, retention
+    on compact,delete and tombstone retention applied: view_rows.py)."""
+    return _file_tables(partition, rows.ledger(), columns)
 
 
 # -- bounded reads of records ---------------------------------------------------------
@@ -181,15 +151,13 @@ class TableRead:
         return self.count >= self.max_records or (self.count > 0 and self.taken >= self.max_bytes)
 
     def run(self, offset: int, compacted: bool) -> list[Part]:
-        offset = max(offset, self.view.manifest.deleted_below)
-        horizon = self.view.manifest.horizon if compacted else None
-        if horizon is not None and offset <= horizon:
-            self._ledger(offset)
+        rows = rows_of(self.partition, self.view, compacted, offset)
+        if rows.horizon is not None and offset <= rows.horizon:
+            self._ledger(rows)
             if self.full:
                 return self.parts
-            offset = horizon + 1
         try:
-            self._raw(max(offset, self.view.manifest.log_start_offset))
+            self._raw(rows)
         except CorruptionError:
             if self.count:
                 return self.parts
@@ -207,8 +175,8 @@ class TableRead:
         self.count += part.num_rows
         self.taken += record_bytes(part)
 
-    def _ledger(self, offset: int) -> None:
-        tables = ledger_tables(self.partition, self.view.manifest, offset)
+    def _ledger(self, rows: PartitionRows) -> None:
+        tables = ledger_tables(self.partition, rows)
         with closing(tables):
             for table in tables:
                 kept, done = self._take(table)
@@ -217,9 +185,9 @@ class TableRead:
                 if done or self.full:
                     return
 
-    def _raw(self, offset: int) -> None:
-        expected = offset
-        tables = sealed_tables(self.partition, self.view.manifest, offset)
+    def _raw(self, rows: PartitionRows) -> None:
+        expected = rows.raw_start
+        tables = sealed_tables(self.partition, rows)
         with closing(tables):
             for table in tables:
                 if not table.num_rows:
@@ -235,9 +203,9 @@ class TableRead:
                 # Stop before the generator reads another row group that would go unused.
                 if done or self.full:
                     return
-        self._logs(expected)
+        self._logs(expected, rows.end)
 
-    def _logs(self, expected: int) -> None:
+    def _logs(self, expected: int, end: int) -> None:
         for segment in self.view.logs:
             if self.full:
                 return
@@ -245,7 +213,7 @@ class TableRead:
                 continue
             more = segment.read(expected, self.max_records - self.count,
                                 max(self.max_bytes - self.taken, 1))
-            more = [record for record in more if record.offset < self.view.high_watermark]
+            more = [record for record in more if record.offset < end]
             if not more:
                 continue
             if more[0].offset != expected:
@@ -295,7 +263,7 @@ def read_ledger(partition: Partition, offset: int, max_records: int) -> list[Rec
     """Records of the ledger alone (up to the horizon), from `offset`."""
 
     def read(view: View) -> list[Record]:
-        tables = ledger_tables(partition, view.manifest, offset)
+        tables = ledger_tables(partition, rows_of(partition, view, True, offset))
         records: list[Record] = []
         with closing(tables):
             for table in tables:
@@ -308,23 +276,28 @@ def read_ledger(partition: Partition, offset: int, max_records: int) -> list[Rec
 
 
 def last_ledger_record(partition: Partition) -> Record | None:
+    """The ledger's last record in the view, looking back file by file: the last file's
+    last rows may have left it (a DV, a tombstone's or retention's time)."""
+
     def read(view: View) -> Record | None:
-        ledger = view.manifest.ledger
-        if not ledger:
-            return None
-        last = ledger[-1]
-        # With a DV the file's last row may be deleted; it holds a live one (a file
-        # with none leaves the ledger).
-        start = last.base_offset if last.dv_file else last.last_offset
-        tables = ledger_tables(partition, view.manifest, start)
-        with closing(tables):
-            found = [table for table in tables if table.num_rows]
-        if not found:
-            return None
-        table = found[-1]
-        return table_to_records(table.slice(table.num_rows - 1))[-1]
+        rows = rows_of(partition, view, True)
+        for file in reversed(tuple(rows.ledger())):
+            # A whole file's last row is in the view: read its last row group only.
+            start = file.info.last_offset if file.is_whole else file.first_offset
+            tables = _file_tables(partition, (_from(file, start),), RECORD_COLUMNS)
+            with closing(tables):
+                found = [table for table in tables if table.num_rows]
+            if found:
+                return table_to_records(found[-1].slice(found[-1].num_rows - 1))[-1]
+        return None
 
     return with_view(partition, read)
+
+
+def _from(file: FileRows, offset: int) -> FileRows:
+    """`file` read from `offset` on."""
+    condition = replace(file.condition, min_offset=max(offset, file.first_offset))
+    return replace(file, condition=condition)
 
 
 def last_record(partition: Partition) -> Record | None:
@@ -333,7 +306,7 @@ def last_record(partition: Partition) -> Record | None:
     partition.refresh()
     view = partition.view()
     horizon = view.manifest.horizon
-    end = view.high_watermark
+    end = upper_bound(view)
     if horizon is None or end - 1 > horizon:
         if end <= view.manifest.log_start_offset:
             return None
@@ -347,37 +320,24 @@ def offset_for_timestamp(partition: Partition, timestamp: int,
     """The first offset of the view whose record timestamp is >= `timestamp`."""
 
     def raw(view: View) -> int | None:
-        manifest = view.manifest
-        for info in manifest.segments:
-            if info.max_timestamp >= timestamp and info.last_offset >= manifest.log_start_offset:
-                path = _local(partition, SEGMENT_DIR, info.file)
-                with partition.files.lease(path, info) as segment:
-                    found = segment.offset_for_timestamp(timestamp)
-                if found is not None and found >= manifest.log_start_offset:
+        rows = rows_of(partition, view, False)
+        for file in rows.segments():
+            if file.info.max_timestamp >= timestamp:
+                found = _first_in_file(partition, file, timestamp)
+                if found is not None:
                     return found
         for log_segment in view.logs:
             found = log_segment.offset_for_timestamp(timestamp)
-            if found is not None and found < view.high_watermark:
+            if found is not None and rows.raw_start <= found < rows.end:
                 return found
         return None
 
     def ledger(view: View) -> int | None:
-        deleted_below = view.manifest.deleted_below
-        for info in view.manifest.ledger:
-            if info.max_timestamp >= timestamp and info.last_offset >= deleted_below:
-                if info.dv_file:  # the file's own index may find a deleted record
-                    found = _first_at_or_after(partition, view, max(deleted_below,
-                                                                    info.base_offset), timestamp)
-                    if found is not None:
-                        return found
-                    continue
-                path = _local(partition, LEDGER_DIR, info.file)
-                with partition.files.lease(path, info) as segment:
-                    found = segment.offset_for_timestamp(timestamp)
-                if found is not None and found >= deleted_below:
+        for file in rows_of(partition, view, True).ledger():
+            if file.info.max_timestamp >= timestamp:
+                found = _first_in_file(partition, file, timestamp)
+                if found is not None:
                     return found
-                if found is not None:  # below what DeleteRecords deleted: look on
-                    return _first_at_or_after(partition, view, deleted_below, timestamp)
         return None
 
     if not compacted:
@@ -403,10 +363,13 @@ def offset_for_timestamp(partition: Partition, timestamp: int,
 
 # -- helpers --------------------------------------------------------------------------
 
-def _first_at_or_after(partition: Partition, view: View, offset: int,
-                       timestamp: int) -> int | None:
-    """The first ledger record at or after `offset` whose timestamp is >= `timestamp`."""
-    tables = ledger_tables(partition, view.manifest, offset, ["offset", "timestamp"])
+def _first_in_file(partition: Partition, file: FileRows, timestamp: int) -> int | None:
+    """The first offset of `file`'s rows in the view whose timestamp is >= `timestamp`."""
+    if file.is_whole:
+        # Every row is in the view: the file's row-group statistics find it.
+        with partition.files.lease(partition.data_path(file.relative), file.info) as segment:
+            return segment.offset_for_timestamp(timestamp)
+    tables = _file_tables(partition, (file,), ["offset", "timestamp"])
     with closing(tables):
         for table in tables:
             matches = np.flatnonzero(table.column("timestamp").to_numpy() >= timestamp)
@@ -442,4 +405,4 @@ def _dense_prefix(table: pa.Table, expected: int) -> pa.Table:
 
 
 __all__ = ["LogSegment", "TableRead", "ledger_tables", "read_records", "read_table",
-           "sealed_tables", "view_start", "with_view"]
+           "sealed_tables", "with_view"]
