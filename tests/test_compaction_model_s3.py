@@ -23,6 +23,13 @@ from test_compaction_model import ArrowDeletionVectorModel
 class S3ArrowDeletionVectorModel(ArrowDeletionVectorModel):
     server: S3Server  # set by the test before the machine runs
 
+    def durable_end(self) -> int:
+        """What the bucket holds: the records of the sealed segments (the active
+        segment's are not served until they are uploaded)."""
+        sealed = self.partition.manifest.sealed_end_offset
+        assert sealed <= len(self.log)
+        return sealed
+
     def open_store(self) -> LogStore:
         # A fresh prefix per example; the local directory holds only logs and cache.
         return LogStore.open(self.server.location("cmodel"), clock=self.clock,
