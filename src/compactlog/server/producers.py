@@ -31,12 +31,13 @@ what state is rebuilt from after a restart, lazily, the first time a partition g
 batch with a producer id: the batch headers of every log segment (active and rolled,
 not yet sealed), plus the last sealed segment, plus earlier sealed segments sealed
 within the last REBUILD_WINDOW_MS, as many as fit in REBUILD_MAX_SEALED times the
-topic's segment.bytes (and at least in REBUILD_MIN_BYTES). A retry across a restart or a take-over comes within the
-client's delivery timeout (2 minutes in the Java client and kafka-python, 5 in
-librdkafka), so its original batch is in that tail. The bound is on bytes, not on the
-number of segments: on an object store a segment is sealed every upload_interval_s, so
-eight of them (the bound this once had) held a fraction of a second, and a batch resent
-after a take-over was appended a second time (found by tests/test_jepsen.py;
+topic's segment.bytes (and at least in REBUILD_MIN_BYTES). A retry across a restart or
+a take-over comes within the client's delivery timeout (2 minutes in the Java client
+and kafka-python, 5 in librdkafka), so its original batch is in that tail. The bound
+is on bytes, not on the number of segments: on an object store a segment is sealed
+every upload_interval_s, so eight of them (the bound this once had) held well under a
+second, and a batch resent after a take-over was appended a second time (found by the
+Jepsen harness, tests/test_jepsen.py;
 test_a_resend_is_recognised_however_many_small_segments_were_sealed_since). Kafka
 instead snapshots the state at each segment roll; a producer whose last batch is older
 than the bound is simply unknown after a restart, as if expired.
