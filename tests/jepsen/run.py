@@ -222,9 +222,9 @@ def _run(settings: Settings, s3: S3Server, proxy: S3Proxy, workdir: Path,
     counts = {
         "seconds (schedule)": round(schedule_s, 1),
         "seconds (all)": round(time.monotonic() - began, 1),
-        "nemesis events": sum(not f.skipped for f in snapshot.faults),
+        "nemesis events": sum(not f.skipped and f.kind != "exited" for f in snapshot.faults),
         "nemesis events by kind": dict(sorted(collections.Counter(
-            f.kind for f in snapshot.faults if not f.skipped).items())),
+            f.kind for f in snapshot.faults if not f.skipped and f.kind != "exited").items())),
         "nemesis events skipped": sum(f.skipped for f in snapshot.faults),
         "operations": dict(sorted(collections.Counter(
             f"{op.kind} {op.outcome}" for op in snapshot.ops).items())),
