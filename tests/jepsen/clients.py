@@ -14,7 +14,6 @@ import random
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import (
@@ -372,5 +371,3 @@ class ExternalCompactions:
                 found += takes_in(path.read_text(errors="replace"), f"compact-{index}")
         return found
 
-
-Action = Callable[[], None]

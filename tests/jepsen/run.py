@@ -25,7 +25,15 @@ from confluent_kafka.admin import NewTopic
 from jepsen import clients
 from jepsen.checker import Result, check
 from jepsen.clients import KV, LOG, ExternalCompactions, GroupWorker, ProducerWorker
-from jepsen.cluster import Node, Ownership, mount_tmpfs, server_config, unmount, wait_for
+from jepsen.cluster import (
+    Node,
+    Ownership,
+    free_port,
+    mount_tmpfs,
+    server_config,
+    unmount,
+    wait_for,
+)
 from jepsen.final import Row, read_final
 from jepsen.history import FAILED, History, Op
 from jepsen.nemesis import Nemesis, Step, is_fault, schedule
@@ -155,7 +163,7 @@ def _run(settings: Settings, s3: S3Server, proxy: S3Proxy, workdir: Path,
     for name in names:
         fs = workdir / f"{name}-fs" if disk else None
         local = fs / "local" if fs is not None else workdir / name
-        run.nodes[name] = Node(name, where, clients_port(), local, config, logs, proxy.env, fs)
+        run.nodes[name] = Node(name, where, free_port(), local, config, logs, proxy.env, fs)
     first = run.nodes[names[0]]
     first.start()
     assert wait_for(lambda: first.serving_since(0), 60), first.log_text()
@@ -257,12 +265,6 @@ def with_owner(run: Run, history: History, action: Callable[[Node], bool],
         if action(owner):
             return True
     return False
-
-
-def clients_port() -> int:
-    from jepsen.cluster import free_port
-
-    return free_port()
 
 
 def create_topics(bootstrap: str) -> None:
