@@ -442,3 +442,30 @@ def test_rebuild_bound_and_expiry(tmp_path: Path) -> None:
         expired.clock = lambda: now + 2 * 86_400
         assert expired.append(partition, bytearray(sent[3]), parse_header(sent[3])) == (
             8, 9, False)
+
+
+def test_a_resend_is_recognised_however_many_small_segments_were_sealed_since(
+        tmp_path: Path) -> None:
+    """Found while reading acks=all duplicates of the Jepsen harness (tests/test_jepsen.py,
+    seed 2101): on an object store a segment is sealed every upload_interval_s, so after
+    a take-over (or a restart) the state rebuilt from the last eight sealed segments
+    covered well under a second; an idempotent producer that resent a batch stored
+    before the take-over was unknown, and the batch was appended a second time under
+    the same producer id, epoch and sequence. The rebuild is bounded by bytes now."""
+    directory = tmp_path / "store"
+    now = time.time()
+    with LogStore.open(directory) as store:
+        store.create_topic("t", 1, {"segment.bytes": "1024"})
+        partition = store.topic("t").partition(0)
+        states = ProducerStates(directory, clock=lambda: now)
+        pid, epoch = states.init_producer_id(-1, -1)
+        mine = batch(pid, epoch, 0, [b"mine", b"v" * 600])
+        assert states.append(partition, bytearray(mine), parse_header(mine)) == (0, 1, False)
+        other, other_epoch = states.init_producer_id(-1, -1)
+        for number in range(12):
+            theirs = batch(other, other_epoch, number, [b"v" * 1100])
+            states.append(partition, bytearray(theirs), parse_header(theirs))
+        assert partition.stats()["sealed_segments"] >= 10
+        taken_over = ProducerStates(directory, clock=lambda: now + 5)
+        assert taken_over.append(partition, bytearray(mine), parse_header(mine)) == (
+            0, 1, True)

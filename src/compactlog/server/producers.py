@@ -30,9 +30,15 @@ sequence are in the log segments and in the sealed Parquet columns (`producer_id
 what state is rebuilt from after a restart, lazily, the first time a partition gets a
 batch with a producer id: the batch headers of every log segment (active and rolled,
 not yet sealed), plus the last sealed segment, plus earlier sealed segments sealed
-within the last REBUILD_WINDOW_MS (at most REBUILD_MAX_SEALED of them). A retry across
-a restart comes within the client's delivery timeout (2 minutes in the Java client
-and kafka-python, 5 in librdkafka), so its original batch is in that tail. Kafka
+within the last REBUILD_WINDOW_MS, as many as fit in REBUILD_MAX_SEALED times the
+topic's segment.bytes (and at least in REBUILD_MIN_BYTES). A retry across a restart or
+a take-over comes within the client's delivery timeout (2 minutes in the Java client
+and kafka-python, 5 in librdkafka), so its original batch is in that tail. The bound
+is on bytes, not on the number of segments: on an object store a segment is sealed
+every upload_interval_s, so eight of them (the bound this once had) held well under a
+second, and a batch resent after a take-over was appended a second time (found by the
+Jepsen harness, tests/test_jepsen.py;
+test_a_resend_is_recognised_however_many_small_segments_were_sealed_since). Kafka
 instead snapshots the state at each segment roll; a producer whose last batch is older
 than the bound is simply unknown after a restart, as if expired.
 
@@ -105,7 +111,8 @@ BATCHES_TO_RETAIN = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 PRODUCER_ID_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms default
 EXPIRATION_CHECK_INTERVAL_MS = 600_000  # producer.id.expiration.check.interval.ms
 REBUILD_WINDOW_MS = 15 * 60 * 1000
-REBUILD_MAX_SEALED = 8
+REBUILD_MAX_SEALED = 8  # full segments' worth of bytes (segment.bytes each)
+REBUILD_MIN_BYTES = 64 << 20
 ID_FILE = "producer-ids.json"
 ID_BLOCK_SIZE = 1000
 ID_FILE_FORMAT = 1
@@ -468,7 +475,9 @@ def rebuild_entries(partition: Partition, now_ms: int) -> dict[int, ProducerEntr
                                        base, last), now_ms)
 
     batches = 0
-    for info in _recent_sealed(segments, now_ms):
+    budget = max(REBUILD_MAX_SEALED * int(partition.config["segment.bytes"]),
+                 REBUILD_MIN_BYTES)
+    for info in _recent_sealed(segments, now_ms, budget):
         try:
             for pid, epoch, base_seq, base, last in _sealed_batches(partition, info):
                 if base >= next_offset:
@@ -491,14 +500,18 @@ def rebuild_entries(partition: Partition, now_ms: int) -> dict[int, ProducerEntr
     return entries
 
 
-def _recent_sealed(segments: tuple[SegmentInfo, ...], now_ms: int) -> list[SegmentInfo]:
-    """The last sealed segment, and those before it sealed within REBUILD_WINDOW_MS."""
+def _recent_sealed(segments: tuple[SegmentInfo, ...], now_ms: int,
+                   max_bytes: int) -> list[SegmentInfo]:
+    """The last sealed segment, and those before it sealed within REBUILD_WINDOW_MS, up
+    to `max_bytes` in all."""
     chosen: list[SegmentInfo] = []
+    total = 0
     for info in reversed(segments):
-        if chosen and (len(chosen) >= REBUILD_MAX_SEALED
+        if chosen and (total + info.size_bytes > max_bytes
                        or info.sealed_at_ms < now_ms - REBUILD_WINDOW_MS):
             break
         chosen.append(info)
+        total += info.size_bytes
     chosen.reverse()
     return chosen
 
