@@ -4,9 +4,9 @@ such a client sends.
 `hostile_server` starts a server on a fresh data directory holding topic `t` (one
 partition, with `records` records of `value_size` bytes written before it starts),
 with the settings given as TOML text, a PLAINTEXT listener and, with `sasl`, a
-SASL_PLAINTEXT one with user alice. Requests go out as raw kio frames through
-tests/test_server_bad_input.py's `Wire`; what they cost the server is read from /proc
-(tests/process_usage.py).
+SASL_PLAINTEXT one with user alice (and, with `admin`, the admin listener). Requests
+go out as raw kio frames through tests/test_server_bad_input.py's `Wire`; what they
+cost the server is read from /proc (tests/process_usage.py).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class Hostile:
 @contextmanager
 def hostile_server(tmp_path: Path, settings: str = "", sasl: bool = False,
                    records: int = 0, value_size: int = 100,
-                   topic_config: dict[str, str] | None = None) -> Iterator[Hostile]:
+                   topic_config: dict[str, str] | None = None,
+                   admin: bool = False) -> Iterator[Hostile]:
     data = tmp_path / "data"
     with LogStore.open(data) as store:
         store.create_topic(TOPIC, 1, topic_config or {})
@@ -64,6 +65,8 @@ def hostile_server(tmp_path: Path, settings: str = "", sasl: bool = False,
     if sasl:
         args += ["--listener", "SASL_PLAINTEXT://127.0.0.1:0"]
         add_user(data, "alice")
+    if admin:
+        args += ["--admin-listen", "127.0.0.1:0"]
     log_path = tmp_path / f"server-{os.getpid()}-{time.monotonic_ns()}.log"
     with logged_server(data, log_path, "--listen", "127.0.0.1:0", *args) as server:
         yield Hostile(server, _listeners(data), data)

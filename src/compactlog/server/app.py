@@ -86,6 +86,9 @@ class ServerConfig:
     # Kafka's queued.max.request.bytes: request bytes received and not yet answered,
     # over all connections; past it the server stops reading from sockets.
     queued_max_request_bytes: int = 256 * MIB
+    # Before SASL authentication frames never count against queued_max_request_bytes:
+    # those over 64 KiB count against this, per SASL listener (connections.py).
+    queued_max_unauthenticated_bytes: int = 8 * MIB
     # How often the broker flushes by flush.ms, rolls and seals by segment.ms and
     # applies retention, and picks up manifests committed by other processes.
     upkeep_interval_s: float = 1.0
@@ -130,7 +133,8 @@ class ServerConfig:
     def check(self) -> None:
         """Raise UserError naming the first setting out of its range."""
         for name in ("max_connections", "max_connections_per_ip", "max_open_data_files",
-                     "max_request_bytes", "queued_max_request_bytes"):
+                     "max_request_bytes", "queued_max_request_bytes",
+                     "queued_max_unauthenticated_bytes"):
             value = getattr(self, name)
             if value < 1:
                 raise UserError(f"{name} must be at least 1, got {value}")
@@ -230,7 +234,8 @@ class Server:
         budget = RequestBudget(config.queued_max_request_bytes, config.max_request_bytes)
         self.connections = Connections(
             ConnectionSettings(max_connections, config.max_connections_per_ip,
-                               config.connections_max_idle_s, config.max_request_bytes),
+                               config.connections_max_idle_s, config.max_request_bytes,
+                               config.queued_max_unauthenticated_bytes),
             budget, self.metrics, self._handle)
         if self.tls is not None:
             self.connections.tls_context = self.tls.context
