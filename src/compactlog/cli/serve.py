@@ -45,6 +45,8 @@ from compactlog.server.tls import TlsSettings
 #                                    # at least max_request_bytes
 #   queued_max_unauthenticated_bytes = 8388608  # per SASL listener: bytes of frames
 #                                    # over 64 KiB from clients not yet authenticated
+#   max_uncompressed_batch_bytes = 33554432  # a compressed produce batch decompressing
+#                                    # to more is refused [MESSAGE_TOO_LARGE]
 #   upkeep_interval_s = 1.0          # flush.ms / segment.ms / retention checks, manifest pickup
 #   group_initial_rebalance_delay_s = 3.0  # a new group waits this long for more members
 #   shutdown_grace_s = 5.0           # on SIGTERM, time for requests in flight to be answered
@@ -91,6 +93,7 @@ SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_connection
                              "connections_max_idle_s": float,
                              "max_request_bytes": int, "queued_max_request_bytes": int,
                              "queued_max_unauthenticated_bytes": int,
+                             "max_uncompressed_batch_bytes": int,
                              "upkeep_interval_s": float,
                              "group_initial_rebalance_delay_s": float,
                              "shutdown_grace_s": float, "compaction": dict,

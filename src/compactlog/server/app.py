@@ -59,6 +59,7 @@ from compactlog.server.upkeep import Upkeep
 from compactlog.server.uploads import Uploads
 from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR
 from compactlog.storage.credentials import CredentialStore
+from compactlog.storage.records import MAX_UNCOMPRESSED_BATCH_BYTES
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
@@ -89,6 +90,9 @@ class ServerConfig:
     # Before SASL authentication frames never count against queued_max_request_bytes:
     # those over 64 KiB count against this, per SASL listener (connections.py).
     queued_max_unauthenticated_bytes: int = 8 * MIB
+    # The most a producer's compressed batch may decompress to: it is decompressed no
+    # further, and refused with MESSAGE_TOO_LARGE (storage/inflate.py).
+    max_uncompressed_batch_bytes: int = MAX_UNCOMPRESSED_BATCH_BYTES
     # How often the broker flushes by flush.ms, rolls and seals by segment.ms and
     # applies retention, and picks up manifests committed by other processes.
     upkeep_interval_s: float = 1.0
@@ -134,7 +138,7 @@ class ServerConfig:
         """Raise UserError naming the first setting out of its range."""
         for name in ("max_connections", "max_connections_per_ip", "max_open_data_files",
                      "max_request_bytes", "queued_max_request_bytes",
-                     "queued_max_unauthenticated_bytes"):
+                     "queued_max_unauthenticated_bytes", "max_uncompressed_batch_bytes"):
             value = getattr(self, name)
             if value < 1:
                 raise UserError(f"{name} must be at least 1, got {value}")
@@ -182,6 +186,7 @@ class Server:
         self.store = self._open_store()
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
+        self.store.max_uncompressed_batch_bytes = config.max_uncompressed_batch_bytes
         self._upkeep_rounds = Upkeep(self.store)
         self._upkeep_failures = Throttle(60.0)
         self.broker: Broker | None = None
