@@ -7,12 +7,13 @@ Each test names the numbers measured before its fix in its docstring.
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 from kio.schema.errors import ErrorCode
 
-from hostile_support import FETCH, fetch_frame, hostile_server, read_response
-from process_usage import Usage
+from hostile_support import FETCH, TOPIC, fetch_frame, hostile_server, read_response
+from process_usage import MIB, Usage
 from test_server_bad_input import Wire
 
 AUTHORIZER_ON = "[authorization]\nenabled = true\n"
@@ -45,3 +46,47 @@ def test_denials_of_many_made_up_topics_cost_linear_cpu_and_log_one_line(
                    if "is Denied Operation = READ" in line]
         assert 1 <= len(denials) <= 2, denials[:5]
         assert "User:ANONYMOUS" in denials[0] and "TOPIC:made-up-" in denials[0]
+
+
+# -- item 3: Fetch's response cap, and a partition named more than once ---------------
+
+
+def fetched(body: object) -> list[tuple[str, int, bytes]]:
+    return [(topic.topic, part.partition_index, bytes(part.records or b""))
+            for topic in body.responses for part in topic.partitions]  # type: ignore[attr-defined]
+
+
+def test_a_partition_named_many_times_is_read_once(tmp_path: Path) -> None:
+    """A Fetch naming t/0 sixteen times, each with max_bytes 2**31-1 (4 MiB stored).
+    Kafka keys a Fetch's partitions in a map: each is answered once, for the last of its
+    entries. Before: sixteen answers of 4 MiB, a 64 MiB response, the server's peak RSS
+    up 246 MiB; now one answer, +9 MiB."""
+    with hostile_server(tmp_path, records=4096, value_size=1000) as hostile, \
+            Wire(hostile.address(), timeout=60) as wire:
+        with Usage(hostile.pid) as usage:
+            wire.send(fetch_frame([(TOPIC, 0, 0)] * 16))
+            answers = fetched(read_response(wire, FETCH, 12))
+        print(f"t/0 named 16 times: {usage}")
+        assert [(name, index) for name, index, _ in answers] == [(TOPIC, 0)]
+        assert 4_000_000 < len(answers[0][2]) < 5_000_000
+        assert usage.peak_growth < 40 * MIB, f"{usage}"
+        # The last entry's offset is the one read, as from Kafka's map.
+        wire.send(fetch_frame([(TOPIC, 0, 0), (TOPIC, 0, 1000)]))
+        [(_, _, records)] = fetched(read_response(wire, FETCH, 12))
+        assert struct.unpack_from(">q", records)[0] == 1000
+
+
+def test_a_fetch_response_is_capped_by_fetch_max_bytes(tmp_path: Path) -> None:
+    """Kafka's broker caps a Fetch response at fetch.max.bytes (55 MiB by default)
+    whatever the request's max_bytes; here fetch_max_bytes = 1 MiB. Before: a Fetch
+    with max_bytes 2**31-1 got all 4 MiB stored."""
+    settings = "fetch_max_bytes = 1048576\n"
+    with hostile_server(tmp_path, settings, records=4096, value_size=1000) as hostile, \
+            Wire(hostile.address(), timeout=60) as wire:
+        wire.send(fetch_frame([(TOPIC, 0, 0)]))
+        [(_, _, records)] = fetched(read_response(wire, FETCH, 12))
+        assert 0 < len(records) <= MIB
+        # The first batch still goes out whole when it alone is over the cap.
+        wire.send(fetch_frame([(TOPIC, 0, 0)], max_bytes=1))
+        [(_, _, first)] = fetched(read_response(wire, FETCH, 12))
+        assert struct.unpack_from(">qi", first)[1] + 12 == len(first) > 100_000

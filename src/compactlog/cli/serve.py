@@ -47,6 +47,8 @@ from compactlog.server.tls import TlsSettings
 #                                    # over 64 KiB from clients not yet authenticated
 #   max_uncompressed_batch_bytes = 33554432  # a compressed produce batch decompressing
 #                                    # to more is refused [MESSAGE_TOO_LARGE]
+#   fetch_max_bytes = 57671680       # the most records one Fetch response holds
+#                                    # [fetch.max.bytes]
 #   upkeep_interval_s = 1.0          # flush.ms / segment.ms / retention checks, manifest pickup
 #   group_initial_rebalance_delay_s = 3.0  # a new group waits this long for more members
 #   shutdown_grace_s = 5.0           # on SIGTERM, time for requests in flight to be answered
@@ -93,7 +95,7 @@ SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_connection
                              "connections_max_idle_s": float,
                              "max_request_bytes": int, "queued_max_request_bytes": int,
                              "queued_max_unauthenticated_bytes": int,
-                             "max_uncompressed_batch_bytes": int,
+                             "max_uncompressed_batch_bytes": int, "fetch_max_bytes": int,
                              "upkeep_interval_s": float,
                              "group_initial_rebalance_delay_s": float,
                              "shutdown_grace_s": float, "compaction": dict,

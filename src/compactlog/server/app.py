@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from compactlog.errors import DataDirLockedError, UserError
 from compactlog.server.admin import AdminServer
 from compactlog.server.authorizer import AuthorizationConfig, Authorizer
-from compactlog.server.broker import Broker
+from compactlog.server.broker import FETCH_MAX_BYTES, Broker
 from compactlog.server.cleaner import Cleaner, CleanerConfig
 from compactlog.server.code_policy import check_allow_list
 from compactlog.server.connections import (
@@ -93,6 +93,9 @@ class ServerConfig:
     # The most a producer's compressed batch may decompress to: it is decompressed no
     # further, and refused with MESSAGE_TOO_LARGE (storage/inflate.py).
     max_uncompressed_batch_bytes: int = MAX_UNCOMPRESSED_BATCH_BYTES
+    # Kafka's broker fetch.max.bytes: the most records one Fetch response holds,
+    # whatever the request's max_bytes.
+    fetch_max_bytes: int = FETCH_MAX_BYTES
     # How often the broker flushes by flush.ms, rolls and seals by segment.ms and
     # applies retention, and picks up manifests committed by other processes.
     upkeep_interval_s: float = 1.0
@@ -138,7 +141,8 @@ class ServerConfig:
         """Raise UserError naming the first setting out of its range."""
         for name in ("max_connections", "max_connections_per_ip", "max_open_data_files",
                      "max_request_bytes", "queued_max_request_bytes",
-                     "queued_max_unauthenticated_bytes", "max_uncompressed_batch_bytes"):
+                     "queued_max_unauthenticated_bytes", "max_uncompressed_batch_bytes",
+                     "fetch_max_bytes"):
             value = getattr(self, name)
             if value < 1:
                 raise UserError(f"{name} must be at least 1, got {value}")
@@ -261,7 +265,8 @@ class Server:
             self.store, first.advertised[0], self.port,
             initial_rebalance_delay_s=self.config.group_initial_rebalance_delay_s,
             authorization=self.config.authorization,
-            allowed_functions=frozenset(self.config.compaction.allowed_strategy_functions))
+            allowed_functions=frozenset(self.config.compaction.allowed_strategy_functions),
+            fetch_max_bytes=self.config.fetch_max_bytes)
         self.broker.metrics = self.metrics
         register_all(self.broker)
         for key in self.broker.apis:  # every API served shows, at 0 until used

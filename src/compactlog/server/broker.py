@@ -38,6 +38,7 @@ from compactlog.storage.store import LogStore
 log = logging.getLogger("compactlog.server")
 T = TypeVar("T")
 CLUSTER_DOCUMENT = "cluster"  # on an object store, under the data location
+FETCH_MAX_BYTES = 55 << 20  # Kafka's broker fetch.max.bytes default
 
 # A handler answers a request with a version-neutral response dict, or None for "send
 # nothing" (Produce with acks=0).
@@ -59,8 +60,11 @@ class Broker:
     def __init__(self, store: LogStore, host: str, port: int, io_threads: int = 4,
                  initial_rebalance_delay_s: float = 3.0,
                  authorization: AuthorizationConfig | None = None,
-                 allowed_functions: frozenset[str] = frozenset()) -> None:
+                 allowed_functions: frozenset[str] = frozenset(),
+                 fetch_max_bytes: int = FETCH_MAX_BYTES) -> None:
         self.store = store
+        # The most records a Fetch response holds (the first batch always goes whole).
+        self.fetch_max_bytes = fetch_max_bytes
         # The broker's own state lives with the topics (on S3, where a server that
         # takes over finds it): storage/layout.py `state_document`.
         state = store.layout.state_document
