@@ -12,7 +12,14 @@ from pathlib import Path
 
 from kio.schema.errors import ErrorCode
 
-from hostile_support import FETCH, TOPIC, fetch_frame, hostile_server, read_response
+from hostile_support import (
+    FETCH,
+    METADATA,
+    TOPIC,
+    fetch_frame,
+    hostile_server,
+    read_response,
+)
 from process_usage import MIB, Usage
 from test_server_bad_input import Wire
 
@@ -90,3 +97,31 @@ def test_a_fetch_response_is_capped_by_fetch_max_bytes(tmp_path: Path) -> None:
         wire.send(fetch_frame([(TOPIC, 0, 0)], max_bytes=1))
         [(_, _, first)] = fetched(read_response(wire, FETCH, 12))
         assert struct.unpack_from(">qi", first)[1] + 12 == len(first) > 100_000
+
+
+# -- item 4: Metadata naming one topic many times ----------------------------------------
+
+
+def raw_metadata_v1(names: int, name: bytes = b"a", correlation_id: int = 9) -> bytes:
+    """A Metadata v1 request naming `name` `names` times, framed by hand (kio would take
+    seconds to build it): header v1, then the topics array of int16-length strings."""
+    header = struct.pack(">hhih", METADATA, 1, correlation_id, 1) + b"x"
+    topics = struct.pack(">i", names) + (struct.pack(">h", len(name)) + name) * names
+    body = header + topics
+    return struct.pack(">i", len(body)) + body
+
+
+def test_metadata_answers_a_repeated_topic_once(tmp_path: Path) -> None:
+    """A 2.1 MB Metadata v1 naming topic t 700,000 times from an anonymous client.
+    Kafka answers the set of topics named; so does compactlog now: one topic, for 1.2 s
+    of server CPU (decoding) and +45 MiB of peak RSS. Before: 700,000 answers, 33.9 s
+    of server CPU and +950 MiB."""
+    frame = raw_metadata_v1(700_000, TOPIC.encode())
+    with hostile_server(tmp_path, "max_request_bytes = 4194304\n") as hostile, \
+            Wire(hostile.address(), timeout=120) as wire:
+        with Usage(hostile.pid) as usage:
+            wire.send(frame)
+            body = read_response(wire, METADATA, 1)
+        print(f"Metadata naming t 700,000 times: {usage}")
+        assert [(t.name, t.error_code) for t in body.topics] == [(TOPIC, ErrorCode.none)]
+        assert usage.cpu < 3.0, f"{usage}"
