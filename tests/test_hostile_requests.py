@@ -11,6 +11,7 @@ import itertools
 import struct
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from kio.schema.errors import ErrorCode
@@ -18,6 +19,7 @@ from kio.schema.errors import ErrorCode
 from hostile_support import (
     API_VERSIONS,
     FETCH,
+    JOIN_GROUP,
     METADATA,
     TOPIC,
     fetch_frame,
@@ -170,3 +172,38 @@ def test_a_large_frame_is_decoded_off_the_event_loop(tmp_path: Path) -> None:
               f"to another client, the longest wait {longest:.2f} s")
         assert [t.name for t in body.topics] == [TOPIC]
         assert longest < 0.6 * (done - sent)
+
+
+# -- item 10: group session timeouts ---------------------------------------------------
+
+
+def join(wire: Wire, session_timeout_ms: int, rebalance_timeout_ms: int = 60_000) -> object:
+    return wire.call(JOIN_GROUP, 5, {
+        "group_id": "g", "member_id": "", "group_instance_id": None,
+        "session_timeout": timedelta(milliseconds=session_timeout_ms),
+        "rebalance_timeout": timedelta(milliseconds=rebalance_timeout_ms),
+        "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b"\0\0\0\0\0\0\0\0\0\0"}]})
+
+
+def test_join_group_outside_the_session_timeout_bounds_is_refused(tmp_path: Path) -> None:
+    """Kafka answers INVALID_SESSION_TIMEOUT to a JoinGroup whose session timeout is
+    outside group.min.session.timeout.ms (6 s) .. group.max.session.timeout.ms (30 min).
+    Before: 2**31-1 ms was accepted (MEMBER_ID_REQUIRED, the first step of a join), and
+    a member that then went away held its group for 24.8 days."""
+    with hostile_server(tmp_path) as hostile, Wire(hostile.address()) as wire:
+        for refused in (2**31 - 1, 1_800_001, 5_999, 0):
+            answer = join(wire, refused)
+            assert answer.error_code is ErrorCode.invalid_session_timeout, (refused, answer)
+            assert answer.member_id == ""
+        for allowed in (6_000, 45_000, 1_800_000):
+            answer = join(wire, allowed)
+            assert answer.error_code is ErrorCode.member_id_required, (allowed, answer)
+
+
+def test_session_timeout_bounds_are_settings(tmp_path: Path) -> None:
+    settings = ("group_min_session_timeout_s = 1.0\n"
+                "group_max_session_timeout_s = 20.0\n")
+    with hostile_server(tmp_path, settings) as hostile, Wire(hostile.address()) as wire:
+        assert join(wire, 1_000).error_code is ErrorCode.member_id_required
+        assert join(wire, 20_001).error_code is ErrorCode.invalid_session_timeout

@@ -51,6 +51,9 @@ from compactlog.server.tls import TlsSettings
 #                                    # [fetch.max.bytes]
 #   upkeep_interval_s = 1.0          # flush.ms / segment.ms / retention checks, manifest pickup
 #   group_initial_rebalance_delay_s = 3.0  # a new group waits this long for more members
+#   group_min_session_timeout_s = 6.0     # JoinGroup session timeouts outside these get
+#   group_max_session_timeout_s = 1800.0  # INVALID_SESSION_TIMEOUT
+#                                    # [group.min/max.session.timeout.ms]
 #   shutdown_grace_s = 5.0           # on SIGTERM, time for requests in flight to be answered
 #
 #   [compaction]                     # automatic compaction (docs/server.md)
@@ -98,6 +101,8 @@ SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_connection
                              "max_uncompressed_batch_bytes": int, "fetch_max_bytes": int,
                              "upkeep_interval_s": float,
                              "group_initial_rebalance_delay_s": float,
+                             "group_min_session_timeout_s": float,
+                             "group_max_session_timeout_s": float,
                              "shutdown_grace_s": float, "compaction": dict,
                              "listeners": list, "admin_tls": bool, "tls": dict,
                              "listener": dict, "sasl_failure_delay_s": float,

@@ -43,6 +43,7 @@ from compactlog.server.connections import (
     connection_cap,
     data_file_cap,
 )
+from compactlog.server.groups import MAX_SESSION_TIMEOUT_S, MIN_SESSION_TIMEOUT_S
 from compactlog.server.handlers import register_all
 from compactlog.server.info import ServerInfo
 from compactlog.server.info import remove as remove_server_info
@@ -113,6 +114,10 @@ class ServerConfig:
     # Kafka's group.initial.rebalance.delay.ms: a new group waits this long for more
     # members before its first generation.
     group_initial_rebalance_delay_s: float = 3.0
+    # Kafka's group.min.session.timeout.ms and group.max.session.timeout.ms: a JoinGroup
+    # with a session timeout outside them gets INVALID_SESSION_TIMEOUT.
+    group_min_session_timeout_s: float = MIN_SESSION_TIMEOUT_S
+    group_max_session_timeout_s: float = MAX_SESSION_TIMEOUT_S
     # On SIGTERM, how long requests in flight (a long-polling Fetch, an fsync) may take
     # to be answered before their connections are closed anyway.
     shutdown_grace_s: float = 5.0
@@ -162,10 +167,15 @@ class ServerConfig:
             value = getattr(self, name)
             if value <= 0:
                 raise UserError(f"{name} must be above 0, got {value}")
-        for name in ("group_initial_rebalance_delay_s", "shutdown_grace_s"):
+        for name in ("group_initial_rebalance_delay_s", "shutdown_grace_s",
+                     "group_min_session_timeout_s"):
             value = getattr(self, name)
             if value < 0:
                 raise UserError(f"{name} must be 0 or above, got {value}")
+        if self.group_max_session_timeout_s < self.group_min_session_timeout_s:
+            raise UserError(
+                f"group_max_session_timeout_s ({self.group_max_session_timeout_s}) must be "
+                f"at least group_min_session_timeout_s ({self.group_min_session_timeout_s})")
         try:
             self.authorization.check()
             check_allow_list(self.compaction.allowed_strategy_functions)
@@ -278,7 +288,9 @@ class Server:
             initial_rebalance_delay_s=self.config.group_initial_rebalance_delay_s,
             authorization=self.config.authorization,
             allowed_functions=frozenset(self.config.compaction.allowed_strategy_functions),
-            fetch_max_bytes=self.config.fetch_max_bytes)
+            fetch_max_bytes=self.config.fetch_max_bytes,
+            session_timeout_bounds_s=(self.config.group_min_session_timeout_s,
+                                      self.config.group_max_session_timeout_s))
         self.broker.metrics = self.metrics
         register_all(self.broker)
         for key in self.broker.apis:  # every API served shows, at 0 until used

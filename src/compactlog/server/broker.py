@@ -23,7 +23,11 @@ from typing import Any, TypeVar
 from compactlog.errors import ConflictError
 from compactlog.server import listeners
 from compactlog.server.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
-from compactlog.server.groups import GroupCoordinator
+from compactlog.server.groups import (
+    MAX_SESSION_TIMEOUT_S,
+    MIN_SESSION_TIMEOUT_S,
+    GroupCoordinator,
+)
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.offset_files import offset_files_of
 from compactlog.server.producers import ID_DOCUMENT, DocumentIdAllocator, ProducerStates
@@ -61,7 +65,9 @@ class Broker:
                  initial_rebalance_delay_s: float = 3.0,
                  authorization: AuthorizationConfig | None = None,
                  allowed_functions: frozenset[str] = frozenset(),
-                 fetch_max_bytes: int = FETCH_MAX_BYTES) -> None:
+                 fetch_max_bytes: int = FETCH_MAX_BYTES,
+                 session_timeout_bounds_s: tuple[float, float] = (
+                     MIN_SESSION_TIMEOUT_S, MAX_SESSION_TIMEOUT_S)) -> None:
         self.store = store
         # The most records a Fetch response holds (the first batch always goes whole).
         self.fetch_max_bytes = fetch_max_bytes
@@ -74,7 +80,7 @@ class Broker:
         self.allowed_functions = allowed_functions
         self.groups = GroupCoordinator(
             offset_files_of(store.location, store.data_dir, store.lease),
-            initial_rebalance_delay_s)
+            initial_rebalance_delay_s, *session_timeout_bounds_s)
         # Idempotent producers: ids, and each partition's sequence state (producers.py).
         self.producers = ProducerStates(
             DocumentIdAllocator(state(ID_DOCUMENT)) if store.location.is_s3
