@@ -538,6 +538,6 @@ def test_refusals_are_logged_and_listings_are_not(broker: Broker,
     for _ in range(3):
         assert fetch(broker, "secret", carol) is TOPIC_DENIED
     lines = [r.getMessage() for r in caplog.records if "Denied" in r.getMessage()]
-    # Once a minute per principal, host, operation and resource.
+    # Once a minute per principal, host, operation and resource type.
     assert lines == ["Principal = User:carol-logged is Denied Operation = READ from host = "
                      "127.0.0.1 on resource = TOPIC:secret"]

@@ -375,6 +375,13 @@ def test_concurrent_large_producers_all_complete_under_a_small_budget(
     ("max_connections = 1.5\n", "max_connections must be a int, got 1.5"),
     ("max_connections = 'many'\n", "max_connections must be a int, got 'many'"),
     ("connections_max_idle_s = true\n", "connections_max_idle_s must be a float, got True"),
+    ("queued_max_unauthenticated_bytes = 0\n",
+     "queued_max_unauthenticated_bytes must be at least 1, got 0"),
+    ("max_uncompressed_batch_bytes = 0\n",
+     "max_uncompressed_batch_bytes must be at least 1, got 0"),
+    ("fetch_max_bytes = -1\n", "fetch_max_bytes must be at least 1, got -1"),
+    ("group_min_session_timeout_s = 60.0\ngroup_max_session_timeout_s = 30.0\n",
+     "group_max_session_timeout_s (30.0) must be at least group_min_session_timeout_s (60.0)"),
 ])
 def test_serve_refuses_bad_limit_settings(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "server.toml"

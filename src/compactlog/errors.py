@@ -72,6 +72,11 @@ class InvalidRecordError(UserError):
     """A record that the topic refuses: a null key on a compacted topic, an oversized record."""
 
 
+class RecordTooLargeError(InvalidRecordError):
+    """A record batch over max.message.bytes as sent, or whose records decompress to more
+    than the server allows (Kafka's RecordTooLargeException, MESSAGE_TOO_LARGE)."""
+
+
 class CorruptRecordError(InvalidRecordError):
     """A record batch whose checksum does not match: its bytes were damaged on the way."""
 

@@ -43,8 +43,17 @@ from compactlog.server.tls import TlsSettings
 #   queued_max_request_bytes = 268435456  # request bytes in flight, all connections; past
 #                                    # it reads pause [queued.max.request.bytes];
 #                                    # at least max_request_bytes
+#   queued_max_unauthenticated_bytes = 8388608  # per SASL listener: bytes of frames
+#                                    # over 64 KiB from clients not yet authenticated
+#   max_uncompressed_batch_bytes = 33554432  # a compressed produce batch decompressing
+#                                    # to more is refused [MESSAGE_TOO_LARGE]
+#   fetch_max_bytes = 57671680       # the most records one Fetch response holds
+#                                    # [fetch.max.bytes]
 #   upkeep_interval_s = 1.0          # flush.ms / segment.ms / retention checks, manifest pickup
 #   group_initial_rebalance_delay_s = 3.0  # a new group waits this long for more members
+#   group_min_session_timeout_s = 6.0     # JoinGroup session timeouts outside these get
+#   group_max_session_timeout_s = 1800.0  # INVALID_SESSION_TIMEOUT
+#                                    # [group.min/max.session.timeout.ms]
 #   shutdown_grace_s = 5.0           # on SIGTERM, time for requests in flight to be answered
 #
 #   [compaction]                     # automatic compaction (docs/server.md)
@@ -88,8 +97,12 @@ SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_connection
                              "max_connections_per_ip": int, "max_open_data_files": int,
                              "connections_max_idle_s": float,
                              "max_request_bytes": int, "queued_max_request_bytes": int,
+                             "queued_max_unauthenticated_bytes": int,
+                             "max_uncompressed_batch_bytes": int, "fetch_max_bytes": int,
                              "upkeep_interval_s": float,
                              "group_initial_rebalance_delay_s": float,
+                             "group_min_session_timeout_s": float,
+                             "group_max_session_timeout_s": float,
                              "shutdown_grace_s": float, "compaction": dict,
                              "listeners": list, "admin_tls": bool, "tls": dict,
                              "listener": dict, "sasl_failure_delay_s": float,

@@ -23,7 +23,11 @@ from typing import Any, TypeVar
 from compactlog.errors import ConflictError
 from compactlog.server import listeners
 from compactlog.server.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
-from compactlog.server.groups import GroupCoordinator
+from compactlog.server.groups import (
+    MAX_SESSION_TIMEOUT_S,
+    MIN_SESSION_TIMEOUT_S,
+    GroupCoordinator,
+)
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.offset_files import offset_files_of
 from compactlog.server.producers import ID_DOCUMENT, DocumentIdAllocator, ProducerStates
@@ -38,6 +42,7 @@ from compactlog.storage.store import LogStore
 log = logging.getLogger("compactlog.server")
 T = TypeVar("T")
 CLUSTER_DOCUMENT = "cluster"  # on an object store, under the data location
+FETCH_MAX_BYTES = 55 << 20  # Kafka's broker fetch.max.bytes default
 
 # A handler answers a request with a version-neutral response dict, or None for "send
 # nothing" (Produce with acks=0).
@@ -59,8 +64,13 @@ class Broker:
     def __init__(self, store: LogStore, host: str, port: int, io_threads: int = 4,
                  initial_rebalance_delay_s: float = 3.0,
                  authorization: AuthorizationConfig | None = None,
-                 allowed_functions: frozenset[str] = frozenset()) -> None:
+                 allowed_functions: frozenset[str] = frozenset(),
+                 fetch_max_bytes: int = FETCH_MAX_BYTES,
+                 session_timeout_bounds_s: tuple[float, float] = (
+                     MIN_SESSION_TIMEOUT_S, MAX_SESSION_TIMEOUT_S)) -> None:
         self.store = store
+        # The most records a Fetch response holds (the first batch always goes whole).
+        self.fetch_max_bytes = fetch_max_bytes
         # The broker's own state lives with the topics (on S3, where a server that
         # takes over finds it): storage/layout.py `state_document`.
         state = store.layout.state_document
@@ -70,7 +80,7 @@ class Broker:
         self.allowed_functions = allowed_functions
         self.groups = GroupCoordinator(
             offset_files_of(store.location, store.data_dir, store.lease),
-            initial_rebalance_delay_s)
+            initial_rebalance_delay_s, *session_timeout_bounds_s)
         # Idempotent producers: ids, and each partition's sequence state (producers.py).
         self.producers = ProducerStates(
             DocumentIdAllocator(state(ID_DOCUMENT)) if store.location.is_s3

@@ -6,11 +6,22 @@ Invariants:
   address, from admission until its task ends. A connection over `max_connections` or
   `max_connections_per_ip` is closed at once and never counted (Kafka closes new
   connections over max.connections.per.ip the same way).
-- Every byte a connection takes from the request budget goes back when its request has
-  been answered or when the connection ends, whichever comes first.
-- A connection is closed as idle only while it waits for its client: for bytes of a
-  request, or to take a response. Never while a request of it is being handled (a
-  long-polling Fetch) or while it waits for the budget.
+- Every byte a connection takes from a request budget goes back when its request has
+  been answered or when the connection ends, whichever comes first. An authenticated
+  connection's frames count against the shared budget (`queued_max_request_bytes`).
+  Before SASL authentication they never do: a frame of one chunk or less is read
+  uncounted (it is within the per-connection bound below), and a larger one counts
+  against its listener's own allowance (`queued_max_unauthenticated_bytes`), so that
+  clients without a credential cannot starve authenticated ones, as Kafka reads
+  pre-authentication frames outside its request memory pool.
+- Before SASL authentication a frame's API key is checked as soon as its header has
+  arrived (session.py): a request of another API closes the connection before the
+  rest of its frame is read.
+- A connection is closed as idle while it waits for its client (for bytes of a
+  request, or to take a response) and while it waits for request memory, for
+  connections_max_idle_s: a client that holds part of a budget and keeps a byte a
+  second coming would otherwise hold it for ever. Never while a request of it is being
+  handled (a long-polling Fetch).
 - A connection handles its requests one at a time, in order, so responses leave in
   request order, as Kafka clients require.
 
@@ -34,9 +45,9 @@ from typing import Any
 from compactlog.server import listeners
 from compactlog.server.listeners import Listener
 from compactlog.server.metrics import ServerMetrics
-from compactlog.server.protocol import FrameBytes, ProtocolError
+from compactlog.server.protocol import FrameBytes, ProtocolError, peek_header
 from compactlog.server.request_budget import RequestBudget
-from compactlog.server.session import Session
+from compactlog.server.session import Session, check_before_authentication
 from compactlog.server.throttle import Throttle, held_back
 
 log = logging.getLogger("compactlog.server")
@@ -54,6 +65,7 @@ FILE_RESERVE = 128
 # (Kafka's sasl.server.max.receive.size default): an anonymous client cannot make the
 # server buffer max_request_bytes.
 SASL_MAX_RECEIVE = 512 * 1024
+_HEADER_SIZE = 8  # api_key, api_version, correlation_id: all the check before SASL needs
 # Refused connections and failed accepts come in floods: one line per reason per this.
 REFUSAL_LOG_INTERVAL_S = 10.0
 
@@ -64,6 +76,9 @@ class ConnectionSettings:
     max_connections_per_ip: int
     idle_s: float
     max_request_bytes: int
+    # Bytes of frames larger than a chunk that a SASL listener's connections may hold
+    # before they are authenticated, for every connection of the listener together.
+    queued_max_unauthenticated_bytes: int = 8 << 20
 
 
 def open_file_limit() -> int | None:
@@ -134,13 +149,14 @@ class IdleError(Exception):
 
 
 class _Connection:
-    __slots__ = ("held", "host", "peer", "session")
+    __slots__ = ("budget", "held", "host", "peer", "session")
 
     def __init__(self, peer: Any, host: str, session: Session) -> None:
         self.peer = peer
         self.host = host
         self.session = session
-        self.held = 0  # bytes of the request budget this connection holds
+        self.budget: RequestBudget | None = None  # the one its current frame counts in
+        self.held = 0  # bytes of `budget` this connection holds
 
 
 class Connections:
@@ -153,6 +169,8 @@ class Connections:
         self._tasks: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()  # handling a request
         self._per_host: dict[str, int] = {}
+        # Each SASL listener's allowance for frames before authentication, by name.
+        self._unauthenticated: dict[str, RequestBudget] = {}
         self._floods = Throttle(REFUSAL_LOG_INTERVAL_S)
         # The server side of TLS listeners (server/tls.py), set by the server.
         self.tls_context: ssl.SSLContext | None = None
@@ -216,9 +234,7 @@ class Connections:
         except Exception:
             log.exception("closing connection from %s after an internal error", peer)
         finally:
-            self.budget.end_frame(connection)
-            self.budget.release(connection.held)
-            connection.held = 0
+            self._give_back(connection)
             self._busy.discard(task)
             try:
                 await self._close(writer, hard or self._aborting)
@@ -339,8 +355,7 @@ class Connections:
                     return  # answered; closed as Kafka closes it (session.py)
             finally:
                 self._busy.discard(task)
-                self.budget.release(connection.held)  # the request is answered
-                connection.held = 0
+                self._give_back(connection)  # the request is answered
             if self.stopping:
                 return  # the request in flight is answered; take no more
 
@@ -365,17 +380,38 @@ class Connections:
         if size > self.settings.max_request_bytes:
             raise ProtocolError(f"request of {size} bytes is over the limit of "
                                 f"{self.settings.max_request_bytes} (max_request_bytes)")
-        self.budget.begin_frame(connection)
+        budget = connection.budget = self._budget_for(connection.session, size)
+        if budget is not None:
+            budget.begin_frame(connection)
         try:
-            return Frame(await self._read_body(connection, reader, size))
+            return Frame(await self._read_body(connection, reader, size, budget))
         finally:
-            self.budget.end_frame(connection)
+            if budget is not None:
+                budget.end_frame(connection)
+
+    def _budget_for(self, session: Session, size: int) -> RequestBudget | None:
+        """The budget a frame of `size` bytes counts against; None: not counted."""
+        if session.authenticated:
+            return self.budget
+        if size <= CHUNK:
+            return None  # within the connection's own buffer bound (module doc)
+        name = session.listener.name if session.listener is not None else ""
+        budget = self._unauthenticated.get(name)
+        if budget is None:
+            # The oldest frame may go past it by one frame, so nothing deadlocks.
+            budget = self._unauthenticated[name] = RequestBudget(
+                self.settings.queued_max_unauthenticated_bytes, SASL_MAX_RECEIVE,
+                setting="queued_max_unauthenticated_bytes")
+        return budget
 
     async def _read_body(self, connection: _Connection, reader: asyncio.StreamReader,
-                         size: int) -> FrameBytes:
-        """The frame's bytes, counted against the budget chunk by chunk as they arrive
+                         size: int, budget: RequestBudget | None) -> FrameBytes:
+        """The frame's bytes, counted against `budget` chunk by chunk as they arrive
         (a declared length is only a claim). Waiting for the budget, the connection
-        reads nothing more, and its socket fills up and stops its client."""
+        reads nothing more, and its socket fills up and stops its client. Before
+        authentication the API key is checked once the header is in."""
+        session = connection.session
+        header_checked = session.authenticated or session.raw_tokens
         whole: bytearray | None = None
         data, got = b"", 0
         while got < size:
@@ -383,8 +419,14 @@ class Connections:
             if not data:
                 raise ProtocolError(f"the client closed the connection after {got} of the "
                                     f"{size} bytes of a request")
-            await self.budget.acquire(connection, len(data))
-            connection.held += len(data)
+            if not header_checked and got + len(data) >= min(size, _HEADER_SIZE):
+                head = data if whole is None else bytes(whole) + data[:_HEADER_SIZE]
+                api_key, _, correlation_id = peek_header(head)
+                check_before_authentication(session, api_key, correlation_id)
+                header_checked = True
+            if budget is not None:
+                await self._acquire(budget, connection, len(data))
+                connection.held += len(data)
             got += len(data)
             if whole is not None or got < size:
                 whole = bytearray() if whole is None else whole
@@ -393,6 +435,32 @@ class Connections:
             return data  # one chunk: no copy
         # Read-only, as the protocol decoder wants, without copying a large frame.
         return memoryview(whole).toreadonly()
+
+    async def _acquire(self, budget: RequestBudget, connection: _Connection,
+                       size: int) -> None:
+        """Take `size` bytes of `budget` for the connection, waiting at most
+        connections_max_idle_s for them (then IdleError)."""
+        if budget.fits(connection, size):
+            await budget.acquire(connection, size)
+            return
+        deadline = asyncio.timeout(self.settings.idle_s)
+        try:
+            async with deadline:
+                await budget.acquire(connection, size)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise IdleError(f"waited {self.settings.idle_s:g} s for request memory "
+                            f"({budget.setting})") from None
+
+    def _give_back(self, connection: _Connection) -> None:
+        """Return what the connection holds of its budget (its request is answered, or
+        the connection is ending)."""
+        budget = connection.budget
+        if budget is not None:
+            budget.end_frame(connection)
+            budget.release(connection.held)
+        connection.held = 0
 
     async def _read_some(self, reader: asyncio.StreamReader, size: int) -> bytes:
         deadline = asyncio.timeout(self.settings.idle_s)

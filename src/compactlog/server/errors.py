@@ -14,6 +14,7 @@ from compactlog.errors import (
     InvalidRecordError,
     InvalidTopicNameError,
     OffsetOutOfRangeError,
+    RecordTooLargeError,
     RetryableError,
     StorageError,
     TopicExistsError,
@@ -35,6 +36,10 @@ _CODES: list[tuple[type[Exception], ErrorCode]] = [
     # CorruptRecordException, retriable: the bytes may have been damaged on the way),
     # and keeps INVALID_RECORD for records it refuses (InvalidRecordException).
     (CorruptRecordError, ErrorCode.corrupt_message),
+    # A batch over max.message.bytes as sent, or whose records inflate past
+    # max_uncompressed_batch_bytes: Kafka's RecordTooLargeException. The Java producer
+    # splits such a batch and sends the halves.
+    (RecordTooLargeError, ErrorCode.message_too_large),
     # Kafka answers a refused record (e.g. a null key on a compacted topic) with
     # INVALID_RECORD and a message, and the producer fails that batch only.
     (InvalidRecordError, ErrorCode.invalid_record),

@@ -4,6 +4,12 @@ One broker is the coordinator of every group. A group moves through Kafka's stat
 
     Empty -> PreparingRebalance -> CompletingRebalance -> Stable -> PreparingRebalance ...
 
+A member's session timeout must lie within [min_session_timeout_s,
+max_session_timeout_s] (Kafka's group.min.session.timeout.ms and
+group.max.session.timeout.ms, 6 s and 30 min): a JoinGroup outside them is refused
+with INVALID_SESSION_TIMEOUT, as Kafka refuses it, so that a member that goes away
+holds its group for at most the maximum, not the 24.8 days of 2**31-1 ms.
+
 A rebalance starts when a member joins, leaves or misses its session timeout. The
 coordinator then waits for every known member to send JoinGroup again (up to the
 largest rebalance timeout; members that do not come are removed), and for a new group
@@ -42,6 +48,8 @@ from compactlog.errors import FencedError, StorageError
 from compactlog.server.offset_files import LocalOffsetFiles, OffsetFiles
 
 log = logging.getLogger("compactlog.server.groups")
+MIN_SESSION_TIMEOUT_S = 6.0  # Kafka's group.min.session.timeout.ms default
+MAX_SESSION_TIMEOUT_S = 1800.0  # Kafka's group.max.session.timeout.ms default
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (
     "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead")
@@ -101,11 +109,15 @@ class Group:
 
 
 class GroupCoordinator:
-    def __init__(self, source: Path | OffsetFiles, initial_rebalance_delay_s: float = 3.0) -> None:
+    def __init__(self, source: Path | OffsetFiles, initial_rebalance_delay_s: float = 3.0,
+                 min_session_timeout_s: float = MIN_SESSION_TIMEOUT_S,
+                 max_session_timeout_s: float = MAX_SESSION_TIMEOUT_S) -> None:
         """`source`: a local data directory, or the offset documents (offset_files.py)."""
         self.files: OffsetFiles = (LocalOffsetFiles(source) if isinstance(source, Path)
                                    else source)
         self.initial_rebalance_delay_s = initial_rebalance_delay_s
+        self.min_session_timeout_s = min_session_timeout_s
+        self.max_session_timeout_s = max_session_timeout_s
         self.groups: dict[str, Group] = {}
         # One thread writes offset files, so that snapshots land in commit order.
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="compactlog-offsets")
@@ -175,6 +187,13 @@ class GroupCoordinator:
     ) -> dict[str, Any]:
         if not group_id:
             raise GroupError(ErrorCode.invalid_group_id, "the group id is empty")
+        if not self.min_session_timeout_s <= session_timeout_s <= self.max_session_timeout_s:
+            # Kafka's check, before any member is looked at or made.
+            raise GroupError(
+                ErrorCode.invalid_session_timeout,
+                f"session timeout {session_timeout_s * 1000:.0f} ms is outside "
+                f"{self.min_session_timeout_s * 1000:.0f}..{self.max_session_timeout_s * 1000:.0f}"
+                " ms (group_min_session_timeout_s, group_max_session_timeout_s)")
         if not protocols:
             raise GroupError(ErrorCode.inconsistent_group_protocol, "no protocols offered")
         group = self.group(group_id)

@@ -22,10 +22,12 @@ from collections.abc import Callable, Hashable
 
 class RequestBudget:
     def __init__(self, limit: int, overdraft: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 setting: str = "queued_max_request_bytes") -> None:
         self.limit = limit
         self.overdraft = overdraft
         self.clock = clock
+        self.setting = setting  # the setting that sets `limit`, for messages
         self.in_use = 0
         # Connections receiving a frame, oldest first (dicts keep insertion order).
         self._receiving: dict[Hashable, None] = {}
@@ -69,6 +71,10 @@ class RequestBudget:
         """Seconds during which at least one connection waited for the budget."""
         ongoing = 0.0 if self._paused_since is None else self.clock() - self._paused_since
         return self._paused_total + ongoing
+
+    def fits(self, owner: Hashable, size: int) -> bool:
+        """Whether `acquire(owner, size)` would take the bytes without waiting."""
+        return self._fits(owner, size)
 
     def _fits(self, owner: Hashable, size: int) -> bool:
         if self.in_use + size <= self.limit:

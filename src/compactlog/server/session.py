@@ -5,7 +5,8 @@ Invariants:
 - On a SASL listener, until the exchange succeeds, only ApiVersions, SaslHandshake and
   SaslAuthenticate are taken; any other request closes the connection unanswered, as
   Kafka's SaslServerAuthenticator does ("Unexpected Kafka request of type ... during
-  SASL handshake").
+  SASL handshake"), as soon as its header has arrived: the rest of its frame is never
+  read or decoded (server/connections.py).
 - The principal of every request a connection hands on is fixed once the connection is
   authenticated: "User:<name>" after SASL; on an SSL listener the client certificate's
   subject ("User:CN=alice,O=acme"), or User:ANONYMOUS without one; User:ANONYMOUS on
@@ -33,7 +34,7 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.server.listeners import Listener
 from compactlog.server.metrics import ServerMetrics
-from compactlog.server.protocol import ProtocolError, Request
+from compactlog.server.protocol import API_NAMES, ProtocolError, Request
 from compactlog.server.sasl import AuthFailed, Exchange, FailureDelay, new_exchange
 from compactlog.storage.credentials import CredentialStore
 
@@ -41,6 +42,22 @@ log = logging.getLogger("compactlog.server")
 ANONYMOUS = "User:ANONYMOUS"
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 _LENGTH = struct.Struct(">i")
+
+
+# What a client may ask before it is authenticated on a SASL listener.
+BEFORE_AUTHENTICATION = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
+
+
+def check_before_authentication(session: Session, api_key: int, correlation_id: int) -> None:
+    """Raise ProtocolError (the connection closes) for an API not allowed before
+    authentication. Called with the header's fields as soon as they arrive, before the
+    rest of the frame is read or decoded, as Kafka's SaslServerAuthenticator refuses
+    them from the header."""
+    if api_key not in BEFORE_AUTHENTICATION:
+        raise ProtocolError(
+            f"unexpected {API_NAMES.get(api_key, f'api {api_key}')} request (correlation "
+            f"id {correlation_id}) before SASL authentication on listener "
+            f"{session.listener.name if session.listener else '?'}")
 
 
 class Session:
@@ -73,11 +90,7 @@ class SaslGate:
     def check_allowed(self, session: Session, request: Request) -> None:
         """Raise ProtocolError (the connection closes) for a request not allowed before
         authentication."""
-        if request.api_key not in (API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE):
-            raise ProtocolError(
-                f"unexpected {request.name} request (correlation id "
-                f"{request.correlation_id}) before SASL authentication on listener "
-                f"{session.listener.name if session.listener else '?'}")
+        check_before_authentication(session, request.api_key, request.correlation_id)
 
     async def handle(self, session: Session, request: Request) -> dict[str, Any]:
         if request.api_key == SASL_HANDSHAKE:

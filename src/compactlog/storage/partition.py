@@ -44,6 +44,7 @@ from compactlog.errors import (
     InvalidRecordError,
     PartitionFailedError,
     ReadOnlyStoreError,
+    RecordTooLargeError,
     StorageError,
 )
 from compactlog.storage import appending, reads, recovery, retention, sealing
@@ -55,6 +56,7 @@ from compactlog.storage.commit import (
 )
 from compactlog.storage.compacted import CompactedView
 from compactlog.storage.filecache import OpenFiles
+from compactlog.storage.inflate import InflateTooLarge
 from compactlog.storage.lease import EPOCH_KEY, LeaseLostError
 from compactlog.storage.logfile import LogSegment, TornTail, log_file_name
 from compactlog.storage.manifest import (
@@ -64,6 +66,7 @@ from compactlog.storage.manifest import (
     SegmentInfo,
 )
 from compactlog.storage.records import (
+    MAX_UNCOMPRESSED_BATCH_BYTES,
     BatchError,
     ChecksumError,
     ProducerRecord,
@@ -146,6 +149,8 @@ class Partition:
         self._appended = threading.Condition(self._lock)
         self.recovery = RecoveryReport()
         self.auto_seal = True
+        # What a producer's compressed batch may decompress to (the store sets it).
+        self.max_uncompressed_batch_bytes = MAX_UNCOMPRESSED_BATCH_BYTES
         # Set when an fsync failed: no more writes until the partition is reopened.
         self.failed: BaseException | None = None
         # When a sweep may next find something to delete: a retired file's delay ends,
@@ -484,19 +489,29 @@ class Partition:
             )
 
     def append_batch(self, batch: bytearray) -> AppendResult:
-        """Append a v2 batch built elsewhere (a Kafka producer): validated, offsets assigned."""
+        """Append a v2 batch built elsewhere (a Kafka producer): validated, offsets assigned.
+
+        Its size as sent is checked against max.message.bytes first, as Kafka checks it,
+        before anything is decompressed; a compressed batch's records are decompressed
+        no further than `max_uncompressed_batch_bytes` (RecordTooLargeError past it).
+        """
         self.require_writable()
+        self.check_size(len(batch))
+        limit = self.max_uncompressed_batch_bytes
         try:
             header = check_batch(batch, 0, len(batch))
             if header.size != len(batch):
                 raise BatchError(f"{len(batch) - header.size} trailing bytes")
-            first_null_key = validate_records(batch, header)
+            first_null_key = validate_records(batch, header, limit)
         except ChecksumError as error:
             raise CorruptRecordError(f"{self.name}: rejected record batch: {error}") from None
         except BatchError as error:
             raise InvalidRecordError(f"{self.name}: rejected record batch: {error}") from None
+        except InflateTooLarge:
+            raise RecordTooLargeError(
+                f"{self.name}: the records of a compressed batch of {len(batch)} bytes "
+                f"decompress to more than max_uncompressed_batch_bytes={limit}") from None
         self._check_null_key(first_null_key)
-        self.check_size(len(batch))
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
             result = appending.append_encoded(self, batch, parse_header(batch))
@@ -506,7 +521,7 @@ class Partition:
     def check_size(self, batch_bytes: int) -> None:
         limit = self.config["max.message.bytes"]
         if batch_bytes > limit:
-            raise InvalidRecordError(
+            raise RecordTooLargeError(
                 f"{self.name}: record batch of {batch_bytes} bytes exceeds "
                 f"max.message.bytes={limit}"
             )

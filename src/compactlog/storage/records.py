@@ -26,6 +26,8 @@ from typing import NamedTuple
 import crc32c
 from aiokafka.record._crecords import DefaultRecordBatch, DefaultRecordBatchBuilder
 
+from compactlog.storage.inflate import InflateError, inflate
+
 Headers = tuple[tuple[str, bytes | None], ...]
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -39,6 +41,11 @@ TRANSACTIONAL_MASK = 0x10
 CONTROL_MASK = 0x20
 NO_PRODUCER_ID = -1
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+# The most a producer's batch may decompress to (the server's
+# max_uncompressed_batch_bytes): validation holds that much at most.
+MAX_UNCOMPRESSED_BATCH_BYTES = 32 << 20
+_ATTRIBUTES_AT = 21
+_LENGTH = struct.Struct(">i")  # batchLength, at 8
 
 
 class Record(NamedTuple):
@@ -180,7 +187,8 @@ def decode_batch(buf: bytes | bytearray | memoryview) -> list[Record]:
     ]
 
 
-def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader) -> int | None:
+def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader,
+                     max_uncompressed: int = MAX_UNCOMPRESSED_BATCH_BYTES) -> int | None:
     """Prove that every record of a batch that passed check_batch decodes, and that the
     offsets run base, base + 1, ...; return the position of the first record with a null
     key, or None.
@@ -189,12 +197,20 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader) -
     that do not decode must be refused at append, not stored to fail every later read.
     No `Record` is built: the produce path keeps the producer's bytes, so it needs only
     the checks (building records cost 1.3 µs per record against 0.37 µs for this).
+
+    A compressed batch's records are decompressed by storage/inflate.py, which stops
+    past `max_uncompressed` bytes (InflateTooLarge): a batch of a few KiB may inflate to
+    gigabytes. They are then checked as the uncompressed batch they make.
     """
+    if header.codec:
+        batch: bytes | bytearray = _inflated(buf, header, max_uncompressed)
+    else:
+        batch = bytes(buf)
     count = 0
     first_null: int | None = None
     try:
         expected = header.base_offset
-        for record in DefaultRecordBatch(bytes(buf)):
+        for record in DefaultRecordBatch(batch):
             if record.offset != expected:
                 raise BatchError(
                     f"record {count} has offset delta {record.offset - header.base_offset}, "
@@ -211,6 +227,22 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader) -
     if count != header.record_count:
         raise BatchError(f"batch holds {count} records, its header says {header.record_count}")
     return first_null
+
+
+def _inflated(buf: bytes | bytearray | memoryview, header: BatchHeader,
+              limit: int) -> bytearray:
+    """The batch uncompressed: its header (codec bits cleared, length set) followed by
+    its records, decompressed at most `limit` bytes far (InflateTooLarge past it)."""
+    try:
+        batch = inflate(header.codec, memoryview(buf)[HEADER_SIZE:header.size], limit,
+                        prefix=bytes(memoryview(buf)[:HEADER_SIZE]))
+    except InflateError as error:
+        if type(error) is not InflateError:
+            raise  # InflateTooLarge: the caller says which limit
+        raise BatchError(f"records do not decode: {error}") from None
+    struct.pack_into(">h", batch, _ATTRIBUTES_AT, header.attributes & ~CODEC_MASK)
+    _LENGTH.pack_into(batch, 8, len(batch) - LOG_OVERHEAD)
+    return batch
 
 
 def iter_batches(

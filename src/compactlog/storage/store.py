@@ -53,7 +53,7 @@ from compactlog.storage.merging import merge_small_segments
 from compactlog.storage.object_probe import check_conditional_writes
 from compactlog.storage.partition import AppendResult, Clock, Partition, RecoveryReport
 from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
-from compactlog.storage.records import ProducerRecord
+from compactlog.storage.records import MAX_UNCOMPRESSED_BATCH_BYTES, ProducerRecord
 from compactlog.storage.volume import Volume
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,8 @@ class Topic:
                 if self.store.lease is not None:
                     partition.writer_epoch = self.store.lease.epoch
                 partition.auto_seal = self.store.auto_seal
+                partition.max_uncompressed_batch_bytes = (
+                    self.store.max_uncompressed_batch_bytes)
                 self.partitions.append(partition.open())
         except BaseException:
             self.close()  # a damaged partition must not leave the others' files open
@@ -191,6 +193,9 @@ class LogStore:
         # rolled it. A server sets False so that appends never wait for a seal, and
         # seals in tick() instead.
         self.auto_seal = True
+        # The most a producer's compressed batch may decompress to; larger ones are
+        # refused while decompressing (storage/inflate.py). A server sets its setting.
+        self.max_uncompressed_batch_bytes = MAX_UNCOMPRESSED_BATCH_BYTES
         # On an object store, the writer's lease (lease.py); None for a local store.
         self.lease: WriterLease | None = None
         self.lease_lost: LeaseLostError | None = None

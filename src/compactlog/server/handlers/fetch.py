@@ -6,6 +6,13 @@ session id 0, and clients fall back to full requests. On a compacted topic every
 is of the compacted view: the ledger up to the horizon, then the live log, with the
 original offsets, gaps included, as a Kafka consumer of a cleaned log sees it.
 
+What one Fetch costs is bounded whatever the client asks, as in Kafka: the response
+holds at most the broker's `fetch_max_bytes` (Kafka's fetch.max.bytes, 55 MiB) of
+records, or the request's max_bytes if smaller (the first batch goes out whole, so a
+consumer can always make progress); and a partition named more than once is read and
+answered once, for its last entry, as Kafka's FetchRequest keys its partitions in a
+map (a LinkedHashMap: the first position, the last value).
+
 A partition that cannot be served gets its error code and an empty record set, never a
 null one, as in Kafka (MemoryRecords.EMPTY): librdkafka takes a null record set for a
 parse failure and retries at once, in a tight loop. Storage failures are logged once
@@ -46,16 +53,23 @@ def register(broker: Broker) -> None:
 
 async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
-    wanted = [(topic.topic, part.partition, part.fetch_offset, part.partition_max_bytes)
-              for topic in body.topics for part in topic.partitions]
+    # One entry per partition, where it was first named, with its last entry's offset
+    # and limit (Kafka's map).
+    entries: dict[tuple[str, int], tuple[int, int]] = {}
+    for topic in body.topics:
+        for part in topic.partitions:
+            entries[(topic.topic, part.partition)] = (part.fetch_offset,
+                                                      part.partition_max_bytes)
+    wanted = [(name, index, offset, partition_max)
+              for (name, index), (offset, partition_max) in entries.items()]
     # Kafka: READ on each topic, checked before anything is read.
     denied = authz.denied_topics(broker, request, Operation.READ, (w[0] for w in wanted))
+    max_bytes = max(min(body.max_bytes, broker.fetch_max_bytes), 1)
     max_wait = body.max_wait.total_seconds()
     deadline = time.monotonic() + max_wait
     while True:
         waiter = broker.data_arrived  # taken before reading, so no append is missed
-        results = await broker.run_io(_read_all, broker, wanted, max(body.max_bytes, 1),
-                                      denied)
+        results = await broker.run_io(_read_all, broker, wanted, max_bytes, denied)
         size = sum(len(r.get("records") or b"") for r in results)
         failed = any(r["error_code"] is not ErrorCode.none for r in results)
         remaining = deadline - time.monotonic()

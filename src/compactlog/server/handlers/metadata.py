@@ -1,4 +1,10 @@
-"""ApiVersions and Metadata."""
+"""ApiVersions and Metadata.
+
+A Metadata request naming a topic (or a topic id) more than once is answered once for
+it, in the order first named, as Kafka answers the set of topics asked for
+(KafkaApis: `metadataRequest.topics.asScala.toSet`): a 4 MiB request naming one topic
+1.4 million times costs the server its decoding, not 1.4 million answers.
+"""
 
 from __future__ import annotations
 
@@ -54,7 +60,8 @@ def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
         [(name, None) for name in broker.store.list_topics()
          if authz.topic(broker, request, Operation.DESCRIBE, name, audit=False)]
         if body.topics is None
-        else [(t.name, getattr(t, "topic_id", None)) for t in body.topics])
+        else list(dict.fromkeys((t.name, getattr(t, "topic_id", None))
+                                for t in body.topics)))
     with_operations = getattr(body, "include_topic_authorized_operations", False)
     topics: list[dict[str, Any]] = []
     for name, topic_id in wanted:
