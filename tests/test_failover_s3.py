@@ -28,8 +28,10 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 
+import s3_faults
 from compactlog import LogStore, ProducerRecord
 from compactlog.storage.records import decode_batch, encode_batch, iter_batches
+from s3_faults import S3Proxy, s3_proxy_fixture  # noqa: F401  (the `s3_proxy` fixture)
 from s3_support import (
     S3Server,
     s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
@@ -344,3 +346,22 @@ def test_a_server_paused_past_its_lease_acknowledges_and_serves_nothing(
                     values = [record.value for at, batch in iter_batches(got.records)
                               for record in decode_batch(got.records[at:at + batch.size])]
                     assert values == [b"before", b"after"], second.log()[-2000:]
+
+
+def test_a_server_that_fails_to_start_on_s3_stands_by_and_tries_again(
+        s3_proxy: S3Proxy, tmp_path: Path) -> None:
+    """Found by the Jepsen harness (tests/test_jepsen.py): a server on S3 that met a
+    failure while it started (the bucket failing requests past their retries, a full
+    local disk, fenced by a server that took over meanwhile) exited, where a standby
+    should wait and try again. Here the bucket fails every read of the producer-id
+    counter for a while: the server says why, stands by, and serves once it passes."""
+    where = str(s3_proxy.server.location("start"))
+    config = tmp_path / "server.toml"
+    config.write_text("lease_ttl_s = 3\nupload_interval_s = 0.1\nupkeep_interval_s = 0.2\n")
+    s3_proxy.add(s3_faults.internal_error(method="GET", key=r"producer-ids/current\.json$",
+                                          count=6))
+    env = {**s3_proxy.env, "AWS_MAX_ATTEMPTS": "2"}
+    with serve(where, tmp_path / "a", free_port(), config, tmp_path / "a.log", env) as served:
+        assert served.serving.wait(60), served.log()
+        assert "could not start serving" in served.log()
+        assert served.process.poll() is None

@@ -87,14 +87,12 @@ def test_seeded_schedules_keep_the_contract(seed: int, s3: S3Server, s3_proxy: S
 
 # -- regressions: what the harness found, as deterministic tests --------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found by the harness with lease_ttl_s = 2: a node that takes over renews its lease "
-    "only in its upkeep rounds, which begin after it has opened the store (recovery of "
-    "every partition), so an open longer than the lease lets the next standby take it "
-    "over, and so on round the standbys (server/upkeep.py Upkeep.run_once renews once "
-    "per round; server/app.py Server._open_store and start open the store first)"))
 def test_a_node_that_takes_over_keeps_its_lease_while_it_opens_the_store(
         s3: S3Server, s3_proxy: S3Proxy, tmp_path: Path) -> None:
+    """Found by the harness with lease_ttl_s = 2: a node that took over renewed its
+    lease only at the start of each upkeep round, after it had opened every partition,
+    so an open longer than the lease let the next standby take it over, and so on round
+    the standbys. It now renews between the partitions it opens (lease.py step 2)."""
     from jepsen.cluster import Node, Ownership, free_port, server_config, wait_for
     from jepsen.run import create_topics
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import functools
 import logging
 import os
@@ -43,6 +44,7 @@ from compactlog.server.connections import (
     connection_cap,
     data_file_cap,
 )
+from compactlog.server.errors import error_message
 from compactlog.server.groups import MAX_SESSION_TIMEOUT_S, MIN_SESSION_TIMEOUT_S
 from compactlog.server.handlers import register_all
 from compactlog.server.info import ServerInfo
@@ -209,6 +211,13 @@ class Server:
         if capped:
             log.info("%s", capped)
         self.store = self._open_store()
+        try:
+            self._prepare(config)
+        except BaseException:
+            self.store.close()  # releases the writer lease: a standby may take over
+            raise
+
+    def _prepare(self, config: ServerConfig) -> None:
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
         self.store.max_uncompressed_batch_bytes = config.max_uncompressed_batch_bytes
@@ -246,7 +255,7 @@ class Server:
                 return LogStore.open(config.data_location or config.data_dir,
                                      max_open_files=self.max_open_data_files,
                                      local_dir=config.data_dir,
-                                     lease_ttl_s=config.lease_ttl_s)
+                                     lease_ttl_s=config.lease_ttl_s, keep_lease=True)
             except DataDirLockedError as error:
                 if config.data_location is None:
                     raise
@@ -468,17 +477,43 @@ async def serve_forever(config: ServerConfig) -> None:
     the lease) stops serving, closes its connections so that clients go to the new
     owner, and stands by again, to take over when that one's lease ends."""
     while True:
-        if not await _serve_once(config):
+        try:
+            lost = await _serve_once(config)
+        except Exception as error:
+            if not _retry_start(config, error):
+                raise
+            delay = max(1.0, config.lease_ttl_s / 3)
+            log.error("could not start serving %s: %s; standing by, trying again in %.0fs",
+                      config.data_location, error_message(error), delay)
+            await asyncio.sleep(delay)
+            continue
+        if not lost:
             return
         log.warning("stepped down: another server holds the writer lease of %s; "
                     "standing by", config.data_location)
+
+
+def _retry_start(config: ServerConfig, error: Exception) -> bool:
+    """Whether a server on an object store that failed to start (a full local disk, the
+    bucket failing requests, fenced by a server that took over meanwhile) should stand by
+    and try again, as a standby does, rather than exit: not for the user's own mistakes
+    (a bad setting, a port in use), which trying again cannot mend.
+    test_a_server_that_fails_to_start_on_s3_stands_by_and_tries_again"""
+    if config.data_location is None or isinstance(error, UserError):
+        return False
+    return not (isinstance(error, OSError)
+                and error.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES))
 
 
 async def _serve_once(config: ServerConfig) -> bool:
     """Serve until a signal (False) or until the writer lease is lost (True)."""
     # Standing by blocks; SIGTERM then ends the process, which holds nothing yet.
     server = Server(config)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        await _abandon(server)
+        raise
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -502,3 +537,14 @@ async def _serve_once(config: ServerConfig) -> bool:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
     return not stopping.is_set()
+
+
+async def _abandon(server: Server) -> None:
+    """After a failed start: stop what started, and close the store whatever that stop
+    meets, so that the writer lease is released (or, if the bucket fails, expires)."""
+    try:
+        await server.stop()
+    except Exception as error:  # the store is closed below all the same
+        log.warning("stopping after a failed start: %s", error_message(error))
+    finally:
+        server.store.close()

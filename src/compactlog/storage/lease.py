@@ -22,9 +22,14 @@ Lease protocol (WriterLease; tests in tests/test_lease.py):
      left (object_commit.py steps 3-4), which would block every taker for good: remove
      audit copies of versions never committed and try once more;
      test_a_holder_killed_inside_a_renewal_does_not_block_the_next_taker
-  2. renew (the store's tick, every ttl/3): commit {owner, epoch, new expiry} on the
-     version this process last committed; a conflict means the lease was taken: raise
-     LeaseLostError, and the store stops writing. test_a_taken_lease_is_lost_at_renewal
+  2. renew every ttl/3: commit {owner, epoch, new expiry} on the version this process
+     last committed, one renewal at a time whatever the thread (two from one version
+     would conflict with each other); a conflict means the lease was taken: raise
+     LeaseLostError, and the store stops writing. test_a_taken_lease_is_lost_at_renewal.
+     A server renews on a thread of its own (`keep`), so that nothing it does at the
+     same time, such as opening every partition of a store it just took over on a slow
+     bucket, can outlast the lease; tests/test_jepsen.py, test_a_node_that_takes_over_
+     keeps_its_lease_while_it_opens_the_store. A library writer renews in its tick.
   3. release (close): commit {released: true} on our version; a conflict is logged (the
      lease was taken already). test_a_released_lease_is_taken_at_once
   4. serve only while valid (`valid`): a holder acknowledges and serves nothing once its
@@ -41,8 +46,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +110,9 @@ class WriterLease:
         self._snapshot: Snapshot | None = None
         self._renewed_at = 0.0
         self._expires_ms = 0  # the expiry of this holder's last committed lease state
+        self._renewing = threading.Lock()  # step 2: one renewal at a time
+        self._keeping = threading.Event()  # set: the keeper thread stops
+        self._keeper: threading.Thread | None = None
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -163,6 +173,38 @@ class WriterLease:
         return (time.monotonic() - self._renewed_at >= self.ttl_s / 3
                 or left_ms < self.ttl_s * 1000 * 2 / 3)
 
+    def keep(self, on_lost: Callable[[LeaseLostError], None],
+             on_error: Callable[[Exception], None]) -> None:
+        """Step 2 on a thread of its own until `stop_keeping` or the lease is lost
+        (`on_lost`, once); a renewal that fails otherwise (the bucket unreachable) is
+        reported to `on_error` and tried again."""
+
+        def run() -> None:
+            while not self._keeping.wait(min(self.ttl_s / 12, 1.0)):
+                try:
+                    self.renew_if_due()
+                except LeaseLostError as error:
+                    on_lost(error)
+                    return
+                except Exception as error:  # retried at the next check
+                    on_error(error)
+
+        self._keeping.clear()
+        self._keeper = threading.Thread(target=run, name="writer-lease", daemon=True)
+        self._keeper.start()
+
+    def stop_keeping(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            self._keeping.set()
+            keeper.join(timeout=max(self.ttl_s, 30.0))
+
+    def renew_if_due(self) -> None:
+        """Step 2 from any thread, when due."""
+        with self._renewing:
+            if self.renewal_due:
+                self.renew()
+
     def renew(self) -> None:
         """Step 2."""
         if self._snapshot is None:
@@ -210,11 +252,14 @@ class WriterLease:
 
     def release(self) -> None:
         """Step 3."""
+        self.stop_keeping()
         if self._snapshot is None:
             return
         state = LeaseState(self.owner, self.epoch, self._now_ms(), True)
-        try:
-            self.document.commit(self._snapshot.version, state.to_body())
-        except ConflictError:
-            log.warning("%s: the writer lease was taken before it was released", self.where)
-        self._snapshot = None
+        with self._renewing:
+            try:
+                self.document.commit(self._snapshot.version, state.to_body())
+            except ConflictError:
+                log.warning("%s: the writer lease was taken before it was released",
+                            self.where)
+            self._snapshot = None

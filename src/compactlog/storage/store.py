@@ -206,10 +206,13 @@ class LogStore:
         clock: Clock = time.time, max_open_files: int = DEFAULT_MAX_OPEN_FILES,
         local_dir: str | os.PathLike[str] | None = None,
         lease_ttl_s: float = DEFAULT_TTL_S,
+        keep_lease: bool = False,
     ) -> LogStore:
         """Open the store at `data_dir`: a local directory, or an s3:// URL whose log
         segments, writer lock and read cache go in `local_dir` (default: a directory
-        under ~/.cache/compactlog named after the URL; see `default_local_dir`)."""
+        under ~/.cache/compactlog named after the URL; see `default_local_dir`).
+        `keep_lease`: on an s3:// URL, renew the writer lease on a thread of its own
+        (a server); else only `tick` renews it (lease.py step 2)."""
         location = data_dir if isinstance(data_dir, Location) else Location.parse(data_dir)
         if location.is_s3:
             path = Path(local_dir) if local_dir is not None else default_local_dir(location)
@@ -239,6 +242,9 @@ class LogStore:
                 except BaseException:
                     store.close()
                     raise
+                if keep_lease:
+                    store.lease.keep(store._lose_lease,
+                                     lambda error: store._report("the writer lease", error))
             layout.remove_leftovers()
         return store
 
@@ -268,6 +274,10 @@ class LogStore:
         self._lock_fd = fd
 
     def close(self) -> None:
+        lease = self.lease
+        if lease is not None:
+            # Before the store's lock: a keeper that finds the lease lost takes it.
+            lease.stop_keeping()
         with self._lock:
             if self.location.is_s3 and not self.read_only and self.lease is not None:
                 self._seal_everything()
@@ -496,19 +506,27 @@ class LogStore:
     def renew_lease(self) -> None:
         """Renew the writer lease when due (lease.py); a lost lease stops every
         partition's writes (a newer writer owns them; it fences this one anyway)."""
-        if self.lease is None or not self.lease.renewal_due:
+        lease = self.lease
+        if lease is None or not lease.renewal_due:
             return
         try:
-            self.lease.renew()
+            lease.renew_if_due()
         except LeaseLostError as error:
-            self.lease = None
-            self.lease_lost = error
-            for topic in self._topics.values():
-                for partition in topic.partitions:
-                    partition.fail(error)
-            log.error("%s", error)
+            self._lose_lease(error)
         except Exception as error:  # the store was unreachable: retried next tick
             self._report("the writer lease", error)
+
+    def _lose_lease(self, error: LeaseLostError) -> None:
+        """A newer writer owns the partitions: every one stops taking writes (it fences
+        this writer's commits anyway) and the store serves nothing (`require_serving`)."""
+        self.lease = None
+        self.lease_lost = error
+        with self._lock:
+            partitions = [partition for topic in self._topics.values()
+                          for partition in topic.partitions]
+        for partition in partitions:
+            partition.fail(error)
+        log.error("%s", error)
 
     def upkeep_steps(self, partition: Partition) -> Iterator[tuple[str, Callable[[], object]]]:
         """The named steps of one partition's upkeep: reopen it if it failed (with a
