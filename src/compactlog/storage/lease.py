@@ -37,7 +37,8 @@ Lease protocol (WriterLease; tests in tests/test_lease.py):
      the ttl, for clock skew between machines), whether or not a renewal is under way:
      a process paused (SIGSTOP, a long GC, a slow renewal request) past its lease may
      already have been replaced, and only a successful renewal makes it valid again.
-     test_a_holder_past_its_expiry_is_not_valid_until_it_renews
+     tests/test_failover_steps_s3.py,
+     test_a_holder_past_its_expiry_serves_nothing_until_it_renews
 A holder that dies simply stops renewing; after ttl the next writer takes over.
 """
 

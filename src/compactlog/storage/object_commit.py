@@ -526,7 +526,7 @@ class ObjectDocument:
         document (a compaction's sweep, a fenced writer) must not remove an audit copy
         that a stalled owner's commit may still land on; it finds the version unproven
         and deletes no orphan. test_a_non_owner_never_removes_an_audit_copy
-        (tests/test_object_commit.py)."""
+        (tests/test_failover_steps_s3.py)."""
         found = self._get(self.current_key)
         if found is None:
             return False
