@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run every check: ruff, mypy, and the pytest suite (tests marked
+# Set up (if needed) and run every check: ruff, mypy, the import layers (import-linter,
+# contracts in pyproject.toml), and the pytest suite (tests marked
 # slow only with --runslow or a -m that selects them).
 # Extra arguments go to pytest, e.g. `scripts/test.sh --runslow` for the slow tests too.
 set -euo pipefail
@@ -7,4 +8,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check src tests bench examples
 .venv/bin/mypy
+(cd src && ../.venv/bin/lint-imports --config ../pyproject.toml)
 .venv/bin/python -m pytest "$@"
