@@ -24,13 +24,12 @@ which is unchanged and so the same too.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from compactlog.compaction.ledger import PieceInput, PieceResult, TombstoneRules
+from compactlog.compaction.ledger import PieceResult, TombstoneRules
 from compactlog.compaction.plan import InputFile, wholly_cut
 from compactlog.storage.deletion import (
     deleted_mask,
@@ -142,6 +141,3 @@ def runs_to_write(inputs: list[InputFile], fates: dict[str, Fate]) -> list[list[
             runs.append([])
     return [run for run in runs if run]
 
-
-def piece_input(item: InputFile, checksum: bool) -> PieceInput:
-    return PieceInput.of(Path(item.path), item.is_ledger, item.info, checksum)

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 TOPIC_DENIED = ErrorCode.topic_authorization_failed
 GROUP_DENIED = ErrorCode.group_authorization_failed
 CLUSTER_DENIED = ErrorCode.cluster_authorization_failed
-TRANSACTIONAL_ID_DENIED = ErrorCode.transactional_id_authorization_failed
 
 # Kafka's messages for the errors' exceptions, where a response has room for one.
 CLUSTER_MESSAGE = "Cluster authorization failed."

@@ -57,10 +57,6 @@ class Record(NamedTuple):
     value: bytes | None
     headers: Headers = ()
 
-    @property
-    def is_null_value(self) -> bool:
-        return self.value is None
-
 
 @dataclass(frozen=True, slots=True)
 class ProducerRecord:
