@@ -61,9 +61,10 @@ def may_hold_tombstones(manifest: PartitionManifest, rules: TimeRules) -> bool:
         compaction is not None and compaction.oldest_tombstone_ms is not None)
 
 
-def inputs_of(rows: FileRows, rules: TimeRules) -> str:
+def inputs_of(url: str, rows: FileRows, rules: TimeRules) -> str:
+    """What decides `rows`' positions (the file at `url`, ...), hashed."""
     condition = rows.condition
-    decided_by = [rows.info.file, rows.info.dv_file, condition.min_offset,
+    decided_by = [url, rows.info.dv_file, condition.min_offset,
                   condition.end_offset, condition.min_timestamp,
                   rules.empty_value_is_tombstone]
     return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()[:16]

@@ -231,7 +231,8 @@ def _partition_part(partition: Partition, version: int, manifest: PartitionManif
     `written`) only when its state changed."""
     index = partition.index
     rows = state_rows(manifest, rules)
-    keys = [inputs_of(item, rules) for item in rows]
+    urls = [data_file_url(partition.volume, item.relative) for item in rows]
+    keys = [inputs_of(url, item, rules) for url, item in zip(urls, rows, strict=True)]
     compaction = manifest.compaction
     summary = {
         "manifest-version": str(version),
@@ -259,8 +260,7 @@ def _partition_part(partition: Partition, version: int, manifest: PartitionManif
     kept_data: dict[str, ManifestEntry] = {}
     new_deletes: list[DataFile] = []
     kept_deletes: dict[str, ManifestEntry] = {}
-    for item, key in zip(rows, keys, strict=True):
-        url = data_file_url(partition.volume, item.relative)
+    for item, key, url in zip(rows, keys, urls, strict=True):
         delete: DataFile | ManifestEntry | None = None
         if not needs_no_read(item, tombstones):
             old = old_deletes.get(url)
