@@ -244,3 +244,23 @@ def test_retention_on_compact_delete_leaves_the_state_as_time_passes(
     expected = expected_state(store)
     assert len(expected) == 10 and all(row[2].startswith(b"new") for row in expected)
     assert_engines_read(table, expected)
+
+
+def test_the_upkeep_makes_the_snapshots_no_compaction_made(topic_store: LogStore) -> None:
+    from compactlog.server.upkeep import Upkeep
+
+    store = topic_store
+    table = state_table_location(store, TOPIC)
+    produce(store, updates(0, 200, 30, tombstone_every=5))
+    compact(store)
+    upkeep = Upkeep(store)
+    upkeep.run_once()  # the table is current: no snapshot
+    assert len(snapshots(table)) == 1
+    partition = store.topic(TOPIC).partition(0)
+    partition.delete_records(partition.manifest.ledger[0].base_offset + 3)
+    upkeep.run_once()
+    taken = snapshots(table)
+    assert len(taken) == 2 and taken[-1]["summary"]["compactlog.cause"] == "upkeep"
+    assert_engines_read(table, expected_state(store))
+    upkeep.run_once()  # nothing changed since
+    assert len(snapshots(table)) == 2
