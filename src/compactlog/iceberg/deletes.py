@@ -11,10 +11,11 @@ snapshot; one whose rows are all in it has no delete file.
 Reads are avoided where the manifest alone decides: a file without a deletion vector,
 wholly within the view's bounds, in a ledger that holds no tombstone (its
 `oldest_tombstone_ms` is None and empty values are not tombstones) has no deleted row.
-Otherwise its offset, value_size and key columns (and timestamp under retention.ms) are
-read, after the file is proven whole against the manifest, as every reader does. The
-positions of a file are determined by what decided them (`inputs`: the file, its
-deletion vector, the view's bounds within it, the tombstone setting); a delete file's
+Otherwise its offset and value_size columns (the key column too under
+null.key.policy=keep, and timestamp under retention.ms) are read, after the file is
+proven whole against the manifest, as every reader does. The positions of a file are
+determined by what decided them (`inputs`: the file, its deletion vector, the view's
+bounds within it, the tombstone setting); a delete file's
 name carries both that hash and its positions' hash, so a later snapshot whose inputs
 are the same keeps the file without reading anything, and one whose inputs changed but
 whose positions did not (retention's cut moved past no row) keeps it too.
@@ -78,9 +79,11 @@ def needs_no_read(rows: FileRows, tombstones: bool) -> bool:
             and not tombstones)
 
 
-def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules,
-                      inputs: str) -> np.ndarray:
-    """The positions of `rows`' file that the state leaves out (see the module)."""
+def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: str,
+                      null_keys: bool = False) -> np.ndarray:
+    """The positions of `rows`' file that the state leaves out (see the module).
+    `null_keys`: the ledger may hold null-key records (null.key.policy=keep), which are
+    never tombstones; only then is the key column read."""
     with _cache_lock:
         found = _cache.get(inputs)
         if found is not None:
@@ -92,7 +95,7 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules,
                  f"ledger file with offsets {info.base_offset}..{info.last_offset}")
     # Every tombstone leaves the state: the view's tombstone retention adds nothing.
     condition = replace(rows.condition, tombstone_cutoff_ms=None)
-    columns = ["offset", "value_size", "key"]
+    columns = ["offset", "value_size"] + (["key"] if null_keys else [])
     if condition.min_timestamp is not None:
         columns.append("timestamp")
     table = pq.read_table(path, columns=columns)
@@ -120,7 +123,8 @@ def tombstones(table: pa.Table, empty_value_is_tombstone: bool) -> np.ndarray:
     found = pc.is_null(size)
     if empty_value_is_tombstone:
         found = pc.or_(found, pc.fill_null(pc.equal(size, 0), False))
-    found = pc.and_(found, pc.is_valid(table.column("key")))
+    if "key" in table.column_names:
+        found = pc.and_(found, pc.is_valid(table.column("key")))
     mask: np.ndarray = found.to_numpy(zero_copy_only=False)
     return mask
 
@@ -144,8 +148,9 @@ def name_hashes(url: str) -> tuple[str, str] | None:
 
 def delete_file_bytes(data_file_url: str, positions: np.ndarray) -> bytes:
     """A position-delete file of one data file: (file_path, pos) sorted by pos."""
-    table = pa.table({"file_path": pa.array([data_file_url] * len(positions), pa.string()),
-                      "pos": pa.array(positions, pa.int64())}, schema=DELETE_SCHEMA)
+    paths = pa.repeat(pa.scalar(data_file_url, pa.string()), len(positions))
+    table = pa.table({"file_path": paths, "pos": pa.array(positions, pa.int64())},
+                     schema=DELETE_SCHEMA)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", use_dictionary=["file_path"])
     return bytes(sink.getvalue().to_pybytes())

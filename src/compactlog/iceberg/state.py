@@ -256,6 +256,7 @@ def _partition_part(partition: Partition, version: int, manifest: PartitionManif
             else:
                 old_deletes[_referenced(entry.data_file)] = entry
     tombstones = may_hold_tombstones(manifest, rules)
+    null_keys = partition.config["null.key.policy"] == "keep"
     new_data: list[DataFile] = []
     kept_data: dict[str, ManifestEntry] = {}
     new_deletes: list[DataFile] = []
@@ -268,7 +269,8 @@ def _partition_part(partition: Partition, version: int, manifest: PartitionManif
             if old is not None and hashes is not None and hashes[0] == key:
                 delete = old
             else:
-                positions = deleted_positions(partition.volume, item, rules, key)
+                positions = deleted_positions(partition.volume, item, rules, key,
+                                              null_keys)
                 if len(positions) == item.info.record_count:
                     continue  # no row of it in the state: not in the snapshot
                 content = content_hash(positions)
