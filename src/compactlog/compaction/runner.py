@@ -64,6 +64,12 @@ tests/test_fault_steps.py fails or stalls each one):
         strategy) and the change applies from the next run; the commit checks nothing
         of it but what it lets another actor do (d). Test: test_compaction_crash.py::
           test_a_config_change_under_a_compaction_applies_from_the_next_run
+  5b. once the run's commits are done, sync the topic's Iceberg state table
+     (compactlog/iceberg: one snapshot of the manifests just committed, with the run
+     id), also after a failure for the partitions that committed; a failed sync is
+     logged, never fails the run, and the next sync catches the table up. The table is
+     made from committed manifests only, so it is never ahead of step 5. Tests:
+     test_iceberg_state.py::test_a_crash_between_the_commit_and_the_snapshot_is_repaired
   6. sweep ledger/ again and write each partition's status: SUCCESS where step 5
      committed; ERROR, with the error, where the run failed before it. The sweep after
      a failure deletes exactly the files of this run that no commit took.
@@ -96,6 +102,7 @@ from compactlog.compaction.status import (
     write_status,
 )
 from compactlog.errors import ConflictError, StorageError, UserError
+from compactlog.iceberg import sync_after_compaction
 from compactlog.storage.manifest import LEDGER_DIR, CompactionState, PartitionManifest
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
@@ -173,8 +180,13 @@ def run_compaction(
                 _commit(partition, plan, results.get(plan.partition, []), run_id, now_ms,
                         summaries[plan.partition])  # 5.
                 committed.add(plan.partition)
-            _lap(report, "commit", stage_started)
+            stage_started = _lap(report, "commit", stage_started)
+            if committed:  # 5b.
+                sync_after_compaction(store, topic_name, run_id)
+                _lap(report, "iceberg", stage_started)
         except BaseException as error:
+            if committed and isinstance(error, Exception):  # 5b. for what did commit
+                sync_after_compaction(store, topic_name, run_id)
             for plan in plans:  # 6. after a failure
                 partition = topic.partition(plan.partition)
                 _sweep(partition)

@@ -3,11 +3,12 @@
 Every round runs, for every partition, the steps of `LogStore.upkeep_steps`: reopen a
 partition that failed, flush by flush.ms, roll by segment.ms, seal rolled segments into
 Parquet, apply retention, sweep unreachable files, and pick up manifests committed by
-other processes (a compaction by `compactlog compact`). A step that fails for one
-partition (a damaged file, EIO, EMFILE) is logged and the round goes on with the next
-step and the other partitions, which must not stop being flushed, sealed or cleaned
-because one disk file is bad. The failure is logged once per partition and step per
-minute, as the round repeats every second.
+other processes (a compaction by `compactlog compact`); then, for each compacted topic,
+sync its Iceberg state table when its state changed (compactlog/iceberg/upkeep.py). A
+step that fails for one partition (a damaged file, EIO, EMFILE) is logged and the round
+goes on with the next step and the other partitions, which must not stop being flushed,
+sealed or cleaned because one disk file is bad. The failure is logged once per partition
+and step per minute, as the round repeats every second.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from compactlog.errors import CompactlogError
+from compactlog.iceberg.upkeep import StateTableUpkeep
 from compactlog.server.errors import error_message
 from compactlog.server.throttle import Throttle, held_back
 from compactlog.storage.store import LogStore
@@ -26,6 +28,7 @@ class Upkeep:
     def __init__(self, store: LogStore, log_interval_s: float = 60.0) -> None:
         self.store = store
         self.failures = Throttle(log_interval_s)
+        self.tables = StateTableUpkeep(store)
 
     def run_once(self) -> None:
         try:
@@ -51,6 +54,10 @@ class Upkeep:
                         call()
                     except Exception as error:
                         self._failed(f"{name}/{partition.index}", step, error)
+            try:
+                self.tables.run(name)
+            except Exception as error:
+                self._failed(name, "syncing the Iceberg state table", error)
 
     def _failed(self, where: str, step: str, error: Exception) -> None:
         held = self.failures.allow((where, step))

@@ -1,0 +1,153 @@
+"""Iceberg's Avro files (manifests, manifest lists), written and read in memory through
+pyiceberg's own writers and readers, so that the bytes go to the table's files
+(files.py) with their crash-safe publication rather than through pyiceberg's FileIO.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile, OutputStream
+from pyiceberg.manifest import (
+    DataFile,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriterV2,
+    read_manifest_list,
+    write_manifest_list,
+)
+
+from compactlog.iceberg.files import TableFiles
+from compactlog.iceberg.schema import SCHEMA, SPEC
+
+COMPRESSION: Literal["deflate"] = "deflate"
+
+
+class _Buffer(io.BytesIO):
+    """A stream that hands its bytes to its file when closed."""
+
+    def __init__(self, owner: MemoryOutputFile) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def close(self) -> None:
+        if not self.closed:
+            self.owner.data = self.getvalue()
+        super().close()
+
+
+class MemoryOutputFile(OutputFile):
+    """An OutputFile whose bytes stay in memory (`data`) for the caller to publish."""
+
+    def __init__(self, location: str) -> None:
+        super().__init__(location)
+        self.data = b""
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def exists(self) -> bool:
+        return False
+
+    def to_input_file(self) -> InputFile:
+        return MemoryInputFile(self.location, self.data)
+
+    def create(self, overwrite: bool = False) -> OutputStream:
+        return _Buffer(self)
+
+
+class MemoryInputFile(InputFile):
+    def __init__(self, location: str, data: bytes) -> None:
+        super().__init__(location)
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def exists(self) -> bool:
+        return True
+
+    def open(self, seekable: bool = True) -> InputStream:
+        return io.BytesIO(self.data)
+
+
+class TableIO(FileIO):
+    """pyiceberg's reads of a table's own files, through TableFiles (read-only)."""
+
+    def __init__(self, files: TableFiles) -> None:
+        super().__init__()
+        self.files = files
+        self.root = files.url("").rstrip("/") + "/"
+
+    def relative(self, location: str) -> str:
+        if not location.startswith(self.root):
+            raise ValueError(f"{location} is not a file of the table at {self.root}")
+        return location[len(self.root):]
+
+    def new_input(self, location: str) -> InputFile:
+        data = self.files.read(self.relative(location))
+        if data is None:
+            raise FileNotFoundError(location)
+        return MemoryInputFile(location, data)
+
+    def new_output(self, location: str) -> OutputFile:
+        raise NotImplementedError("the table's files are published through TableFiles")
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        raise NotImplementedError("the table's files are deleted through TableFiles")
+
+
+class _DeleteManifestWriter(ManifestWriterV2):
+    """pyiceberg 0.12 writes data manifests only; a delete manifest differs in its
+    content field and metadata."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+def write_manifest(location: str, snapshot_id: int, deletes: bool,
+                   added: Iterable[DataFile], existing: Iterable[ManifestEntry],
+                   removed: Iterable[ManifestEntry]) -> tuple[ManifestFile, bytes]:
+    """A manifest of `added` files (of this snapshot), `existing` entries carried from
+    the previous snapshot and `removed` ones marked deleted; its ManifestFile and bytes."""
+    out = MemoryOutputFile(location)
+    kind = _DeleteManifestWriter if deletes else ManifestWriterV2
+    with kind(SPEC, SCHEMA, out, snapshot_id, COMPRESSION) as writer:
+        for data_file in added:
+            writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED,
+                                               snapshot_id=snapshot_id, data_file=data_file))
+        for entry in existing:
+            writer.existing(entry)
+        for entry in removed:
+            writer.delete(entry)
+    return writer.to_manifest_file(), out.data
+
+
+def write_list(location: str, snapshot_id: int, parent: int | None, sequence_number: int,
+               manifests: list[ManifestFile]) -> bytes:
+    out = MemoryOutputFile(location)
+    with write_manifest_list(2, out, snapshot_id, parent, sequence_number,
+                             COMPRESSION) as writer:
+        writer.add_manifests(manifests)
+    return out.data
+
+
+def read_list(table_io: TableIO, location: str) -> list[ManifestFile]:
+    return list(read_manifest_list(table_io.new_input(location)))
+
+
+def entries(table_io: TableIO, manifest: ManifestFile) -> list[ManifestEntry]:
+    """The live entries of `manifest` (sequence numbers inherited as readers do)."""
+    return manifest.fetch_manifest_entry(table_io, discard_deleted=True)
+
+
+def data_file(**fields: Any) -> DataFile:
+    return DataFile.from_args(_table_format_version=2, **fields)

@@ -1,0 +1,162 @@
+"""Which rows of a partition's ledger files the state table leaves out, as positions,
+and the position-delete files that say so (see the package's "Deletes").
+
+Invariant: the rows of a ledger file that the state table shows are exactly the rows
+`storage/view_rows.partition_rows` puts in the compacted view up to the horizon, at the
+snapshot's instant, less tombstones: the view's conditions are taken from there (the
+deletion vector, `deleted_below`, retention.ms), never restated, and only the tombstone
+rule is the state's own. A ledger file with no row in the state is left out of the
+snapshot; one whose rows are all in it has no delete file.
+
+Reads are avoided where the manifest alone decides: a file without a deletion vector,
+wholly within the view's bounds, in a ledger that holds no tombstone (its
+`oldest_tombstone_ms` is None and empty values are not tombstones) has no deleted row.
+Otherwise its offset and value_size columns (the key column too under
+null.key.policy=keep, and timestamp under retention.ms) are read, after the file is
+proven whole against the manifest, as every reader does. The positions of a file are
+determined by what decided them (`inputs`: the file, its deletion vector, the view's
+bounds within it, the tombstone setting); a delete file's
+name carries both that hash and its positions' hash, so a later snapshot whose inputs
+are the same keeps the file without reading anything, and one whose inputs changed but
+whose positions did not (retention's cut moved past no row) keeps it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from compactlog.compaction.verified import verify_input
+from compactlog.iceberg.schema import DELETE_SCHEMA
+from compactlog.storage.deletion import cached_deletion_vector, deleted_mask
+from compactlog.storage.manifest import PartitionManifest
+from compactlog.storage.view_rows import FileRows, TimeRules, partition_rows
+from compactlog.storage.volume import Volume
+
+# Positions computed in this process, by inputs (a ledger file never changes).
+_CACHE_LIMIT = 4096
+_cache: OrderedDict[str, np.ndarray] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def state_rows(manifest: PartitionManifest, rules: TimeRules) -> list[FileRows]:
+    """The ledger files with rows in the compacted view up to the horizon."""
+    horizon = manifest.horizon
+    if horizon is None:
+        return []
+    return list(partition_rows(manifest, rules, True, horizon + 1).ledger())
+
+
+def may_hold_tombstones(manifest: PartitionManifest, rules: TimeRules) -> bool:
+    compaction = manifest.compaction
+    return rules.empty_value_is_tombstone or (
+        compaction is not None and compaction.oldest_tombstone_ms is not None)
+
+
+def inputs_of(url: str, rows: FileRows, rules: TimeRules) -> str:
+    """What decides `rows`' positions (the file at `url`, ...), hashed."""
+    condition = rows.condition
+    decided_by = [url, rows.info.dv_file, condition.min_offset,
+                  condition.end_offset, condition.min_timestamp,
+                  rules.empty_value_is_tombstone]
+    return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()[:16]
+
+
+def needs_no_read(rows: FileRows, tombstones: bool) -> bool:
+    """The manifest alone proves every row of the file is in the state."""
+    condition = rows.condition
+    return (rows.info.dv_file is None and condition.min_offset is None
+            and condition.end_offset is None and condition.min_timestamp is None
+            and not tombstones)
+
+
+def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: str,
+                      null_keys: bool = False) -> np.ndarray:
+    """The positions of `rows`' file that the state leaves out (see the module).
+    `null_keys`: the ledger may hold null-key records (null.key.policy=keep), which are
+    never tombstones; only then is the key column read."""
+    with _cache_lock:
+        found = _cache.get(inputs)
+        if found is not None:
+            _cache.move_to_end(inputs)
+            return found
+    info = rows.info
+    path = volume.fetch(rows.relative)
+    verify_input(path, info.size_bytes, info.crc32c,
+                 f"ledger file with offsets {info.base_offset}..{info.last_offset}")
+    # Every tombstone leaves the state: the view's tombstone retention adds nothing.
+    condition = replace(rows.condition, tombstone_cutoff_ms=None)
+    columns = ["offset", "value_size"] + (["key"] if null_keys else [])
+    if condition.min_timestamp is not None:
+        columns.append("timestamp")
+    table = pq.read_table(path, columns=columns)
+    offsets = table.column("offset").to_numpy()
+    keep = condition.mask(table)
+    gone = np.zeros(len(offsets), bool) if keep is None else ~keep
+    if info.dv_file is not None:
+        deleted = cached_deletion_vector(volume.fetch(rows.dv_relative or ""),
+                                         info.dv_size_bytes, info.dv_crc32c)
+        gone |= deleted_mask(offsets, deleted)
+    gone |= tombstones(table, rules.empty_value_is_tombstone)
+    positions = np.flatnonzero(gone).astype(np.int64)
+    positions.setflags(write=False)
+    with _cache_lock:
+        _cache[inputs] = positions
+        while len(_cache) > _CACHE_LIMIT:
+            _cache.popitem(last=False)
+    return positions
+
+
+def tombstones(table: pa.Table, empty_value_is_tombstone: bool) -> np.ndarray:
+    """Rows that delete their key (as compaction's tombstone rule, from value_size): a
+    null value, or an empty one under empty.value.is.tombstone; never a null key's."""
+    size = table.column("value_size")
+    found = pc.is_null(size)
+    if empty_value_is_tombstone:
+        found = pc.or_(found, pc.fill_null(pc.equal(size, 0), False))
+    if "key" in table.column_names:
+        found = pc.and_(found, pc.is_valid(table.column("key")))
+    mask: np.ndarray = found.to_numpy(zero_copy_only=False)
+    return mask
+
+
+def content_hash(positions: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(positions, np.int64).tobytes()).hexdigest()[:16]
+
+
+def delete_file_name(partition: int, rows: FileRows, inputs: str, content: str) -> str:
+    """`deletes/<n>/<ledger stem>.<inputs>.<content>.<unique>.parquet`: what decided the
+    positions and the positions themselves, hashed, then a name no other sync uses."""
+    stem = rows.info.file.removesuffix(".parquet")
+    return f"deletes/{partition}/{stem}.{inputs}.{content}.{uuid.uuid4().hex[:8]}.parquet"
+
+
+def name_hashes(url: str) -> tuple[str, str] | None:
+    """(inputs, content) from a delete file's name or URL."""
+    parts = url.rsplit("/", 1)[-1].removesuffix(".parquet").rsplit(".", 3)
+    return (parts[1], parts[2]) if len(parts) == 4 else None
+
+
+def delete_file_bytes(data_file_url: str, positions: np.ndarray) -> bytes:
+    """A position-delete file of one data file: (file_path, pos) sorted by pos."""
+    paths = pa.repeat(pa.scalar(data_file_url, pa.string()), len(positions))
+    table = pa.table({"file_path": paths, "pos": pa.array(positions, pa.int64())},
+                     schema=DELETE_SCHEMA)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=["file_path"])
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def forget_cache() -> None:
+    """Empty the positions cache (for tests)."""
+    with _cache_lock:
+        _cache.clear()

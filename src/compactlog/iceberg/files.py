@@ -1,0 +1,216 @@
+"""The files of a topic's Iceberg table, on a local disk or under an S3 prefix.
+
+Invariant: every file is published whole under a name no other file had, except
+`metadata/version-hint.text`, which is replaced. `create` is put-if-absent (a hard link
+locally, `If-None-Match: *` on S3): the metadata file of version N+1 is created this
+way, which makes it the table's compare-and-swap (a second writer of N+1 is told so and
+changes nothing). Names given here are relative to the table's location, '/'-separated;
+`url` turns one into what a reader opens (an absolute path, or an s3:// URL).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from compactlog.errors import StorageError
+from compactlog.storage import fsutil
+from compactlog.storage.layout import ObjectLayout
+from compactlog.storage.location import Location
+from compactlog.storage.volume import Listed, LocalVolume, ObjectVolume, Volume
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+    from compactlog.storage.store import LogStore
+
+# User metadata on each object a create made: its token, to recognise our own PUT when
+# botocore retried it after a lost answer (as storage/volume.py does).
+TOKEN = "compactlog-put"
+
+
+class TableFiles(Protocol):
+    """A table's files (see the module's invariant)."""
+
+    def url(self, relative: str) -> str: ...
+
+    def read(self, relative: str) -> bytes | None:
+        """The file's bytes; None when there is no such file."""
+        ...
+
+    def create(self, relative: str, data: bytes) -> bool:
+        """Publish `data` as `relative` if no file has that name; False if one has."""
+        ...
+
+    def replace(self, relative: str, data: bytes) -> None: ...
+
+    def size(self, relative: str) -> int | None: ...
+
+    def listing(self, folder: str) -> list[Listed]: ...
+
+    def remove(self, relative: str) -> bool: ...
+
+
+class LocalTableFiles:
+    """A table under a local directory: temporary file, fsync, link or rename, then a
+    directory fsync (storage/fsutil.py)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def url(self, relative: str) -> str:
+        return str(self.root / relative) if relative else str(self.root)
+
+    def read(self, relative: str) -> bytes | None:
+        try:
+            return (self.root / relative).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _temp(self, relative: str, data: bytes) -> tuple[Path, Path]:
+        final = self.root / relative
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temp = fsutil.temp_path(final.parent, final.name)
+        try:
+            fsutil.write_file_durably(temp, data)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        return temp, final
+
+    def create(self, relative: str, data: bytes) -> bool:
+        temp, final = self._temp(relative, data)
+        try:
+            return fsutil.publish_exclusive(temp, final)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def replace(self, relative: str, data: bytes) -> None:
+        temp, final = self._temp(relative, data)
+        try:
+            fsutil.publish_replace(temp, final)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def size(self, relative: str) -> int | None:
+        try:
+            return (self.root / relative).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def listing(self, folder: str) -> list[Listed]:
+        return LocalVolume(self.root).listing(folder)
+
+    def remove(self, relative: str) -> bool:
+        return fsutil.remove(self.root / relative)
+
+
+class ObjectTableFiles:
+    """A table under an S3 prefix, through boto3 (conditional PUTs)."""
+
+    def __init__(self, location: Location, client: S3Client, cache_dir: Path) -> None:
+        assert location.bucket is not None
+        self.location = location
+        self.bucket: str = location.bucket
+        self.client = client
+        self.volume = ObjectVolume(location, cache_dir, client)
+
+    def url(self, relative: str) -> str:
+        key = self.location.key(relative) if relative else self.location.path
+        return f"s3://{self.bucket}/{key}"
+
+    def read(self, relative: str) -> bytes | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from compactlog.storage.object_errors import no_such_key, request_error
+
+        try:
+            response = self.client.get_object(Bucket=self.bucket,
+                                              Key=self.location.key(relative))
+            return response["Body"].read()
+        except ClientError as error:
+            if no_such_key(error):
+                return None
+            raise request_error(self.client, "GET", self.url(relative), error) from error
+        except BotoCoreError as error:
+            raise request_error(self.client, "GET", self.url(relative), error) from error
+
+    def create(self, relative: str, data: bytes) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from compactlog.storage.object_errors import request_error
+
+        token = uuid.uuid4().hex
+        key = self.location.key(relative)
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*",
+                                   Metadata={TOKEN: token})
+            return True
+        except ClientError as error:
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in (409, 412):
+                return self._holds(key, token)
+            raise request_error(self.client, "PUT", self.url(relative), error) from error
+        except BotoCoreError as error:
+            raise request_error(self.client, "PUT", self.url(relative), error) from error
+
+    def _holds(self, key: str, token: str) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+        except (ClientError, BotoCoreError):
+            return False
+        return bool(head.get("Metadata", {}).get(TOKEN) == token)
+
+    def replace(self, relative: str, data: bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from compactlog.storage.object_errors import request_error
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self.location.key(relative),
+                                   Body=data)
+        except (ClientError, BotoCoreError) as error:
+            raise request_error(self.client, "PUT", self.url(relative), error) from error
+
+    def size(self, relative: str) -> int | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from compactlog.storage.object_errors import no_such_key, request_error
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self.location.key(relative))
+        except ClientError as error:
+            if no_such_key(error) or error.response.get("Error", {}).get("Code") == "404":
+                return None
+            raise request_error(self.client, "HEAD", self.url(relative), error) from error
+        except BotoCoreError as error:
+            raise request_error(self.client, "HEAD", self.url(relative), error) from error
+        return int(head["ContentLength"])
+
+    def listing(self, folder: str) -> list[Listed]:
+        return self.volume.listing(folder)
+
+    def remove(self, relative: str) -> bool:
+        return self.volume.remove(relative)
+
+
+def table_files(store: LogStore, topic: str, table: str) -> TableFiles:
+    """The files of `topic`'s table `table` ("state"): beside the topic's partitions."""
+    layout = store.layout
+    if isinstance(layout, ObjectLayout):
+        topic_id = store.topic(topic).meta.topic_id
+        return ObjectTableFiles(layout.location.join("topics", topic, topic_id, "iceberg",
+                                                     table), layout.client, layout.cache_dir)
+    return LocalTableFiles(store.topics_dir / topic / "iceberg" / table)
+
+
+def data_file_url(volume: Volume, relative: str) -> str:
+    """What a table lists for a partition's data file `relative` (ledger/…)."""
+    if isinstance(volume, ObjectVolume):
+        return f"s3://{volume.bucket}/{volume.key(relative)}"
+    if isinstance(volume, LocalVolume):
+        return str(volume.path_of(relative).resolve())
+    raise StorageError(f"no Iceberg path for a file of {volume!r}")

@@ -1,0 +1,441 @@
+"""`sync`: steps 1 to 6 of the state table's commit (the package's "Commit").
+
+Invariant: a snapshot is built only from partition manifests loaded, as committed,
+after the table version it follows was loaded; it is committed by creating the next
+metadata file only if absent; and it is made only when the state changed (a ledger
+file, a delete file, or a partition's horizon, run id or effective deleted_below).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.conversions import to_bytes
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestFile
+from pyiceberg.table.metadata import TableMetadataUtil
+from pyiceberg.typedef import Record
+from pyiceberg.types import LongType
+
+from compactlog.errors import ConflictError, CorruptionError
+from compactlog.iceberg import STATE_TABLE, SyncResult
+from compactlog.iceberg.avro import (
+    TableIO,
+    data_file,
+    entries,
+    read_list,
+    write_list,
+    write_manifest,
+)
+from compactlog.iceberg.deletes import (
+    content_hash,
+    delete_file_bytes,
+    delete_file_name,
+    deleted_positions,
+    inputs_of,
+    may_hold_tombstones,
+    name_hashes,
+    needs_no_read,
+    state_rows,
+)
+from compactlog.iceberg.files import TableFiles, data_file_url, table_files
+from compactlog.iceberg.schema import (
+    DELETE_FILE_PATH_ID,
+    DELETE_POS_ID,
+    LAST_COLUMN_ID,
+    OFFSET_ID,
+    PARTITION_FIELD_ID,
+    SCHEMA,
+    SPEC,
+    TIMESTAMP_ID,
+    table_properties,
+)
+from compactlog.storage.manifest import PartitionManifest
+from compactlog.storage.partition import Partition
+from compactlog.storage.store import LogStore
+from compactlog.storage.view_rows import TimeRules
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 8
+HINT = "metadata/version-hint.text"
+PREVIOUS_VERSIONS_MAX = 100  # Iceberg's write.metadata.previous-versions-max default
+PREFIX = "compactlog.partition."
+
+
+def metadata_name(version: int) -> str:
+    return f"metadata/v{version}.metadata.json"
+
+
+@dataclass
+class Current:
+    """The table's current metadata version (0 and None: no table yet)."""
+
+    version: int
+    body: dict[str, Any] | None
+
+    @property
+    def snapshot(self) -> dict[str, Any] | None:
+        if self.body is None or self.body.get("current-snapshot-id") is None:
+            return None
+        wanted = self.body["current-snapshot-id"]
+        found: dict[str, Any] = next(s for s in self.body["snapshots"]
+                                     if s["snapshot-id"] == wanted)
+        return found
+
+    def summary_of(self, partition: int) -> dict[str, str]:
+        snapshot = self.snapshot
+        if snapshot is None:
+            return {}
+        start = f"{PREFIX}{partition}."
+        return {key[len(start):]: value for key, value in snapshot["summary"].items()
+                if key.startswith(start)}
+
+
+def load_current(files: TableFiles) -> Current:
+    """Step 1: the hint, then every newer version that exists."""
+    hint = files.read(HINT)
+    version = int(hint) if hint is not None and hint.strip().isdigit() else 0
+    while files.size(metadata_name(version + 1)) is not None:
+        version += 1
+    while version > 0:
+        raw = files.read(metadata_name(version))
+        if raw is not None:
+            try:
+                return Current(version, json.loads(raw))
+            except ValueError as error:
+                raise CorruptionError(files.url(metadata_name(version)),
+                                      f"unreadable Iceberg metadata: {error}") from None
+        version -= 1  # a hint ahead of its file: never written by a sync
+    return Current(0, None)
+
+
+@dataclass
+class Partial:
+    """One partition's part of a new snapshot."""
+
+    index: int
+    summary: dict[str, str]
+    manifests: list[ManifestFile] = field(default_factory=list)
+    changed: bool = False
+    added_data: int = 0
+    added_deletes: int = 0
+    records: int = 0
+    data_files: int = 0
+    delete_files: int = 0
+    position_deletes: int = 0
+
+
+def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = "",
+         now_ms: int | None = None) -> SyncResult:
+    started = time.monotonic()
+    files = table_files(store, topic_name, STATE_TABLE)
+    result = SyncResult(topic_name)
+    for _attempt in range(ATTEMPTS):
+        topic = store.topic(topic_name)
+        current = load_current(files)  # 1.
+        loaded = time.monotonic()
+        manifests = [_committed(partition) for partition in topic.partitions]  # 2.
+        clock_ms = int(store.clock() * 1000)
+        instant = clock_ms if now_ms is None else now_ms
+        rules = TimeRules.of(topic.config, instant)
+        if any(int(current.summary_of(index).get("manifest-version", -1)) > version
+               for index, (version, _) in enumerate(manifests)):
+            continue  # loaded before a snapshot of a newer manifest: load again
+        table_io = TableIO(files)
+        previous = _previous_manifests(table_io, current)
+        snapshot_id = uuid.uuid4().int >> 65
+        written: list[tuple[str, bytes]] = []
+        parts = [_partition_part(topic.partitions[index], version, manifest, rules, current,
+                                 previous.get(index, []), table_io, files, snapshot_id,
+                                 written)
+                 for index, (version, manifest) in enumerate(manifests)]  # 3.
+        if not any(part.changed for part in parts):
+            result.seconds = time.monotonic() - started
+            return result
+        body = _next_metadata(files, current, parts, snapshot_id, cause, run_id, instant,
+                              clock_ms, written)  # 4.
+        for name, data in written:
+            if not files.create(name, data):  # names are new: never taken
+                raise ConflictError(f"{files.url(name)}: the name is taken")
+        delay_ms = int(topic.config["file.delete.delay.ms"])
+        if (time.monotonic() - loaded) * 1000 > delay_ms / 2:
+            log.info("%s: the state table's sync took longer than half of "
+                     "file.delete.delay.ms; it starts again", topic_name)
+            continue
+        version = current.version + 1
+        if not files.create(metadata_name(version), json.dumps(body).encode()):  # 5.
+            continue  # another sync made version N+1 first
+        try:
+            files.replace(HINT, str(version).encode())  # 6.
+        except Exception as error:  # a stale hint shows an older snapshot; step 1 probes
+            log.warning("%s: version-hint.text not updated to %d: %s", topic_name,
+                        version, error)
+        result.snapshot_id = snapshot_id
+        result.version = version
+        result.metadata = files.url(metadata_name(version))
+        result.changed_partitions = [part.index for part in parts if part.changed]
+        result.files_written = len(written) + 1
+        result.seconds = time.monotonic() - started
+        return result
+    raise ConflictError(f"{topic_name}: the Iceberg state table changed under {ATTEMPTS} "
+                        "syncs in a row; the next sync tries again")
+
+
+def _committed(partition: Partition) -> tuple[int, PartitionManifest]:
+    """Step 2: the partition's manifest as committed now (not this process' copy)."""
+    snapshot = partition.document.load()
+    where = partition.volume.describe("manifest/current.json")
+    if snapshot is None:
+        raise FileNotFoundError(where)
+    return snapshot.version, PartitionManifest.from_json(snapshot.body, where)
+
+
+def _previous_manifests(table_io: TableIO, current: Current) -> dict[int, list[ManifestFile]]:
+    """The current snapshot's manifests, by partition (from their names, `-p<n>-`)."""
+    snapshot = current.snapshot
+    if snapshot is None:
+        return {}
+    found: dict[int, list[ManifestFile]] = {}
+    for manifest in read_list(table_io, snapshot["manifest-list"]):
+        name = manifest.manifest_path.rsplit("/", 1)[-1]
+        index = int(name.split("-p", 1)[1].split("-", 1)[0])
+        found.setdefault(index, []).append(manifest)
+    return found
+
+
+def _fingerprint(manifest: PartitionManifest, keys: list[str], rules: TimeRules) -> str:
+    compaction = manifest.compaction
+    decided_by = [None if compaction is None else compaction.run_id, manifest.horizon,
+                  _deleted_below(manifest), keys, rules.empty_value_is_tombstone]
+    return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()[:16]
+
+
+def _deleted_below(manifest: PartitionManifest) -> int:
+    """deleted_below as far as it reaches into the ledger."""
+    horizon = manifest.horizon
+    return manifest.deleted_below if horizon is None else min(manifest.deleted_below,
+                                                              horizon + 1)
+
+
+def _partition_part(partition: Partition, version: int, manifest: PartitionManifest,
+                    rules: TimeRules, current: Current, previous: list[ManifestFile],
+                    table_io: TableIO, files: TableFiles, snapshot_id: int,
+                    written: list[tuple[str, bytes]]) -> Partial:
+    """Step 3 for one partition: its manifests in the new snapshot, written (into
+    `written`) only when its state changed."""
+    index = partition.index
+    rows = state_rows(manifest, rules)
+    urls = [data_file_url(partition.volume, item.relative) for item in rows]
+    keys = [inputs_of(url, item, rules) for url, item in zip(urls, rows, strict=True)]
+    compaction = manifest.compaction
+    summary = {
+        "manifest-version": str(version),
+        "inputs": _fingerprint(manifest, keys, rules),
+    }
+    if compaction is not None:
+        summary |= {"horizon": str(compaction.horizon), "run-id": compaction.run_id,
+                    "deleted-below": str(_deleted_below(manifest))}
+    before = current.summary_of(index)
+    part = Partial(index, summary)
+    if before.get("inputs") == summary["inputs"] and current.snapshot is not None:
+        part.manifests = previous  # unchanged: nothing read, nothing written
+        _count(part, previous)
+        return part
+    old_data: dict[str, ManifestEntry] = {}
+    old_deletes: dict[str, ManifestEntry] = {}
+    for manifest_file in previous:
+        for entry in entries(table_io, manifest_file):
+            if entry.data_file.content == DataFileContent.DATA:
+                old_data[entry.data_file.file_path] = entry
+            else:
+                old_deletes[_referenced(entry.data_file)] = entry
+    tombstones = may_hold_tombstones(manifest, rules)
+    null_keys = partition.config["null.key.policy"] == "keep"
+    new_data: list[DataFile] = []
+    kept_data: dict[str, ManifestEntry] = {}
+    new_deletes: list[DataFile] = []
+    kept_deletes: dict[str, ManifestEntry] = {}
+    for item, key, url in zip(rows, keys, urls, strict=True):
+        delete: DataFile | ManifestEntry | None = None
+        if not needs_no_read(item, tombstones):
+            old = old_deletes.get(url)
+            hashes = None if old is None else name_hashes(old.data_file.file_path)
+            if old is not None and hashes is not None and hashes[0] == key:
+                delete = old
+            else:
+                positions = deleted_positions(partition.volume, item, rules, key,
+                                              null_keys)
+                if len(positions) == item.info.record_count:
+                    continue  # no row of it in the state: not in the snapshot
+                content = content_hash(positions)
+                if old is not None and hashes is not None and hashes[1] == content:
+                    delete = old
+                elif len(positions):
+                    name = delete_file_name(index, item, key, content)
+                    data = delete_file_bytes(url, positions)
+                    written.append((name, data))
+                    delete = _delete_file(files.url(name), index, url, positions, len(data))
+        if isinstance(delete, ManifestEntry):
+            kept_deletes[url] = delete
+        elif delete is not None:
+            new_deletes.append(delete)
+        if url in old_data:
+            kept_data[url] = old_data[url]
+        else:
+            new_data.append(_data_file(url, index, item.info))
+    gone_data = [entry for url, entry in old_data.items() if url not in kept_data]
+    gone_deletes = [entry for url, entry in old_deletes.items()
+                    if kept_deletes.get(url) is not entry]
+    changed_files = bool(new_data or new_deletes or gone_data or gone_deletes)
+    part.changed = changed_files or any(before.get(name) != summary.get(name)
+                                        for name in ("horizon", "run-id", "deleted-below"))
+    if not changed_files:
+        part.manifests = previous
+        _count(part, previous)
+        return part
+    stem = f"metadata/{uuid.uuid4().hex}-p{index}"
+    if new_data or kept_data or gone_data:
+        written_file, data = write_manifest(files.url(f"{stem}-data.avro"), snapshot_id, False,
+                                            new_data, kept_data.values(), gone_data)
+        written.append((f"{stem}-data.avro", data))
+        part.manifests.append(written_file)
+    if new_deletes or kept_deletes or gone_deletes:
+        written_file, data = write_manifest(files.url(f"{stem}-deletes.avro"), snapshot_id,
+                                            True, new_deletes, kept_deletes.values(),
+                                            gone_deletes)
+        written.append((f"{stem}-deletes.avro", data))
+        part.manifests.append(written_file)
+    part.added_data, part.added_deletes = len(new_data), len(new_deletes)
+    part.data_files = len(new_data) + len(kept_data)
+    part.records = (sum(f.record_count for f in new_data)
+                    + sum(e.data_file.record_count for e in kept_data.values()))
+    part.delete_files = len(new_deletes) + len(kept_deletes)
+    part.position_deletes = (sum(f.record_count for f in new_deletes)
+                             + sum(e.data_file.record_count for e in kept_deletes.values()))
+    return part
+
+
+def _count(part: Partial, manifests: list[ManifestFile]) -> None:
+    for manifest in manifests:
+        live = (manifest.added_files_count or 0) + (manifest.existing_files_count or 0)
+        rows = (manifest.added_rows_count or 0) + (manifest.existing_rows_count or 0)
+        if manifest.content == 0:
+            part.data_files += live
+            part.records += rows
+        else:
+            part.delete_files += live
+            part.position_deletes += rows
+
+
+def _referenced(delete: DataFile) -> str:
+    bound = (delete.lower_bounds or {}).get(DELETE_FILE_PATH_ID)
+    if bound is None:
+        raise CorruptionError(delete.file_path, "position-delete file without a file_path "
+                                                "bound: not written by compactlog")
+    return bound.decode() if isinstance(bound, bytes) else str(bound)
+
+
+def _long(value: int) -> bytes:
+    return to_bytes(LongType(), value)
+
+
+def _data_file(url: str, index: int, info: Any) -> DataFile:
+    return data_file(
+        content=DataFileContent.DATA, file_path=url, file_format=FileFormat.PARQUET,
+        partition=Record(index), record_count=info.record_count,
+        file_size_in_bytes=info.size_bytes,
+        lower_bounds={OFFSET_ID: _long(info.base_offset), TIMESTAMP_ID: _long(info.min_timestamp)},
+        upper_bounds={OFFSET_ID: _long(info.last_offset), TIMESTAMP_ID: _long(info.max_timestamp)},
+    )
+
+
+def _delete_file(url: str, index: int, data_url: str, positions: Any, size: int) -> DataFile:
+    path = data_url.encode()
+    return data_file(
+        content=DataFileContent.POSITION_DELETES, file_path=url,
+        file_format=FileFormat.PARQUET, partition=Record(index),
+        record_count=len(positions), file_size_in_bytes=size,
+        lower_bounds={DELETE_FILE_PATH_ID: path, DELETE_POS_ID: _long(int(positions[0]))},
+        upper_bounds={DELETE_FILE_PATH_ID: path, DELETE_POS_ID: _long(int(positions[-1]))},
+    )
+
+
+def _next_metadata(files: TableFiles, current: Current, parts: list[Partial],
+                   snapshot_id: int, cause: str, run_id: str, instant: int, clock_ms: int,
+                   written: list[tuple[str, bytes]]) -> dict[str, Any]:
+    """Step 4's last files: the manifest list, and the metadata of version N+1."""
+    body = current.body or _new_table(files)
+    sequence = int(body.get("last-sequence-number", 0)) + 1
+    parent = body.get("current-snapshot-id")
+    timestamp = max(clock_ms, int(body.get("last-updated-ms", 0)) + 1)
+    list_name = f"metadata/snap-{snapshot_id}-{uuid.uuid4().hex}.avro"
+    manifests = [manifest for part in parts for manifest in part.manifests]
+    written.append((list_name, write_list(files.url(list_name), snapshot_id, parent,
+                                          sequence, manifests)))
+    summary: dict[str, str] = {
+        "operation": "overwrite",
+        "added-data-files": str(sum(p.added_data for p in parts)),
+        "added-delete-files": str(sum(p.added_deletes for p in parts)),
+        "total-data-files": str(sum(p.data_files for p in parts)),
+        "total-delete-files": str(sum(p.delete_files for p in parts)),
+        "total-records": str(sum(p.records for p in parts)),
+        "total-position-deletes": str(sum(p.position_deletes for p in parts)),
+        "total-equality-deletes": "0",
+        "compactlog.cause": cause,
+        "compactlog.evaluated-at-ms": str(instant),
+    }
+    if run_id:
+        summary["compactlog.run-id"] = run_id
+    for part in parts:
+        summary |= {f"{PREFIX}{part.index}.{key}": value for key, value in part.summary.items()}
+    snapshot = {"snapshot-id": snapshot_id, "sequence-number": sequence,
+                "timestamp-ms": timestamp, "manifest-list": files.url(list_name),
+                "summary": summary, "schema-id": SCHEMA.schema_id}
+    if parent is not None:
+        snapshot["parent-snapshot-id"] = parent
+    body = dict(body)
+    body["snapshots"] = [*body.get("snapshots", []), snapshot]
+    body["snapshot-log"] = [*body.get("snapshot-log", []),
+                            {"snapshot-id": snapshot_id, "timestamp-ms": timestamp}]
+    if current.version:
+        log_entry = {"metadata-file": files.url(metadata_name(current.version)),
+                     "timestamp-ms": body["last-updated-ms"]}
+        body["metadata-log"] = [*body.get("metadata-log", []),
+                                log_entry][-PREVIOUS_VERSIONS_MAX:]
+    body["current-snapshot-id"] = snapshot_id
+    body["refs"] = {**body.get("refs", {}),
+                    "main": {"snapshot-id": snapshot_id, "type": "branch"}}
+    body["last-sequence-number"] = sequence
+    body["last-updated-ms"] = timestamp
+    TableMetadataUtil.parse_obj(body)  # what readers will parse: refuse to write less
+    return body
+
+
+def _new_table(files: TableFiles) -> dict[str, Any]:
+    return {
+        "format-version": 2,
+        "table-uuid": str(uuid.uuid4()),
+        "location": files.url(""),
+        "last-sequence-number": 0,
+        "last-updated-ms": 0,
+        "last-column-id": LAST_COLUMN_ID,
+        "current-schema-id": SCHEMA.schema_id,
+        "schemas": [json.loads(SCHEMA.model_dump_json())],
+        "default-spec-id": SPEC.spec_id,
+        "partition-specs": [json.loads(SPEC.model_dump_json())],
+        "last-partition-id": PARTITION_FIELD_ID,
+        "default-sort-order-id": 0,
+        "sort-orders": [{"order-id": 0, "fields": []}],
+        "properties": table_properties(),
+        "current-snapshot-id": None,
+        "snapshots": [],
+        "snapshot-log": [],
+        "metadata-log": [],
+        "refs": {},
+    }

@@ -1,0 +1,68 @@
+"""The state table on an s3:// data location (moto's S3 server on loopback): compaction
+in the bucket makes it under PREFIX/topics/<topic>/<topic id>/iceberg/state, and DuckDB
+(httpfs), pyiceberg and Polars read it from the bucket, equal to the Reader's view.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb_extension_httpfs
+import polars as pl
+import pytest
+from pyiceberg.table import StaticTable
+
+from compactlog.iceberg import state_table_location
+from compactlog.storage.store import LogStore
+from iceberg_readers import StateRow, _row, duckdb_connection, extension_path
+from local_engine import LocalCompactionService
+from s3_support import S3Server, s3_fixture  # noqa: F401  (the `s3` fixture)
+from test_iceberg_state import expected_state, updates
+
+
+def pyiceberg_properties(s3: S3Server) -> dict[str, str]:
+    return {"s3.endpoint": s3.endpoint_url, "s3.access-key-id": s3.env["AWS_ACCESS_KEY_ID"],
+            "s3.secret-access-key": s3.env["AWS_SECRET_ACCESS_KEY"],
+            "s3.session-token": s3.env["AWS_SESSION_TOKEN"], "s3.region": "us-east-1"}
+
+
+def test_the_state_table_in_the_bucket(s3: S3Server, monkeypatch: pytest.MonkeyPatch,
+                                       tmp_path: Path) -> None:
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    url = str(s3.location("iceberg"))
+    with LogStore.open(url, local_dir=tmp_path / "writer") as store:
+        store.create_topic("prices", 2, {"cleanup.policy": "compact",
+                                         "min.compaction.lag.ms": "0",
+                                         "compaction.ledger.rewrite.live.fraction": "0"})
+        for start, keys in ((0, 30), (200, 45)):
+            store.append("prices", updates(start, 200, keys, tombstone_every=6))
+            for partition in store.topic("prices").partitions:
+                partition.roll()
+            LocalCompactionService(store, "prices", {"engine": "arrow"}).compact()
+        table = state_table_location(store, "prices")
+        expected = expected_state(store, "prices")
+        topic_id = store.topic("prices").meta.topic_id
+    assert table == f"{url}/topics/prices/{topic_id}/iceberg/state"
+    assert len(expected) > 30
+
+    properties = pyiceberg_properties(s3)
+    scan = StaticTable.from_metadata(table, properties).scan()
+    found = scan.to_arrow().select(["partition", "offset", "key", "value", "headers"])
+    assert sorted(_row(**row) for row in found.to_pylist()) == expected
+
+    frame = pl.scan_iceberg(StaticTable.from_metadata(table, properties)).select(
+        "partition", "offset", "key", "value", "headers").collect()
+    assert sorted(_row(*row) for row in frame.rows()) == expected
+
+    con = duckdb_connection()
+    con.execute(f"LOAD '{extension_path(duckdb_extension_httpfs)}'")
+    host = s3.endpoint_url.removeprefix("http://")
+    con.execute(f"""CREATE SECRET moto (TYPE s3, KEY_ID '{s3.env["AWS_ACCESS_KEY_ID"]}',
+                    SECRET '{s3.env["AWS_SECRET_ACCESS_KEY"]}',
+                    SESSION_TOKEN '{s3.env["AWS_SESSION_TOKEN"]}', REGION 'us-east-1',
+                    ENDPOINT '{host}', URL_STYLE 'path', USE_SSL false)""")
+    rows: list[StateRow] = sorted(_row(*row) for row in con.execute(
+        f"""SELECT partition, "offset", key, value, headers
+            FROM iceberg_scan('{table}')""").fetchall())
+    assert rows == expected
