@@ -12,6 +12,7 @@ can fail, stall or kill at exactly that step.
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 from pathlib import Path
@@ -52,6 +53,36 @@ def write_file_durably(path: Path, data: bytes) -> None:
         handle.flush()
         faults.point("fsync", path)
         os.fsync(handle.fileno())
+
+
+def publish_exclusive(temp: Path, final: Path) -> bool:
+    """Give `temp` the name `final` only if `final` does not exist yet (put-if-absent).
+
+    Returns False, and removes `temp`, when another writer already published `final`.
+    A hard link is atomic and fails on an existing name, which a rename would overwrite.
+    """
+    faults.point("rename", final)
+    try:
+        os.link(temp, final)
+    except FileExistsError:
+        temp.unlink(missing_ok=True)
+        return False
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        # Filesystems without hard links: O_EXCL create is the same put-if-absent test.
+        try:
+            fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            temp.unlink(missing_ok=True)
+            return False
+        with os.fdopen(fd, "wb") as out:
+            out.write(temp.read_bytes())
+            out.flush()
+            os.fsync(out.fileno())
+    temp.unlink(missing_ok=True)
+    fsync_dir(final.parent)
+    return True
 
 
 def rename(temp: Path, final: Path) -> None:
