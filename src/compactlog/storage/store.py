@@ -34,6 +34,7 @@ from typing import Any
 
 from compactlog.config import TopicConfig
 from compactlog.errors import (
+    CompactlogError,
     ConflictError,
     CorruptionError,
     DataDirLockedError,
@@ -359,6 +360,26 @@ class LogStore:
         # On S3 a name is a key prefix: a deleted topic's (or a failed create's) stays
         # until its metadata is gone, so ask the metadata of names not open here.
         return [name for name in names if name in self._topics or self._is_live(name)]
+
+    def topic_ids(self) -> dict[str, str]:
+        """Every topic's id (hex) -> its name: the ids of the topics open here, and the
+        metadata of the others, read without opening their partitions. One listing per
+        call, so that a request naming many ids resolves them all through one map,
+        never by scanning the topics per id."""
+        found: dict[str, str] = {}
+        for name in self.list_topics():
+            with self._lock:
+                topic = self._topics.get(name)
+            if topic is not None:
+                found[topic.meta.topic_id] = name
+                continue
+            try:
+                loaded = self.layout.meta_document(name).load() if is_topic_name(name) else None
+            except (OSError, CompactlogError):
+                continue  # unreadable: no id resolves to it (opening it would fail too)
+            if loaded is not None and not is_deleted(loaded.body):
+                found[str(loaded.body.get("topic_id"))] = name
+        return found
 
     def _is_live(self, name: str) -> bool:
         if not is_topic_name(name):

@@ -23,7 +23,7 @@ from compactlog.server.broker import Broker
 from compactlog.server.code_policy import check_configs
 from compactlog.server.errors import error_code, error_message
 from compactlog.server.handlers.configs import config_entries
-from compactlog.server.handlers.metadata import topic_name_by_id
+from compactlog.server.handlers.metadata import TopicIds
 from compactlog.server.protocol import Request
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
@@ -91,9 +91,14 @@ def _create_one(broker: Broker, spec: Any, validate_only: bool) -> dict[str, Any
 async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     names: list[str | None] = list(getattr(body, "topic_names", ()) or ())
-    for entry in getattr(body, "topics", ()) or ():
-        names.append(entry.name if entry.name is not None
-                     else await broker.run_io(topic_name_by_id, broker, entry.topic_id))
+    entries = list(getattr(body, "topics", ()) or ())
+    if any(entry.name is None for entry in entries):
+        ids = TopicIds(broker)  # one map for the request's ids
+        names += await broker.run_io(lambda: [entry.name if entry.name is not None
+                                              else ids.name(entry.topic_id)
+                                              for entry in entries])
+    else:
+        names += [entry.name for entry in entries]
     results: list[dict[str, Any]] = []
     for name in names:
         if name is None:
