@@ -62,6 +62,7 @@ from compactlog.server.protocol import (
 )
 from compactlog.server.request_budget import RequestBudget
 from compactlog.server.sasl import FailureDelay
+from compactlog.server.sasl_users import DECOY_DOCUMENT, SaslUsers, decoy_secret
 from compactlog.server.session import SaslGate, Session
 from compactlog.server.throttle import Throttle, held_back
 from compactlog.server.tls import ServerTls, TlsSettings
@@ -231,8 +232,11 @@ class Server:
         self.listeners = [dataclasses.replace(listener)
                           for listener in config.kafka_listeners()]
         self.tls = ServerTls(config.tls) if config.tls is not None else None
-        self.sasl = SaslGate(CredentialStore(self.store.layout.state_document(
-                                 CREDENTIALS_DIR)),
+        # The SASL users, in memory: a login never waits for the store (sasl_users.py).
+        state = self.store.layout.state_document
+        self.sasl_users = SaslUsers(CredentialStore(state(CREDENTIALS_DIR)),
+                                    decoy_secret(state(DECOY_DOCUMENT)))
+        self.sasl = SaslGate(self.sasl_users,
                              FailureDelay(config.sasl_failure_delay_s,
                                           config.sasl_failure_delay_max_s), self.metrics)
         self.connections: Connections | None = None
@@ -298,6 +302,7 @@ class Server:
             authorization=self.config.authorization,
             allowed_functions=frozenset(self.config.compaction.allowed_strategy_functions),
             fetch_max_bytes=self.config.fetch_max_bytes,
+            sasl_users=self.sasl_users,
             session_timeout_bounds_s=(self.config.group_min_session_timeout_s,
                                       self.config.group_max_session_timeout_s))
         self.broker.metrics = self.metrics
@@ -419,6 +424,12 @@ class Server:
             except Exception as error:
                 self._log_upkeep_failure("reading the ACLs again (the ones read before stay "
                                          "in force)", error)
+            try:
+                # So do users added or deleted by `compactlog users`.
+                await self.broker.run_io(self.sasl_users.refresh)
+            except Exception as error:
+                self._log_upkeep_failure("reading the SASL credentials again (the ones "
+                                         "read before stay in force)", error)
 
     def _log_upkeep_failure(self, step: str, error: Exception) -> None:
         """Once a minute per step: an OSError (out of file handles, a full or failing

@@ -179,6 +179,8 @@ def _apply(broker: Broker, body: Any, errors: dict[str, tuple[ErrorCode, str]]) 
         return
     try:
         broker.credentials.change(edit)
+        if broker.sasl_users is not None:
+            broker.sasl_users.refresh()  # the next login sees the change
     except UserError as error:
         for name in [d.name for d in body.deletions] + [u.name for u in body.upsertions]:
             errors.setdefault(name, (ErrorCode.unacceptable_credential, str(error)))
