@@ -8,12 +8,15 @@ Each test names the numbers measured before its fix in its docstring.
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from hostile_support import METADATA, TOPIC, hostile_server
+from hostile_support import JOIN_GROUP, METADATA, TOPIC, hostile_server
 from process_usage import Usage
 from test_hostile_requests import AUTHORIZER_ON
 from test_server_bad_input import Wire, request_frame
@@ -80,3 +83,91 @@ def ids_on_disk(data_dir: Path) -> list[uuid.UUID]:
     """Every topic's id, read from its metadata document (not through the server)."""
     return [uuid.UUID(hex=json.loads(meta.read_text())["body"]["topic_id"])
             for meta in sorted((data_dir / "topics").glob("*/meta/current.json"))]
+
+
+# -- item 11: group state expires, and is bounded ------------------------------------------
+
+LIST_GROUPS, OFFSET_COMMIT = 16, 8
+
+
+def join_frame(group_id: str, member_id: str = "", session_timeout_ms: int = 1_000,
+               correlation_id: int = 1) -> bytes:
+    return request_frame(JOIN_GROUP, 5, {
+        "group_id": group_id, "member_id": member_id, "group_instance_id": None,
+        "session_timeout": timedelta(milliseconds=session_timeout_ms),
+        "rebalance_timeout": timedelta(milliseconds=session_timeout_ms),
+        "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b"\0\0\0\0\0\0\0\0\0\0"}]},
+        correlation_id)
+
+
+def joins(wire: Wire, group_ids: list[str]) -> list[Any]:
+    """A JoinGroup with an empty member id for each group, pipelined; the answers."""
+    wire.send(b"".join(join_frame(group_id, correlation_id=number)
+                       for number, group_id in enumerate(group_ids)))
+    return [wire.response(JOIN_GROUP, 5)[1] for _ in group_ids]
+
+
+def listed_groups(wire: Wire) -> set[str]:
+    return {group.group_id for group in wire.call(LIST_GROUPS, 3, {}).groups}
+
+
+def commit_offset(wire: Wire, group_id: str) -> ErrorCode:
+    """A commit outside any generation (a consumer that assigned its partitions)."""
+    answer = wire.call(OFFSET_COMMIT, 2, {
+        "group_id": group_id, "generation_id_or_member_epoch": -1, "member_id": "",
+        "retention_time_ms": -1, "topics": [{"name": TOPIC, "partitions": [
+            {"partition_index": 0, "committed_offset": 0, "committed_metadata": None}]}]})
+    code: ErrorCode = answer.topics[0].partitions[0].error_code
+    return code
+
+
+GROUPS_FAST = ("group_min_session_timeout_s = 1.0\ngroup_initial_rebalance_delay_s = 0.0\n"
+               "upkeep_interval_s = 0.2\n")
+
+
+def test_pending_member_ids_and_empty_groups_expire(tmp_path: Path) -> None:
+    """5,000 JoinGroups with an empty member id, each for a new group (Kafka's first
+    step of a join, MEMBER_ID_REQUIRED), whose clients never come back. Kafka forgets a
+    pending member id after its session timeout and removes a group left empty with
+    no committed offsets; so does compactlog now: after the session timeout (1 s here)
+    ListGroups lists only the group that has committed offsets. Before: all 5,001 stayed
+    until a restart, and a pending id could still join long after."""
+    names = [f"g{number:05d}" for number in range(5_000)]
+    with hostile_server(tmp_path, GROUPS_FAST) as hostile, \
+            Wire(hostile.address(), timeout=60) as wire:
+        answers = joins(wire, names)
+        assert {a.error_code for a in answers} == {ErrorCode.member_id_required}
+        assert commit_offset(wire, "kept") == ErrorCode.none
+        assert listed_groups(wire) == {*names, "kept"}
+        time.sleep(2.5)  # the session timeout, and a few upkeep rounds
+        assert listed_groups(wire) == {"kept"}
+        # The pending id expired: coming back with it is an unknown member, as in Kafka.
+        late = wire.call(JOIN_GROUP, 5, join_frame_fields(names[0], answers[0].member_id))
+        assert late.error_code == ErrorCode.unknown_member_id
+
+
+def join_frame_fields(group_id: str, member_id: str) -> dict[str, Any]:
+    return {"group_id": group_id, "member_id": member_id, "group_instance_id": None,
+            "session_timeout": timedelta(seconds=1), "rebalance_timeout": timedelta(seconds=1),
+            "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b"\0\0\0\0\0\0\0\0\0\0"}]}
+
+
+def test_a_server_holds_at_most_max_groups(tmp_path: Path) -> None:
+    """With max_groups = 100, JoinGroups and offset commits for 150 new groups: the
+    first 100 are served, the others get COORDINATOR_NOT_AVAILABLE (retriable: groups
+    expire) and the server logs why, naming the setting. Groups it holds go on being
+    served. Before: no bound (80,000 groups held 72 MiB until a restart)."""
+    names = [f"g{number:03d}" for number in range(150)]
+    with hostile_server(tmp_path, GROUPS_FAST + "max_groups = 100\n") as hostile, \
+            Wire(hostile.address(), timeout=60) as wire:
+        mark = hostile.server.mark()
+        answers = joins(wire, names[:120])
+        codes = [a.error_code for a in answers]
+        assert codes == ([ErrorCode.member_id_required] * 100
+                         + [ErrorCode.coordinator_not_available] * 20)
+        assert commit_offset(wire, names[140]) == ErrorCode.coordinator_not_available
+        assert commit_offset(wire, names[0]) == ErrorCode.none  # a group it holds
+        hostile.server.wait_for_log(r"max_groups \(100\)", mark)
+        assert len(listed_groups(wire)) == 100

@@ -45,7 +45,7 @@ from compactlog.server.connections import (
     data_file_cap,
 )
 from compactlog.server.errors import error_message
-from compactlog.server.groups import MAX_SESSION_TIMEOUT_S, MIN_SESSION_TIMEOUT_S
+from compactlog.server.groups import MAX_GROUPS, MAX_SESSION_TIMEOUT_S, MIN_SESSION_TIMEOUT_S
 from compactlog.server.handlers import register_all
 from compactlog.server.info import ServerInfo
 from compactlog.server.info import remove as remove_server_info
@@ -121,6 +121,9 @@ class ServerConfig:
     # with a session timeout outside them gets INVALID_SESSION_TIMEOUT.
     group_min_session_timeout_s: float = MIN_SESSION_TIMEOUT_S
     group_max_session_timeout_s: float = MAX_SESSION_TIMEOUT_S
+    # Groups held at once, and member ids handed out and not yet used: past either a
+    # request that would make one more gets COORDINATOR_NOT_AVAILABLE.
+    max_groups: int = MAX_GROUPS
     # On SIGTERM, how long requests in flight (a long-polling Fetch, an fsync) may take
     # to be answered before their connections are closed anyway.
     shutdown_grace_s: float = 5.0
@@ -161,7 +164,7 @@ class ServerConfig:
         for name in ("max_connections", "max_connections_per_ip", "max_open_data_files",
                      "max_request_bytes", "queued_max_request_bytes",
                      "queued_max_unauthenticated_bytes", "max_uncompressed_batch_bytes",
-                     "fetch_max_bytes"):
+                     "fetch_max_bytes", "max_groups"):
             value = getattr(self, name)
             if value < 1:
                 raise UserError(f"{name} must be at least 1, got {value}")
@@ -304,7 +307,8 @@ class Server:
             fetch_max_bytes=self.config.fetch_max_bytes,
             sasl_users=self.sasl_users,
             session_timeout_bounds_s=(self.config.group_min_session_timeout_s,
-                                      self.config.group_max_session_timeout_s))
+                                      self.config.group_max_session_timeout_s),
+            max_groups=self.config.max_groups)
         self.broker.metrics = self.metrics
         register_all(self.broker)
         for key in self.broker.apis:  # every API served shows, at 0 until used

@@ -24,6 +24,7 @@ from compactlog.errors import ConflictError
 from compactlog.server import listeners
 from compactlog.server.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 from compactlog.server.groups import (
+    MAX_GROUPS,
     MAX_SESSION_TIMEOUT_S,
     MIN_SESSION_TIMEOUT_S,
     GroupCoordinator,
@@ -69,7 +70,8 @@ class Broker:
                  fetch_max_bytes: int = FETCH_MAX_BYTES,
                  sasl_users: SaslUsers | None = None,
                  session_timeout_bounds_s: tuple[float, float] = (
-                     MIN_SESSION_TIMEOUT_S, MAX_SESSION_TIMEOUT_S)) -> None:
+                     MIN_SESSION_TIMEOUT_S, MAX_SESSION_TIMEOUT_S),
+                 max_groups: int = MAX_GROUPS) -> None:
         self.store = store
         # The most records a Fetch response holds (the first batch always goes whole).
         self.fetch_max_bytes = fetch_max_bytes
@@ -82,7 +84,7 @@ class Broker:
         self.allowed_functions = allowed_functions
         self.groups = GroupCoordinator(
             offset_files_of(store.location, store.data_dir, store.lease),
-            initial_rebalance_delay_s, *session_timeout_bounds_s)
+            initial_rebalance_delay_s, *session_timeout_bounds_s, max_groups)
         # Idempotent producers: ids, and each partition's sequence state (producers.py).
         self.producers = ProducerStates(
             DocumentIdAllocator(state(ID_DOCUMENT)) if store.location.is_s3
