@@ -8,6 +8,7 @@ Each test names the numbers measured before its fix in its docstring.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from datetime import timedelta
@@ -16,9 +17,11 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from conftest import TESTS_DIR
 from hostile_support import JOIN_GROUP, METADATA, TOPIC, hostile_server
 from process_usage import Usage
 from test_hostile_requests import AUTHORIZER_ON
+from test_server_admin import get, http, wait_until
 from test_server_bad_input import Wire, request_frame
 
 # -- item 7: lookups by topic id -----------------------------------------------------------
@@ -171,3 +174,47 @@ def test_a_server_holds_at_most_max_groups(tmp_path: Path) -> None:
         assert commit_offset(wire, names[0]) == ErrorCode.none  # a group it holds
         hostile.server.wait_for_log(r"max_groups \(100\)", mark)
         assert len(listed_groups(wire)) == 100
+
+
+# -- item 12: compactions asked for over the admin API ----------------------------------
+
+
+def children(pid: int) -> set[int]:
+    """The server's child processes (compaction workers)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as listed:
+        return {int(child) for child in listed.read().split()}
+
+
+def test_admin_compactions_count_against_max_concurrent_runs(tmp_path: Path) -> None:
+    """A principal with ALTER on a 4-partition topic asks for a compaction of each
+    partition at once; max_concurrent_runs is 1. The first runs, the others get 429
+    with a message naming the limit and the run in the way, and the warm pool never
+    holds more workers than max_concurrent_runs. Once that run is over, the next is
+    taken, by the same warm worker. Before: four 202s and four compaction processes at
+    once (16 on a 16-partition topic, each a JVM with Spark)."""
+    settings = ("[compaction]\nenabled = false\nmax_concurrent_runs = 1\n"
+                "keep_warm_s = 60.0\nservice = \"slow_compaction:SlowFactory\"\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+           "COMPACTLOG_TEST_COMPACTION_SLEEP_S": "3"}
+    with hostile_server(tmp_path, settings, admin=True, partitions=4,
+                        topic_config={"cleanup.policy": "compact"}, env=env) as hostile:
+        url = f"{hostile.server.admin_url}/v1/topics/{TOPIC}/compaction"
+        answers = [http("POST", url, {"partitions": [index]}) for index in range(4)]
+        assert [status for status, _ in answers] == [202, 429, 429, 429], answers
+        first = answers[0][1]["id"]
+        refused = answers[1][1]
+        assert "max_concurrent_runs (1)" in refused["error"], refused
+        assert refused["runs"] == [first]
+        seen: set[int] = set()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            seen |= children(hostile.pid)
+            time.sleep(0.05)
+        assert len(seen) == 1, f"{len(seen)} compaction processes"
+        done = wait_until(lambda: (r := get(hostile.server, f"/v1/compactions/{first}"))
+                          ["state"] != "RUNNING" and r, "the first run", timeout=60)
+        assert done["state"] == "SUCCESS", done
+        status, second = http("POST", url, {"partitions": [1]})
+        assert status == 202, second
+        assert children(hostile.pid) <= seen  # the warm worker took it
+

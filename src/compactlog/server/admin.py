@@ -6,13 +6,17 @@
   GET  /v1/topics/{topic}                one topic: config and partitions
   GET  /v1/topics/{topic}/compaction     per-partition compaction status, with failures
   POST /v1/topics/{topic}/compaction     start a run; body {"partitions": [0, 2]} optional.
-                                         202 with the run; 409 if one is going on
+                                         202 with the run; 409 if one is going on on
+                                         these partitions; 429 if max_concurrent_runs
+                                         runs are going
   GET  /v1/compactions                   recent runs, newest first
   GET  /v1/compactions/{id}              one run, with its report once finished
 
 Errors are JSON, {"error": "..."}, with 400 (bad request), 401 (no valid principal),
-403 (the principal may not), 404 (unknown topic, partition or run) or 409 (a compaction
-is already running). Store reads run off the event loop.
+403 (the principal may not), 404 (unknown topic, partition or run), 409 (a compaction
+of those partitions is already running) or 429 (the server runs as many compactions as
+max_concurrent_runs allows; with "runs", the ones going, and Retry-After). Store reads
+run off the event loop.
 
 Authorization (server/admin_auth.py establishes the principal): with the authorizer on,
 each route needs what the Kafka listener would need for the same thing: DESCRIBE on a
@@ -43,6 +47,7 @@ from compactlog.errors import (
 )
 from compactlog.server.acl import CLUSTER_NAME, Operation, ResourceType
 from compactlog.server.admin_auth import AdminAuth, Forbidden, TokenFile, Unauthenticated
+from compactlog.server.cleaner import RunsFullError
 from compactlog.server.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -210,6 +215,9 @@ class AdminServer:
             runs = [r.job.id for r in self.server.cleaner.running()
                     if r.job.topic == name and set(r.job.partitions) & set(error.partitions)]
             return _json({"error": str(error), "runs": runs}, status=409)
+        except RunsFullError as error:
+            return _json({"error": str(error), "runs": error.running}, status=429,
+                         headers={"Retry-After": "10"})
         return _json(record.to_json(), status=202,
                      headers={"Location": f"/v1/compactions/{record.job.id}"})
 
