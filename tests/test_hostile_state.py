@@ -17,6 +17,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from compactlog.storage.store import LogStore
 from conftest import TESTS_DIR
 from hostile_support import JOIN_GROUP, METADATA, TOPIC, hostile_server
 from process_usage import Usage
@@ -218,3 +219,57 @@ def test_admin_compactions_count_against_max_concurrent_runs(tmp_path: Path) -> 
         assert status == 202, second
         assert children(hostile.pid) <= seen  # the warm worker took it
 
+
+# -- item 13: the open-file budget, at CreateTopics and at start ---------------------------
+
+CREATE_TOPICS = 19
+
+
+def create_topic_frame(name: str, partitions: int) -> bytes:
+    return request_frame(CREATE_TOPICS, 5, {
+        "topics": [{"name": name, "num_partitions": partitions, "replication_factor": 1,
+                    "assignments": [], "configs": []}],
+        "timeout": timedelta(seconds=30), "validate_only": False})
+
+
+def test_a_create_topics_over_the_open_file_budget_is_refused_before_anything_is_written(
+        tmp_path: Path) -> None:
+    """Under an open-file limit of 256, each partition holding its active log file open,
+    a CreateTopics of 300 partitions is refused with POLICY_VIOLATION (Kafka's answer
+    to a request for too many partitions) and a message naming the limit, before
+    anything is written; a smaller one is made as usual, and the server stops cleanly.
+    Before: the topic was written, then answered KAFKA_STORAGE_ERROR (56, too many open
+    files) yet left on disk, and the server exited with an error on SIGTERM."""
+    with hostile_server(tmp_path, open_files=256) as hostile, \
+            Wire(hostile.address(), timeout=60) as wire:
+        wire.send(create_topic_frame("big", 300))
+        _, body = wire.response(CREATE_TOPICS, 5)
+        [answer] = body.topics
+        assert answer.error_code == ErrorCode.policy_violation, answer
+        assert "open-file limit" in answer.error_message, answer.error_message
+        assert not (hostile.data_dir / "topics" / "big").exists()
+        assert list((hostile.data_dir / "staging").iterdir()) == []
+        wire.send(create_topic_frame("small", 8))
+        _, body = wire.response(CREATE_TOPICS, 5)
+        assert body.topics[0].error_code == ErrorCode.none, body.topics[0]
+    # hostile_server checked that the server exited 0 on SIGTERM.
+
+
+def test_a_topic_that_cannot_be_opened_does_not_stop_the_server(tmp_path: Path) -> None:
+    """A compacted topic of 300 partitions made while the open-file limit was higher;
+    the server now starts under a limit of 256. It starts, serves the other topics,
+    answers for that one with KAFKA_STORAGE_ERROR and a log line saying why, and stops
+    with exit code 0. Before: the server could not start (opening every compacted
+    topic at start failed with too many open files)."""
+    data = tmp_path / "data"
+    with LogStore.open(data) as store:
+        store.create_topic("big", 300, {"cleanup.policy": "compact"})
+    with hostile_server(tmp_path, open_files=256) as hostile, \
+            Wire(hostile.address(), timeout=60) as wire:
+        body = wire.call(METADATA, 12, {"topics": [{"name": TOPIC, "topic_id": None},
+                                                   {"name": "big", "topic_id": None}],
+                                        "allow_auto_topic_creation": False})
+        codes = {t.name: t.error_code for t in body.topics}
+        assert codes == {TOPIC: ErrorCode.none, "big": ErrorCode.kafka_storage_error}
+        hostile.server.wait_for_log(r"big.*open-file limit", 0)
+        hostile.server.assert_running()

@@ -43,6 +43,7 @@ from compactlog.server.connections import (
     Frame,
     connection_cap,
     data_file_cap,
+    partition_budget,
 )
 from compactlog.server.errors import error_message
 from compactlog.server.groups import MAX_GROUPS, MAX_SESSION_TIMEOUT_S, MIN_SESSION_TIMEOUT_S
@@ -224,6 +225,10 @@ class Server:
     def _prepare(self, config: ServerConfig) -> None:
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
+        # Each open partition keeps its log file open: creates and opens past what the
+        # open-file limit leaves for them are refused (store.py, PartitionBudgetError).
+        self.store.max_open_partitions = partition_budget(self.max_open_data_files)
+        self._check_partition_budget()
         self.store.max_uncompressed_batch_bytes = config.max_uncompressed_batch_bytes
         self._upkeep_rounds = Upkeep(self.store)
         self._upkeep_failures = Throttle(60.0)
@@ -251,6 +256,17 @@ class Server:
         # Set when this server lost its writer lease (another server took over): it
         # serves nothing more, and serve_forever steps it down to stand by again.
         self.lease_lost = asyncio.Event()
+
+    def _check_partition_budget(self) -> None:
+        budget = self.store.max_open_partitions
+        if budget is None:
+            return
+        held = self.store.partition_count()
+        if held > budget:
+            log.warning("the topics hold %d partitions, more than the %d the open-file "
+                        "limit (RLIMIT_NOFILE) leaves for them; topics past it cannot be "
+                        "opened and are answered with KAFKA_STORAGE_ERROR: raise the limit "
+                        "(ulimit -n, LimitNOFILE=)", held, budget)
 
     def _open_store(self) -> LogStore:
         """Open the store; on an object store whose writer lease another server holds,
@@ -391,9 +407,7 @@ class Server:
         # Parquet segments and the active log (a rolled log would be sealed on the
         # next open anyway; doing it now keeps start-up fast).
         if self.store.lease_lost is None:
-            for name in self.store.list_topics():
-                for partition in self.store.topic(name).partitions:
-                    partition.seal_rolled()
+            self._seal_rolled_at_stop()
         # else: the partitions are another server's now; what this one did not upload
         # is set aside when a writer opens this local directory again (recovery.py).
         remove_server_info(self.config.data_dir)
@@ -404,6 +418,24 @@ class Server:
                      "the writer lease)")
         else:
             log.info("server stopped; everything acknowledged is flushed")
+
+    def _seal_rolled_at_stop(self) -> None:
+        """Seal every open partition's rolled logs; a topic or partition that fails (one
+        that could never be opened, a damaged file) is logged and stops nothing: its logs
+        stay, and the next start seals them."""
+        for name in self.store.list_topics():
+            try:
+                partitions = self.store.topic(name).partitions
+            except Exception as error:
+                log.error("stopping: topic %s cannot be opened, so its rolled logs stay "
+                          "for the next start: %s", name, error_message(error))
+                continue
+            for partition in partitions:
+                try:
+                    partition.seal_rolled()
+                except Exception as error:
+                    log.error("stopping: sealing %s failed; its logs stay for the next "
+                              "start: %s", partition.name, error_message(error))
 
     async def _upkeep_loop(self) -> None:
         assert self.broker is not None

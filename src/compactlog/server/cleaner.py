@@ -35,7 +35,7 @@ from compactlog.compaction.scheduler import (
     SchedulerPolicy,
 )
 from compactlog.compaction.status import is_locked, read_status
-from compactlog.errors import InvalidConfigError, UserError
+from compactlog.errors import CompactlogError, InvalidConfigError, UserError
 from compactlog.server.code_policy import check_strategy
 from compactlog.server.compaction_processes import (
     Outcome,
@@ -45,7 +45,7 @@ from compactlog.server.compaction_processes import (
 )
 from compactlog.server.metrics import ServerMetrics
 from compactlog.storage.partition import Partition
-from compactlog.storage.store import LogStore
+from compactlog.storage.store import LogStore, Topic
 
 log = logging.getLogger("compactlog.cleaner")
 RunIo = Callable[..., Awaitable[Any]]
@@ -193,8 +193,8 @@ class Cleaner:
     def _restore_failures(self) -> None:
         """Failures recorded in status files before a restart keep their backoff."""
         for name in self.store.list_topics():
-            topic = self.store.topic(name)
-            if not topic.config.compacted:
+            topic = self._topic(name)
+            if topic is None or not topic.config.compacted:
                 continue
             for partition in topic.partitions:
                 status = read_status(partition.directory)
@@ -211,8 +211,8 @@ class Cleaner:
         now_ms = int(self.clock() * 1000)
         loads = []
         for name in self.store.list_topics():
-            topic = self.store.topic(name)
-            if not topic.config.compacted:
+            topic = self._topic(name)
+            if topic is None or not topic.config.compacted:
                 continue
             for partition in topic.partitions:
                 if is_locked(partition.directory):
@@ -224,6 +224,15 @@ class Cleaner:
                 except Exception:
                     log.exception("%s: could not measure for compaction", partition.name)
         return loads
+
+    def _topic(self, name: str) -> Topic | None:
+        """The topic, or None when it cannot be opened (a damaged file, the open-file
+        limit): upkeep logs that once a minute, and the other topics go on."""
+        try:
+            return self.store.topic(name)
+        except (OSError, CompactlogError) as error:
+            log.debug("compaction: topic %s cannot be opened: %s", name, error)
+            return None
 
     async def tick(self) -> None:
         """Start the runs that are due; called by the server's upkeep loop."""

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from compactlog.errors import CompactlogError
 from compactlog.server.wire import view_start_offset
 
 if TYPE_CHECKING:
@@ -156,7 +157,10 @@ class StateCollector(Collector):
                                         labels=["topic", "partition"])
         ends: dict[tuple[str, int], int] = {}
         for name in self.store.list_topics():
-            topic = self.store.topic(name)
+            try:
+                topic = self.store.topic(name)
+            except (OSError, CompactlogError):
+                continue  # cannot be opened (upkeep logs why): the others are shown
             for partition in topic.partitions:
                 labels = [name, str(partition.index)]
                 stats = partition.stats()

@@ -8,19 +8,23 @@ it, in the order first named, as Kafka answers the set of topics asked for
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from compactlog.errors import UnknownTopicError
+from compactlog.errors import CompactlogError, UnknownTopicError
 from compactlog.server import authz
 from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
+from compactlog.server.errors import error_code, error_message
 from compactlog.server.protocol import Request, api_version_entries
+from compactlog.server.throttle import held_back
 from compactlog.storage.store import Topic
 
 API_VERSIONS, METADATA = 18, 3
+log = logging.getLogger("compactlog.server")
 
 
 def register(broker: Broker) -> None:
@@ -98,6 +102,16 @@ def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
         except UnknownTopicError:
             # No auto-creation: a compacted topic needs its config chosen up front.
             topics.append({"error_code": ErrorCode.unknown_topic_or_partition, "name": name,
+                           "topic_id": uuid.UUID(int=0), "partitions": []})
+            continue
+        except (OSError, CompactlogError) as error:
+            # A topic that cannot be opened (a damaged file, the open-file limit) is
+            # answered with its error; the others as usual.
+            held = broker.failure_log.allow(("metadata", name))
+            if held is not None:
+                log.error("Metadata: topic %s cannot be opened: %s%s", name,
+                          error_message(error), held_back(held))
+            topics.append({"error_code": error_code(error), "name": name,
                            "topic_id": uuid.UUID(int=0), "partitions": []})
             continue
         topics.append({
