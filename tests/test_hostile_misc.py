@@ -7,6 +7,8 @@ Each test names what happened before its fix in its docstring.
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
@@ -42,3 +44,41 @@ def test_a_refused_function_strategy_does_not_echo_the_allow_list(tmp_path: Path
         assert "compaction.allowed_strategy_functions" in answer.error_message
         assert "acme_internal" not in answer.error_message, answer.error_message
         assert not (hostile.data_dir / "topics" / "x").exists()
+
+
+# -- the admin API's tokens file fails closed ----------------------------------------------
+
+
+def admin_get(url: str, token: str | None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+def test_a_missing_or_unreadable_tokens_file_revokes_every_token(tmp_path: Path) -> None:
+    """The admin API's bearer tokens live in a file read again when it changes.
+    Deleting it, or putting something unreadable in its place, must revoke the tokens
+    (fail closed) as emptying it does, with a log line saying why; restoring it
+    restores them. Before: the tokens read earlier stayed valid ("keeping the tokens
+    read before")."""
+    tokens = tmp_path / "admin-tokens"
+    tokens.write_text("User:ops ops-token-0123456789\n")
+    settings = f'[authorization]\nadmin_tokens_file = "{tokens}"\n'
+    with hostile_server(tmp_path, settings, admin=True) as hostile:
+        url = f"{hostile.server.admin_url}/v1/topics"
+        assert admin_get(url, "ops-token-0123456789") == 200
+        assert admin_get(url, None) == 401
+        mark = hostile.server.mark()
+        tokens.unlink()
+        assert admin_get(url, "ops-token-0123456789") == 401
+        hostile.server.wait_for_log(r"admin tokens file .*: .*no token is valid", mark)
+        tokens.mkdir()  # unreadable as a file, even to root
+        assert admin_get(url, "ops-token-0123456789") == 401
+        tokens.rmdir()
+        tokens.write_text("User:ops ops-token-0123456789\n")
+        assert admin_get(url, "ops-token-0123456789") == 200
+        assert "ops-token-0123456789" not in hostile.server.log()

@@ -18,6 +18,10 @@ name the principal and the route only.
 The tokens file: one `PRINCIPAL TOKEN` pair a line (`User:ops 6f1c...`), blank lines
 and lines starting with `#` ignored. It is read again when it changes, so tokens are
 added and revoked without a restart; it should be readable by the server's user only.
+It fails closed: while it is missing or unreadable no token is valid, as when it is
+emptied (a WARNING says why, at most once a minute). A file that reads but has a
+malformed line keeps the tokens read before it (a half-saved edit must not lock every
+operator out), with a WARNING naming the line. A bad file at start stops the server.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 from compactlog.errors import UserError
 from compactlog.server.acl import ANONYMOUS, AclError, check_principal
+from compactlog.server.throttle import Throttle, held_back
 from compactlog.server.tls import certificate_principal
 
 log = logging.getLogger("compactlog.admin")
@@ -48,6 +53,10 @@ class Forbidden(Exception):
     """403: the principal may not do this; the message is safe to show."""
 
 
+class _Unreadable(UserError):
+    """The tokens file is missing or cannot be read."""
+
+
 @dataclass(frozen=True)
 class _Loaded:
     stamp: tuple[int, int, int]
@@ -60,18 +69,24 @@ class TokenFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._loaded: _Loaded | None = None
+        self._warnings = Throttle(60.0)
         self._load()  # a bad file stops the server at start, not at the first request
 
     def _load(self) -> tuple[tuple[bytes, str], ...]:
         try:
             stat = os.stat(self.path)
         except OSError as error:
-            raise UserError(f"admin tokens file {self.path}: {error.strerror}") from None
+            raise _Unreadable(f"admin tokens file {self.path}: {error.strerror}") from None
         stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if self._loaded is not None and self._loaded.stamp == stamp:
             return self._loaded.tokens
+        try:
+            text = self.path.read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) else "not UTF-8"
+            raise _Unreadable(f"admin tokens file {self.path}: {reason}") from None
         tokens = []
-        for number, line in enumerate(self.path.read_text().splitlines(), 1):
+        for number, line in enumerate(text.splitlines(), 1):
             text = line.strip()
             if not text or text.startswith("#"):
                 continue
@@ -93,9 +108,20 @@ class TokenFile:
     def principal_of(self, token: str) -> str | None:
         try:
             tokens = self._load()
+        except _Unreadable as error:
+            # Deleted or unreadable while serving: no token is valid (fail closed:
+            # deleting the file revokes them, as emptying it does).
+            self._loaded = None
+            held = self._warnings.allow("unreadable")
+            if held is not None:
+                log.warning("%s; no token is valid until it can be read%s", error,
+                            held_back(held))
+            tokens = ()
         except UserError as error:
-            # A file broken while serving: keep the last good tokens, say why.
-            log.warning("%s; keeping the tokens read before", error)
+            # A malformed line (a half-saved edit): keep the last good tokens, say why.
+            held = self._warnings.allow("malformed")
+            if held is not None:
+                log.warning("%s; keeping the tokens read before%s", error, held_back(held))
             tokens = self._loaded.tokens if self._loaded is not None else ()
         given = token.encode()
         found = None
