@@ -14,7 +14,8 @@ from pathlib import Path
 
 from kio.schema.errors import ErrorCode
 
-from hostile_support import hostile_server
+from hostile_support import TOPIC, hostile_server
+from kafka_server import logged_server
 from test_server_bad_input import Wire, request_frame
 
 CREATE_TOPICS = 19
@@ -82,3 +83,70 @@ def test_a_missing_or_unreadable_tokens_file_revokes_every_token(tmp_path: Path)
         tokens.write_text("User:ops ops-token-0123456789\n")
         assert admin_get(url, "ops-token-0123456789") == 200
         assert "ops-token-0123456789" not in hostile.server.log()
+
+
+# -- names: full matches, and group ids as file names ----------------------------------------
+
+OFFSET_COMMIT, OFFSET_FETCH = 8, 9
+
+
+def commit(wire: Wire, group_id: str, offset: int) -> ErrorCode:
+    answer = wire.call(OFFSET_COMMIT, 2, {
+        "group_id": group_id, "generation_id_or_member_epoch": -1, "member_id": "",
+        "retention_time_ms": -1, "topics": [{"name": TOPIC, "partitions": [
+            {"partition_index": 0, "committed_offset": offset,
+             "committed_metadata": None}]}]})
+    code: ErrorCode = answer.topics[0].partitions[0].error_code
+    return code
+
+
+def committed(wire: Wire, group_id: str) -> int:
+    answer = wire.call(OFFSET_FETCH, 1, {"group_id": group_id, "topics": [
+        {"name": TOPIC, "partition_indexes": [0]}]})
+    offset: int = answer.topics[0].partitions[0].committed_offset
+    return offset
+
+
+def test_a_topic_name_ending_in_a_newline_is_refused(tmp_path: Path) -> None:
+    """Topic names are checked with a full match: `$` also matches before a final
+    newline, so "orders\\n" passed the check and became a directory whose name ends in a
+    newline, and log lines that named it were split. Before: created."""
+    with hostile_server(tmp_path) as hostile, Wire(hostile.address()) as wire:
+        answer = create_topic(wire, "orders\n", {})
+        assert answer.error_code == ErrorCode.invalid_topic_exception, answer
+        assert not (hostile.data_dir / "topics" / "orders\n").exists()
+
+
+def test_group_ids_that_look_like_temp_files_or_are_long_keep_their_offsets(
+        tmp_path: Path) -> None:
+    """Committed offsets live in one file per group, named after the group id. A group
+    named ".tmp-orders" had the name of a temporary file, which the next start deletes;
+    a group id of 300 characters made a file name longer than the file system allows.
+    Both now commit, and find their offsets again after a restart. Before: ".tmp-orders"
+    lost its offsets at the restart, and the long id could never commit
+    (KAFKA_STORAGE_ERROR, file name too long)."""
+    groups = {".tmp-orders": 5, "g" * 300: 7, "é" * 200: 9, "plain": 11}
+    with hostile_server(tmp_path) as hostile, Wire(hostile.address()) as wire:
+        for group_id, offset in groups.items():
+            assert commit(wire, group_id, offset) == ErrorCode.none, group_id[:20]
+        data = hostile.data_dir
+    with logged_server(data, tmp_path / "again.log") as server, \
+            Wire(server.address) as wire:
+        assert {g: committed(wire, g) for g in groups} == groups
+
+
+def test_a_group_file_written_under_its_old_name_is_replaced(tmp_path: Path) -> None:
+    """A group id starting with '.' was written under its plain quoted name before; the
+    first write under the new name removes that file, so no restart loads both."""
+    import json
+
+    from compactlog.server.offset_files import LocalOffsetFiles
+
+    files = LocalOffsetFiles(tmp_path)
+    old = {"group_id": ".orders", "offsets": []}
+    (tmp_path / "groups" / ".orders.json").write_text(json.dumps(old))
+    assert files.load() == [old]
+    new = {"group_id": ".orders", "offsets": [{"topic": "t", "partition": 0, "offset": 3}]}
+    files.write(".orders", new)
+    assert [p.name for p in (tmp_path / "groups").iterdir()] == ["%2Eorders.json"]
+    assert files.load() == [new]

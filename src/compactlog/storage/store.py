@@ -60,7 +60,8 @@ from compactlog.storage.volume import Volume
 
 log = logging.getLogger(__name__)
 
-TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+# Matched whole (fullmatch): `$` would also match before a final newline.
+TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 MAX_PARTITIONS = 10_000
 DEFAULT_MAX_OPEN_FILES = 128
 # On an object store, how often the writer's upkeep looks for manifests that another
@@ -69,7 +70,7 @@ REMOTE_REFRESH_S = 5.0
 
 
 def is_topic_name(name: str) -> bool:
-    return name not in (".", "..") and TOPIC_NAME.match(name) is not None
+    return name not in (".", "..") and TOPIC_NAME.fullmatch(name) is not None
 
 
 def validate_topic_name(name: str) -> None:
