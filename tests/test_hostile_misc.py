@@ -7,6 +7,9 @@ Each test names what happened before its fix in its docstring.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -16,9 +19,10 @@ from kio.schema.errors import ErrorCode
 
 from hostile_support import TOPIC, hostile_server
 from kafka_server import logged_server
+from security_support import Pki, secured_server
 from test_server_bad_input import Wire, request_frame
 
-CREATE_TOPICS = 19
+CREATE_TOPICS, API_VERSIONS = 19, 18
 
 
 def create_topic(wire: Wire, name: str, configs: dict[str, str]) -> object:
@@ -150,3 +154,36 @@ def test_a_group_file_written_under_its_old_name_is_replaced(tmp_path: Path) -> 
     files.write(".orders", new)
     assert [p.name for p in (tmp_path / "groups").iterdir()] == ["%2Eorders.json"]
     assert files.load() == [new]
+
+
+# -- SIGHUP with a FIFO at the certificate path ------------------------------------------
+
+
+def test_sighup_with_a_fifo_at_the_certificate_path_does_not_hang(tmp_path: Path) -> None:
+    """SIGHUP reads the certificate files again. Someone who can write the certificate
+    directory puts a FIFO at the certificate's path: opening it for reading waits for a
+    writer that never comes. The reload now refuses what is not a regular file, and
+    reads the files off the event loop, so every listener keeps answering; the
+    certificate in use stays. Before: the event loop blocked in open(), and every
+    listener (and SIGTERM) hung until a writer opened the FIFO."""
+    pki = Pki(tmp_path / "pki")
+    with secured_server(tmp_path, pki, "SSL://127.0.0.1:0") as secured:
+        server = secured.server
+        cert = Path(str(pki.server.cert))
+        saved = cert.read_bytes()
+        cert.unlink()
+        os.mkfifo(cert)
+        mark = server.mark()
+        try:
+            server.process.send_signal(signal.SIGHUP)
+            server.wait_for_log("TLS reload failed", mark)
+            with Wire(server.address, timeout=5) as wire:
+                assert wire.call(API_VERSIONS, 3, {"client_software_name": "t",
+                                                   "client_software_version": "1"}
+                                 ).error_code == ErrorCode.none
+        finally:
+            with contextlib.suppress(OSError):  # a reader hangs on it before the fix
+                os.close(os.open(cert, os.O_WRONLY | os.O_NONBLOCK))
+            cert.unlink()
+            cert.write_bytes(saved)
+        assert "not a regular file" in server.log_since(mark)

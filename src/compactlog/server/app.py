@@ -356,12 +356,13 @@ class Server:
         log.info("data in %s; automatic compaction %s", self.config.data_dir,
                  "on" if self.config.compaction.enabled else "off")
 
-    def reload_tls(self) -> bool:
-        """SIGHUP: read the certificate, key and CA files again (server/tls.py)."""
+    def reload_tls(self) -> None:
+        """SIGHUP: read the certificate, key and CA files again, off the event loop
+        (server/tls.py)."""
         if self.tls is None:
             log.info("SIGHUP: no TLS settings to reload")
-            return False
-        return self.tls.reload()
+            return
+        self.tls.reload_in_background()
 
     @property
     def authorizer(self) -> Authorizer:
