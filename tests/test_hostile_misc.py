@@ -8,8 +8,10 @@ Each test names what happened before its fix in its docstring.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -18,7 +20,7 @@ from pathlib import Path
 from kio.schema.errors import ErrorCode
 
 from hostile_support import TOPIC, hostile_server
-from kafka_server import logged_server
+from kafka_server import COMPACTLOG, logged_server
 from security_support import Pki, secured_server
 from test_server_bad_input import Wire, request_frame
 
@@ -142,8 +144,6 @@ def test_group_ids_that_look_like_temp_files_or_are_long_keep_their_offsets(
 def test_a_group_file_written_under_its_old_name_is_replaced(tmp_path: Path) -> None:
     """A group id starting with '.' was written under its plain quoted name before; the
     first write under the new name removes that file, so no restart loads both."""
-    import json
-
     from compactlog.server.offset_files import LocalOffsetFiles
 
     files = LocalOffsetFiles(tmp_path)
@@ -187,3 +187,43 @@ def test_sighup_with_a_fifo_at_the_certificate_path_does_not_hang(tmp_path: Path
             cert.unlink()
             cert.write_bytes(saved)
         assert "not a regular file" in server.log_since(mark)
+
+
+# -- the credential files: private, and no deleted user's keys -----------------------------
+
+
+def modes(root: Path) -> dict[str, int]:
+    """Every directory and file under `root` (itself included), by relative path: its
+    permission bits."""
+    found = {".": root.stat().st_mode & 0o777}
+    for path in root.rglob("*"):
+        found[str(path.relative_to(root))] = path.stat().st_mode & 0o777
+    return found
+
+
+def test_credential_files_are_private_and_forget_deleted_users(tmp_path: Path) -> None:
+    """`<data>/security/` holds the SCRAM keys (which let their holder impersonate the
+    server to a client, and be attacked offline) and the decoy secret: it is made
+    0700, its files 0600, whatever the umask. A deleted user's keys leave every file,
+    the audit copies of earlier versions included. Before: 0755 and 0644 (world
+    readable under the usual umask), and the last 8 versions kept every deleted
+    user's StoredKey and ServerKey."""
+    with hostile_server(tmp_path, sasl=True) as hostile:
+        security = hostile.data_dir / "security"
+        document = json.loads((security / "scram" / "current.json").read_text())
+        keys = document["body"]["users"]["alice"]["SCRAM-SHA-256"]
+        found = modes(security)
+        assert {path: mode for path, mode in found.items()
+                if mode not in (0o700, 0o600)} == {}, found
+        assert all(mode == 0o700 for path, mode in found.items()
+                   if (security / path).is_dir())
+        result = subprocess.run([COMPACTLOG, "--data-dir", str(hostile.data_dir), "users",
+                                 "delete", "alice"], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        for path in (security / "scram").iterdir():
+            if path.is_file():
+                text = path.read_text()
+                assert keys["stored_key"] not in text and keys["server_key"] not in text, \
+                    f"{path.name} still holds alice's keys"
+        assert {p: m for p, m in modes(security).items() if m not in (0o700, 0o600)} == {}

@@ -43,6 +43,7 @@ from compactlog.storage.credentials import (
     ScramCredential,
     Users,
     credential_from_salted,
+    keep_private,
     salted_password,
 )
 from compactlog.storage.document import Document
@@ -129,6 +130,7 @@ class SaslUsers:
 
 def decoy_secret(document: Document) -> bytes:
     """The store's decoy secret, made and committed by the first server that asks."""
+    keep_private(document)
     for _ in range(2):
         snapshot = document.load()
         if snapshot is not None:

@@ -8,6 +8,9 @@ Invariants:
   keep, the salt, the iteration count, StoredKey = H(HMAC(SaltedPassword, "Client Key"))
   and ServerKey = HMAC(SaltedPassword, "Server Key"), per user and mechanism, as Kafka
   keeps them.
+- The document is private (`keep_private`): locally `security/` is 0700 and its files
+  0600, and no audit copy older than the current version is kept, so a deleted user's
+  keys are gone once the deletion is committed.
 - Every change is a compare-and-swap of the whole document: a change based on a version
   that is no longer current is retried on the new one, never written over it.
 - A reader sees a committed version: `lookup` stats current.json before each use and
@@ -117,6 +120,7 @@ class CredentialStore:
         `layout.state_document(DIRECTORY)`)."""
         self.document: Document = (LocalDocument(source / DIRECTORY)
                                    if isinstance(source, Path) else source)
+        keep_private(self.document)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._users: Users = {}
@@ -190,6 +194,19 @@ class CredentialStore:
 
         self.change(edit)
         return removed
+
+
+def keep_private(document: Document) -> None:
+    """A document of secrets under `security/`: locally, `security/` and below are
+    0700 and the files 0600; everywhere, only the current version's audit copy is kept
+    (`keep` 1, the least a torn current.json may fall back to), so that a deleted
+    user's keys leave the store with the next commit."""
+    document.keep = 1
+    if isinstance(document, LocalDocument):
+        directory = document.directory
+        root = next((parent for parent in (directory, *directory.parents)
+                     if parent.name == "security"), directory)
+        document.make_private(root)
 
 
 def _check_user(user: str) -> None:
