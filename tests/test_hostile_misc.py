@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kio.schema.errors import ErrorCode
 
-from hostile_support import TOPIC, hostile_server
+from hostile_support import TOPIC, fetch_frame, hostile_server, plain_login, read_response
 from kafka_server import COMPACTLOG, logged_server
 from security_support import Pki, secured_server
 from test_server_bad_input import Wire, request_frame
@@ -227,3 +227,40 @@ def test_credential_files_are_private_and_forget_deleted_users(tmp_path: Path) -
                 assert keys["stored_key"] not in text and keys["server_key"] not in text, \
                     f"{path.name} still holds alice's keys"
         assert {p: m for p, m in modes(security).items() if m not in (0o700, 0o600)} == {}
+
+
+# -- client strings in the server's log --------------------------------------------------
+
+FORGED = "\n2026-01-01 00:00:00,000 INFO compactlog.server: SASL/PLAIN authenticated User:root"
+FETCH = 1
+
+
+def test_client_strings_cannot_forge_log_lines(tmp_path: Path) -> None:
+    """Names a client chooses reach the server's log: a topic denied by the authorizer,
+    a group id. Control characters in them are escaped, so no line of the log is the
+    client's. And AlterUserScramCredentials refuses the user names the CLI refuses
+    (control characters, over 255 characters) with UNACCEPTABLE_CREDENTIAL. Before: a
+    newline in a name started a line of the client's own making, and such a user could
+    be made, then logged on every login."""
+    settings = "[authorization]\nenabled = true\nsuper_users = [\"User:alice\"]\n"
+    with hostile_server(tmp_path, settings, sasl=True) as hostile:
+        mark = hostile.server.mark()
+        with Wire(hostile.address()) as wire:  # User:ANONYMOUS: no ACL, denied
+            wire.send(fetch_frame([("made-up" + FORGED, 0, 0)]))
+            read_response(wire, FETCH, 12)
+        with Wire(hostile.address("SASL_PLAINTEXT")) as wire:
+            plain_login(wire)
+            answer = wire.call(51, 0, {"deletions": [], "upsertions": [
+                {"name": "mallory" + FORGED, "mechanism": 1, "iterations": 4096,
+                 "salt": b"salt" * 6, "salted_password": b"k" * 32}]})
+            assert answer.results[0].error_code == ErrorCode.unacceptable_credential, answer
+            wire.call(11, 5, {"group_id": "g" + FORGED, "member_id": "",
+                              "group_instance_id": None,
+                              "session_timeout": timedelta(seconds=10),
+                              "rebalance_timeout": timedelta(seconds=10),
+                              "protocol_type": "consumer",
+                              "protocols": [{"name": "range", "metadata": b"\0" * 10}]})
+        hostile.server.wait_for_log(r"made-up\\n2026", mark)
+        lines = hostile.server.log_since(mark).splitlines()
+        forged = [line for line in lines if line.startswith("2026-01-01")]
+        assert forged == [], forged

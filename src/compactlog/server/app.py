@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from compactlog.errors import DataDirLockedError, UserError
+from compactlog.server import logsafe
 from compactlog.server.admin import AdminServer
 from compactlog.server.authorizer import AuthorizationConfig, Authorizer
 from compactlog.server.broker import FETCH_MAX_BYTES, Broker
@@ -524,6 +525,7 @@ async def serve_forever(config: ServerConfig) -> None:
     server that loses its writer lease (another server took over after it stalled past
     the lease) stops serving, closes its connections so that clients go to the new
     owner, and stands by again, to take over when that one's lease ends."""
+    logsafe.install()  # client strings in messages cannot start lines of their own
     while True:
         try:
             lost = await _serve_once(config)

@@ -209,8 +209,15 @@ def keep_private(document: Document) -> None:
         document.make_private(root)
 
 
+def valid_user_name(user: str) -> bool:
+    """1 to 255 characters, none of them a control character (C0, DEL, C1, or a
+    Unicode line or paragraph separator)."""
+    return 0 < len(user) <= 255 and not any(
+        ord(c) < 32 or 0x7F <= ord(c) <= 0x9F or c in "\u2028\u2029" for c in user)
+
+
 def _check_user(user: str) -> None:
-    if not user or len(user) > 255 or any(ord(c) < 32 for c in user):
+    if not valid_user_name(user):
         raise UserError(f"a user name must be 1 to 255 printable characters, got {user!r}")
 
 
