@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -264,3 +265,41 @@ def test_client_strings_cannot_forge_log_lines(tmp_path: Path) -> None:
         lines = hostile.server.log_since(mark).splitlines()
         forged = [line for line in lines if line.startswith("2026-01-01")]
         assert forged == [], forged
+
+
+# -- /metrics with the authorizer on ------------------------------------------------------
+
+
+def scrape(url: str, token: str | None = None) -> str:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                timeout=30) as response:
+        return str(response.read().decode())
+
+
+def test_metrics_show_only_what_the_principal_may_describe(tmp_path: Path) -> None:
+    """With the authorizer on, /metrics (open to anyone by default, as /v1/health)
+    names topics and groups, their offsets and lag, only where the principal may
+    DESCRIBE them, as Metadata and ListGroups do: an anonymous scrape sees the topic
+    User:ANONYMOUS may describe and not the other; a scraper with a token for a super
+    user sees both. Server-wide figures are shown to every scrape. Before: every topic,
+    end offset and group lag, to anyone."""
+    tokens = tmp_path / "admin-tokens"
+    tokens.write_text("User:prometheus scrape-token-0123456789\n")
+    settings = ("[authorization]\nenabled = true\nsuper_users = [\"User:prometheus\"]\n"
+                f'admin_tokens_file = "{tokens}"\n')
+    with hostile_server(tmp_path, settings, admin=True, extra_topics=1) as hostile:
+        url = f"{hostile.server.admin_url}/metrics"
+        granted = subprocess.run(
+            [COMPACTLOG, "--data-dir", str(hostile.data_dir), "acls", "add", "--principal",
+             "User:ANONYMOUS", "--operation", "describe", "--topic", TOPIC],
+            capture_output=True, text=True, timeout=60)
+        assert granted.returncode == 0, granted.stderr
+        deadline = time.monotonic() + 10
+        while f'topic="{TOPIC}"' not in (text := scrape(url)):
+            assert time.monotonic() < deadline, "the ACL never took effect"
+            time.sleep(0.2)
+        assert 'topic="t0000"' not in text
+        assert "compactlog_server_requests_total" in text
+        everything = scrape(url, "scrape-token-0123456789")
+        assert f'topic="{TOPIC}"' in everything and 'topic="t0000"' in everything

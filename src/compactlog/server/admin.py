@@ -24,6 +24,9 @@ topic to see it, its compaction status or its runs (listings show only those), a
 DESCRIBE_CONFIGS to see its config, ALTER on the topic to start a compaction (as
 CreatePartitions needs ALTER on the topic: it changes how the topic is stored, not its
 records), and DESCRIBE on the cluster for /metrics and /v1/health unless they are open.
+With the authorizer on, /metrics, open or not, shows a topic's or a group's samples only
+to a principal that may DESCRIBE it (an open scrape without a token is User:ANONYMOUS);
+server-wide figures are shown to every scrape that may reach it.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from compactlog.errors import (
 from compactlog.server.acl import CLUSTER_NAME, Operation, ResourceType
 from compactlog.server.admin_auth import AdminAuth, Forbidden, TokenFile, Unauthenticated
 from compactlog.server.cleaner import RunsFullError
-from compactlog.server.metrics import CONTENT_TYPE
+from compactlog.server.metrics import CONTENT_TYPE, Visible
 
 if TYPE_CHECKING:
     from compactlog.server.app import Server
@@ -139,7 +142,20 @@ class AdminServer:
 
     async def metrics(self, request: web.Request) -> web.Response:
         self._require(request, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
-        body = await self.server.run_io(self.server.metrics.render)
+        visible: Visible | None = None
+        authorizer = self.server.authorizer
+        if authorizer.enabled:
+            # Topic and group samples name resources (and their offsets and lag): shown
+            # as Metadata and ListGroups show them, to a principal that may DESCRIBE.
+            principal = request["principal"] or self.auth.principal(request, required=False)
+            host = request.remote or ""
+            kinds = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP}
+
+            def visible(kind: str, name: str) -> bool:
+                return authorizer.authorize(principal, host, Operation.DESCRIBE,
+                                            kinds[kind], name, audit=False)
+
+        body = await self.server.run_io(self.server.metrics.render, visible)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def health(self, request: web.Request) -> web.Response:

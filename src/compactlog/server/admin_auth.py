@@ -11,7 +11,10 @@ that knows one, in order:
      not in the file is refused (401), never taken for anonymous;
   3. none: `User:ANONYMOUS`, as an unauthenticated Kafka client is, unless a tokens
      file is configured, which makes a principal required (401).
-`/metrics` and `/v1/health` skip both steps while `admin_open_health_and_metrics`.
+`/metrics` and `/v1/health` skip both steps while `admin_open_health_and_metrics`,
+except that with the authorizer on, /metrics shows the samples of a topic or group only
+to a principal that may DESCRIBE it (server/admin.py): there a request that proves no
+principal is User:ANONYMOUS, and a token it sends must be valid.
 Tokens are compared in constant time and never logged or echoed; log lines and errors
 name the principal and the route only.
 
@@ -152,7 +155,9 @@ class AdminAuth:
         self.tokens = tokens
         self.principal_sources = principal_sources
 
-    def principal(self, request: Any) -> str:
+    def principal(self, request: Any, required: bool = True) -> str:
+        """The request's principal; `required` False (an open path): User:ANONYMOUS
+        when it proves none, even with a tokens file (a token it sends must be valid)."""
         for source in self.principal_sources:
             found = source(request)
             if found is not None:
@@ -167,6 +172,6 @@ class AdminAuth:
             if principal is None:
                 raise Unauthenticated("the bearer token is not valid")
             return principal
-        if self.tokens is not None:
+        if self.tokens is not None and required:
             raise Unauthenticated("a bearer token is required (Authorization: Bearer TOKEN)")
         return ANONYMOUS
