@@ -2,11 +2,13 @@
 such a client sends.
 
 `hostile_server` starts a server on a fresh data directory holding topic `t` (one
-partition, with `records` records of `value_size` bytes written before it starts),
-with the settings given as TOML text, a PLAINTEXT listener and, with `sasl`, a
-SASL_PLAINTEXT one with user alice (and, with `admin`, the admin listener). Requests
-go out as raw kio frames through tests/test_server_bad_input.py's `Wire`; what they
-cost the server is read from /proc (tests/process_usage.py).
+partition unless `partitions` says more, with `records` records of `value_size` bytes
+written before it starts), with the settings given as TOML text, a PLAINTEXT listener
+and, with `sasl`, a SASL_PLAINTEXT one with user alice (and, with `admin`, the admin
+listener); `extra_topics` more one-partition topics t0000, t0001, ...; `open_files` the
+server's RLIMIT_NOFILE. Requests go out as raw kio frames through
+tests/test_server_bad_input.py's `Wire`; what they cost the server is read from /proc
+(tests/process_usage.py).
 """
 
 from __future__ import annotations
@@ -51,10 +53,14 @@ class Hostile:
 def hostile_server(tmp_path: Path, settings: str = "", sasl: bool = False,
                    records: int = 0, value_size: int = 100,
                    topic_config: dict[str, str] | None = None,
-                   admin: bool = False) -> Iterator[Hostile]:
+                   admin: bool = False, extra_topics: int = 0, partitions: int = 1,
+                   open_files: int | None = None,
+                   env: dict[str, str] | None = None) -> Iterator[Hostile]:
     data = tmp_path / "data"
     with LogStore.open(data) as store:
-        store.create_topic(TOPIC, 1, topic_config or {})
+        store.create_topic(TOPIC, partitions, topic_config or {})
+        for number in range(extra_topics):
+            store.create_topic(f"{TOPIC}{number:04d}", 1, {})
         batch = 200
         for first in range(0, records, batch):
             store.append(TOPIC, [ProducerRecord(b"k%d" % i, b"v" * value_size)
@@ -68,7 +74,8 @@ def hostile_server(tmp_path: Path, settings: str = "", sasl: bool = False,
     if admin:
         args += ["--admin-listen", "127.0.0.1:0"]
     log_path = tmp_path / f"server-{os.getpid()}-{time.monotonic_ns()}.log"
-    with logged_server(data, log_path, "--listen", "127.0.0.1:0", *args) as server:
+    with logged_server(data, log_path, "--listen", "127.0.0.1:0", *args,
+                       open_files=open_files, env=env) as server:
         yield Hostile(server, _listeners(data), data)
 
 

@@ -382,6 +382,7 @@ def test_concurrent_large_producers_all_complete_under_a_small_budget(
     ("fetch_max_bytes = -1\n", "fetch_max_bytes must be at least 1, got -1"),
     ("group_min_session_timeout_s = 60.0\ngroup_max_session_timeout_s = 30.0\n",
      "group_max_session_timeout_s (30.0) must be at least group_min_session_timeout_s (60.0)"),
+    ("max_groups = 0\n", "max_groups must be at least 1, got 0"),
 ])
 def test_serve_refuses_bad_limit_settings(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "server.toml"

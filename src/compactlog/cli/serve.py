@@ -54,6 +54,8 @@ from compactlog.server.tls import TlsSettings
 #   group_min_session_timeout_s = 6.0     # JoinGroup session timeouts outside these get
 #   group_max_session_timeout_s = 1800.0  # INVALID_SESSION_TIMEOUT
 #                                    # [group.min/max.session.timeout.ms]
+#   max_groups = 100000              # consumer groups held, and member ids handed out and
+#                                    # not used yet; past it: COORDINATOR_NOT_AVAILABLE
 #   shutdown_grace_s = 5.0           # on SIGTERM, time for requests in flight to be answered
 #
 #   [compaction]                     # automatic compaction (docs/server.md)
@@ -103,6 +105,7 @@ SETTINGS: dict[str, type] = {"listen": str, "admin_listen": str, "max_connection
                              "group_initial_rebalance_delay_s": float,
                              "group_min_session_timeout_s": float,
                              "group_max_session_timeout_s": float,
+                             "max_groups": int,
                              "shutdown_grace_s": float, "compaction": dict,
                              "listeners": list, "admin_tls": bool, "tls": dict,
                              "listener": dict, "sasl_failure_delay_s": float,

@@ -6,13 +6,17 @@
   GET  /v1/topics/{topic}                one topic: config and partitions
   GET  /v1/topics/{topic}/compaction     per-partition compaction status, with failures
   POST /v1/topics/{topic}/compaction     start a run; body {"partitions": [0, 2]} optional.
-                                         202 with the run; 409 if one is going on
+                                         202 with the run; 409 if one is going on on
+                                         these partitions; 429 if max_concurrent_runs
+                                         runs are going
   GET  /v1/compactions                   recent runs, newest first
   GET  /v1/compactions/{id}              one run, with its report once finished
 
 Errors are JSON, {"error": "..."}, with 400 (bad request), 401 (no valid principal),
-403 (the principal may not), 404 (unknown topic, partition or run) or 409 (a compaction
-is already running). Store reads run off the event loop.
+403 (the principal may not), 404 (unknown topic, partition or run), 409 (a compaction
+of those partitions is already running) or 429 (the server runs as many compactions as
+max_concurrent_runs allows; with "runs", the ones going, and Retry-After). Store reads
+run off the event loop.
 
 Authorization (server/admin_auth.py establishes the principal): with the authorizer on,
 each route needs what the Kafka listener would need for the same thing: DESCRIBE on a
@@ -20,6 +24,9 @@ topic to see it, its compaction status or its runs (listings show only those), a
 DESCRIBE_CONFIGS to see its config, ALTER on the topic to start a compaction (as
 CreatePartitions needs ALTER on the topic: it changes how the topic is stored, not its
 records), and DESCRIBE on the cluster for /metrics and /v1/health unless they are open.
+With the authorizer on, /metrics, open or not, shows a topic's or a group's samples only
+to a principal that may DESCRIBE it (an open scrape without a token is User:ANONYMOUS);
+server-wide figures are shown to every scrape that may reach it.
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ from compactlog.errors import (
 )
 from compactlog.server.acl import CLUSTER_NAME, Operation, ResourceType
 from compactlog.server.admin_auth import AdminAuth, Forbidden, TokenFile, Unauthenticated
-from compactlog.server.metrics import CONTENT_TYPE
+from compactlog.server.cleaner import RunsFullError
+from compactlog.server.metrics import CONTENT_TYPE, Visible
 
 if TYPE_CHECKING:
     from compactlog.server.app import Server
@@ -134,7 +142,20 @@ class AdminServer:
 
     async def metrics(self, request: web.Request) -> web.Response:
         self._require(request, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
-        body = await self.server.run_io(self.server.metrics.render)
+        visible: Visible | None = None
+        authorizer = self.server.authorizer
+        if authorizer.enabled:
+            # Topic and group samples name resources (and their offsets and lag): shown
+            # as Metadata and ListGroups show them, to a principal that may DESCRIBE.
+            principal = request["principal"] or self.auth.principal(request, required=False)
+            host = request.remote or ""
+            kinds = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP}
+
+            def visible(kind: str, name: str) -> bool:
+                return authorizer.authorize(principal, host, Operation.DESCRIBE,
+                                            kinds[kind], name, audit=False)
+
+        body = await self.server.run_io(self.server.metrics.render, visible)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def health(self, request: web.Request) -> web.Response:
@@ -210,6 +231,9 @@ class AdminServer:
             runs = [r.job.id for r in self.server.cleaner.running()
                     if r.job.topic == name and set(r.job.partitions) & set(error.partitions)]
             return _json({"error": str(error), "runs": runs}, status=409)
+        except RunsFullError as error:
+            return _json({"error": str(error), "runs": error.running}, status=429,
+                         headers={"Retry-After": "10"})
         return _json(record.to_json(), status=202,
                      headers={"Location": f"/v1/compactions/{record.job.id}"})
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from compactlog.errors import DataDirLockedError, UserError
+from compactlog.server import logsafe
 from compactlog.server.admin import AdminServer
 from compactlog.server.authorizer import AuthorizationConfig, Authorizer
 from compactlog.server.broker import FETCH_MAX_BYTES, Broker
@@ -43,9 +44,10 @@ from compactlog.server.connections import (
     Frame,
     connection_cap,
     data_file_cap,
+    partition_budget,
 )
 from compactlog.server.errors import error_message
-from compactlog.server.groups import MAX_SESSION_TIMEOUT_S, MIN_SESSION_TIMEOUT_S
+from compactlog.server.groups import MAX_GROUPS, MAX_SESSION_TIMEOUT_S, MIN_SESSION_TIMEOUT_S
 from compactlog.server.handlers import register_all
 from compactlog.server.info import ServerInfo
 from compactlog.server.info import remove as remove_server_info
@@ -62,6 +64,7 @@ from compactlog.server.protocol import (
 )
 from compactlog.server.request_budget import RequestBudget
 from compactlog.server.sasl import FailureDelay
+from compactlog.server.sasl_users import DECOY_DOCUMENT, SaslUsers, decoy_secret
 from compactlog.server.session import SaslGate, Session
 from compactlog.server.throttle import Throttle, held_back
 from compactlog.server.tls import ServerTls, TlsSettings
@@ -120,6 +123,9 @@ class ServerConfig:
     # with a session timeout outside them gets INVALID_SESSION_TIMEOUT.
     group_min_session_timeout_s: float = MIN_SESSION_TIMEOUT_S
     group_max_session_timeout_s: float = MAX_SESSION_TIMEOUT_S
+    # Groups held at once, and member ids handed out and not yet used: past either a
+    # request that would make one more gets COORDINATOR_NOT_AVAILABLE.
+    max_groups: int = MAX_GROUPS
     # On SIGTERM, how long requests in flight (a long-polling Fetch, an fsync) may take
     # to be answered before their connections are closed anyway.
     shutdown_grace_s: float = 5.0
@@ -160,7 +166,7 @@ class ServerConfig:
         for name in ("max_connections", "max_connections_per_ip", "max_open_data_files",
                      "max_request_bytes", "queued_max_request_bytes",
                      "queued_max_unauthenticated_bytes", "max_uncompressed_batch_bytes",
-                     "fetch_max_bytes"):
+                     "fetch_max_bytes", "max_groups"):
             value = getattr(self, name)
             if value < 1:
                 raise UserError(f"{name} must be at least 1, got {value}")
@@ -220,6 +226,10 @@ class Server:
     def _prepare(self, config: ServerConfig) -> None:
         # Appends never wait for Parquet: upkeep seals rolled segments in the background.
         self.store.auto_seal = False
+        # Each open partition keeps its log file open: creates and opens past what the
+        # open-file limit leaves for them are refused (store.py, PartitionBudgetError).
+        self.store.max_open_partitions = partition_budget(self.max_open_data_files)
+        self._check_partition_budget()
         self.store.max_uncompressed_batch_bytes = config.max_uncompressed_batch_bytes
         self._upkeep_rounds = Upkeep(self.store)
         self._upkeep_failures = Throttle(60.0)
@@ -231,8 +241,11 @@ class Server:
         self.listeners = [dataclasses.replace(listener)
                           for listener in config.kafka_listeners()]
         self.tls = ServerTls(config.tls) if config.tls is not None else None
-        self.sasl = SaslGate(CredentialStore(self.store.layout.state_document(
-                                 CREDENTIALS_DIR)),
+        # The SASL users, in memory: a login never waits for the store (sasl_users.py).
+        state = self.store.layout.state_document
+        self.sasl_users = SaslUsers(CredentialStore(state(CREDENTIALS_DIR)),
+                                    decoy_secret(state(DECOY_DOCUMENT)))
+        self.sasl = SaslGate(self.sasl_users,
                              FailureDelay(config.sasl_failure_delay_s,
                                           config.sasl_failure_delay_max_s), self.metrics)
         self.connections: Connections | None = None
@@ -244,6 +257,17 @@ class Server:
         # Set when this server lost its writer lease (another server took over): it
         # serves nothing more, and serve_forever steps it down to stand by again.
         self.lease_lost = asyncio.Event()
+
+    def _check_partition_budget(self) -> None:
+        budget = self.store.max_open_partitions
+        if budget is None:
+            return
+        held = self.store.partition_count()
+        if held > budget:
+            log.warning("the topics hold %d partitions, more than the %d the open-file "
+                        "limit (RLIMIT_NOFILE) leaves for them; topics past it cannot be "
+                        "opened and are answered with KAFKA_STORAGE_ERROR: raise the limit "
+                        "(ulimit -n, LimitNOFILE=)", held, budget)
 
     def _open_store(self) -> LogStore:
         """Open the store; on an object store whose writer lease another server holds,
@@ -298,8 +322,10 @@ class Server:
             authorization=self.config.authorization,
             allowed_functions=frozenset(self.config.compaction.allowed_strategy_functions),
             fetch_max_bytes=self.config.fetch_max_bytes,
+            sasl_users=self.sasl_users,
             session_timeout_bounds_s=(self.config.group_min_session_timeout_s,
-                                      self.config.group_max_session_timeout_s))
+                                      self.config.group_max_session_timeout_s),
+            max_groups=self.config.max_groups)
         self.broker.metrics = self.metrics
         register_all(self.broker)
         for key in self.broker.apis:  # every API served shows, at 0 until used
@@ -331,12 +357,13 @@ class Server:
         log.info("data in %s; automatic compaction %s", self.config.data_dir,
                  "on" if self.config.compaction.enabled else "off")
 
-    def reload_tls(self) -> bool:
-        """SIGHUP: read the certificate, key and CA files again (server/tls.py)."""
+    def reload_tls(self) -> None:
+        """SIGHUP: read the certificate, key and CA files again, off the event loop
+        (server/tls.py)."""
         if self.tls is None:
             log.info("SIGHUP: no TLS settings to reload")
-            return False
-        return self.tls.reload()
+            return
+        self.tls.reload_in_background()
 
     @property
     def authorizer(self) -> Authorizer:
@@ -382,9 +409,7 @@ class Server:
         # Parquet segments and the active log (a rolled log would be sealed on the
         # next open anyway; doing it now keeps start-up fast).
         if self.store.lease_lost is None:
-            for name in self.store.list_topics():
-                for partition in self.store.topic(name).partitions:
-                    partition.seal_rolled()
+            self._seal_rolled_at_stop()
         # else: the partitions are another server's now; what this one did not upload
         # is set aside when a writer opens this local directory again (recovery.py).
         remove_server_info(self.config.data_dir)
@@ -395,6 +420,24 @@ class Server:
                      "the writer lease)")
         else:
             log.info("server stopped; everything acknowledged is flushed")
+
+    def _seal_rolled_at_stop(self) -> None:
+        """Seal every open partition's rolled logs; a topic or partition that fails (one
+        that could never be opened, a damaged file) is logged and stops nothing: its logs
+        stay, and the next start seals them."""
+        for name in self.store.list_topics():
+            try:
+                partitions = self.store.topic(name).partitions
+            except Exception as error:
+                log.error("stopping: topic %s cannot be opened, so its rolled logs stay "
+                          "for the next start: %s", name, error_message(error))
+                continue
+            for partition in partitions:
+                try:
+                    partition.seal_rolled()
+                except Exception as error:
+                    log.error("stopping: sealing %s failed; its logs stay for the next "
+                              "start: %s", partition.name, error_message(error))
 
     async def _upkeep_loop(self) -> None:
         assert self.broker is not None
@@ -419,6 +462,12 @@ class Server:
             except Exception as error:
                 self._log_upkeep_failure("reading the ACLs again (the ones read before stay "
                                          "in force)", error)
+            try:
+                # So do users added or deleted by `compactlog users`.
+                await self.broker.run_io(self.sasl_users.refresh)
+            except Exception as error:
+                self._log_upkeep_failure("reading the SASL credentials again (the ones "
+                                         "read before stay in force)", error)
 
     def _log_upkeep_failure(self, step: str, error: Exception) -> None:
         """Once a minute per step: an OSError (out of file handles, a full or failing
@@ -476,6 +525,7 @@ async def serve_forever(config: ServerConfig) -> None:
     server that loses its writer lease (another server took over after it stalled past
     the lease) stops serving, closes its connections so that clients go to the new
     owner, and stands by again, to take over when that one's lease ends."""
+    logsafe.install()  # client strings in messages cannot start lines of their own
     while True:
         try:
             lost = await _serve_once(config)

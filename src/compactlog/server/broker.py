@@ -24,6 +24,7 @@ from compactlog.errors import ConflictError
 from compactlog.server import listeners
 from compactlog.server.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 from compactlog.server.groups import (
+    MAX_GROUPS,
     MAX_SESSION_TIMEOUT_S,
     MIN_SESSION_TIMEOUT_S,
     GroupCoordinator,
@@ -32,6 +33,7 @@ from compactlog.server.metrics import ServerMetrics
 from compactlog.server.offset_files import offset_files_of
 from compactlog.server.producers import ID_DOCUMENT, DocumentIdAllocator, ProducerStates
 from compactlog.server.protocol import Request
+from compactlog.server.sasl_users import SaslUsers
 from compactlog.server.throttle import Throttle
 from compactlog.server.uploads import Uploads
 from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR
@@ -66,8 +68,10 @@ class Broker:
                  authorization: AuthorizationConfig | None = None,
                  allowed_functions: frozenset[str] = frozenset(),
                  fetch_max_bytes: int = FETCH_MAX_BYTES,
+                 sasl_users: SaslUsers | None = None,
                  session_timeout_bounds_s: tuple[float, float] = (
-                     MIN_SESSION_TIMEOUT_S, MAX_SESSION_TIMEOUT_S)) -> None:
+                     MIN_SESSION_TIMEOUT_S, MAX_SESSION_TIMEOUT_S),
+                 max_groups: int = MAX_GROUPS) -> None:
         self.store = store
         # The most records a Fetch response holds (the first batch always goes whole).
         self.fetch_max_bytes = fetch_max_bytes
@@ -80,7 +84,7 @@ class Broker:
         self.allowed_functions = allowed_functions
         self.groups = GroupCoordinator(
             offset_files_of(store.location, store.data_dir, store.lease),
-            initial_rebalance_delay_s, *session_timeout_bounds_s)
+            initial_rebalance_delay_s, *session_timeout_bounds_s, max_groups)
         # Idempotent producers: ids, and each partition's sequence state (producers.py).
         self.producers = ProducerStates(
             DocumentIdAllocator(state(ID_DOCUMENT)) if store.location.is_s3
@@ -89,8 +93,11 @@ class Broker:
         # handlers directly); a request's own listener's otherwise (`host`, `port`).
         self.default_host = host
         self.default_port = port
-        # SASL/SCRAM credentials (storage/credentials.py).
-        self.credentials = CredentialStore(state(CREDENTIALS_DIR))
+        # SASL/SCRAM credentials (storage/credentials.py), and the logins' copy of them in
+        # memory (server/sasl_users.py), which a change made here updates at once.
+        self.sasl_users = sasl_users
+        self.credentials = (sasl_users.store if sasl_users is not None
+                            else CredentialStore(state(CREDENTIALS_DIR)))
         self.cluster_id = (_shared_cluster_id(state(CLUSTER_DOCUMENT)) if store.location.is_s3
                            else _cluster_id(store.data_dir))
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="compactlog-io")

@@ -8,7 +8,11 @@ the server's process, a run that crashes or hangs takes nothing else with it, an
 run's own crash safety (compaction/runner.py) covers a kill at any point. A run's report
 feeds the metrics and the admin API; its error goes into the partition's failure.
 
-Runs asked for through the admin API go through the same path, past the triggers.
+Runs asked for through the admin API go through the same path, past the triggers but
+not past `max_concurrent_runs`: one asked for while that many runs go is refused
+(RunsFullError, the admin API's 429), so that a principal with ALTER on a topic of many
+partitions cannot start a compaction process (a JVM with Spark) per partition. The
+warm pool never holds more processes than `max_concurrent_runs` either.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from compactlog.compaction.scheduler import (
     SchedulerPolicy,
 )
 from compactlog.compaction.status import is_locked, read_status
-from compactlog.errors import InvalidConfigError, UserError
+from compactlog.errors import CompactlogError, InvalidConfigError, UserError
 from compactlog.server.code_policy import check_strategy
 from compactlog.server.compaction_processes import (
     Outcome,
@@ -41,7 +45,7 @@ from compactlog.server.compaction_processes import (
 )
 from compactlog.server.metrics import ServerMetrics
 from compactlog.storage.partition import Partition
-from compactlog.storage.store import LogStore
+from compactlog.storage.store import LogStore, Topic
 
 log = logging.getLogger("compactlog.cleaner")
 RunIo = Callable[..., Awaitable[Any]]
@@ -155,6 +159,18 @@ def _retention_due(plan: PartitionPlan, dirty_min_timestamps: list[int]) -> bool
     return plan.ledger_file_expired or any(ts < cutoff for ts in dirty_min_timestamps)
 
 
+class RunsFullError(Exception):
+    """A run asked for while `max_concurrent_runs` runs are going."""
+
+    def __init__(self, topic: str, partitions: list[int], limit: int,
+                 running: list[int]) -> None:
+        super().__init__(
+            f"not compacting {topic} partition(s) {', '.join(map(str, partitions))}: "
+            f"max_concurrent_runs ({limit}) compaction(s) are running (run "
+            f"{', '.join(map(str, running))}); ask again once one has finished")
+        self.running = running
+
+
 class Cleaner:
     def __init__(self, store: LogStore, config: CleanerConfig, metrics: ServerMetrics,
                  run_io: RunIo, clock: Callable[[], float] = time.time) -> None:
@@ -170,15 +186,15 @@ class Cleaner:
         self.runner: Runner = make_runner(ProcessSettings(
             store.data_dir, config.spark_master, config.spark_conf, config.service,
             config.run_timeout_s, str(store.location) if store.location.is_s3 else None),
-            config.keep_warm_s)
+            config.keep_warm_s, config.max_concurrent_runs)
         self._next_check = 0.0
         self._restore_failures()
 
     def _restore_failures(self) -> None:
         """Failures recorded in status files before a restart keep their backoff."""
         for name in self.store.list_topics():
-            topic = self.store.topic(name)
-            if not topic.config.compacted:
+            topic = self._topic(name)
+            if topic is None or not topic.config.compacted:
                 continue
             for partition in topic.partitions:
                 status = read_status(partition.directory)
@@ -195,8 +211,8 @@ class Cleaner:
         now_ms = int(self.clock() * 1000)
         loads = []
         for name in self.store.list_topics():
-            topic = self.store.topic(name)
-            if not topic.config.compacted:
+            topic = self._topic(name)
+            if topic is None or not topic.config.compacted:
                 continue
             for partition in topic.partitions:
                 if is_locked(partition.directory):
@@ -208,6 +224,15 @@ class Cleaner:
                 except Exception:
                     log.exception("%s: could not measure for compaction", partition.name)
         return loads
+
+    def _topic(self, name: str) -> Topic | None:
+        """The topic, or None when it cannot be opened (a damaged file, the open-file
+        limit): upkeep logs that once a minute, and the other topics go on."""
+        try:
+            return self.store.topic(name)
+        except (OSError, CompactlogError) as error:
+            log.debug("compaction: topic %s cannot be opened: %s", name, error)
+            return None
 
     async def tick(self) -> None:
         """Start the runs that are due; called by the server's upkeep loop."""
@@ -226,11 +251,20 @@ class Cleaner:
 
     async def request(self, topic_name: str, partitions: list[int] | None) -> RunRecord:
         """A run asked for by a user. UserError for a bad topic or partition; BusyError
-        when a run of any of them is going on, here or in another process."""
+        when a run of any of them is going on, here or in another process;
+        RunsFullError when `max_concurrent_runs` runs are going."""
         chosen, locked = await self.run_io(self._chosen_and_locked, topic_name, partitions)
         indexes = [p.index for p in chosen]
         if locked:
             raise BusyError(topic_name, locked)
+        clash = sorted(p for t, p in self.scheduler.running_keys()
+                       if t == topic_name and p in indexes)
+        if clash:  # before the limit: a client waits for the run in the way (409)
+            raise BusyError(topic_name, clash)
+        running = sorted(self.scheduler.state.running)
+        if len(running) >= self.config.max_concurrent_runs:
+            raise RunsFullError(topic_name, indexes, self.config.max_concurrent_runs,
+                                running)
         job = self.scheduler.request(topic_name, indexes)
         log.info("compacting %s partition(s) %s (asked for over the admin API)", topic_name,
                  indexes)

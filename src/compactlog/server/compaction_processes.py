@@ -6,7 +6,8 @@ between runs.
 - `WarmPool` keeps `python -m compactlog compact-worker` processes (compaction/worker.py)
   and sends each run to an idle one over a pipe: Spark starts once, and a worker idle for
   `keep_warm_s` exits, giving its memory back (a warm worker holds about 1-2 GiB: JVM and
-  Spark's Python workers).
+  Spark's Python workers). The pool holds at most `max_workers` processes, busy and idle
+  together (the cleaner's max_concurrent_runs, which also bounds the runs it starts).
 
 Either way Spark never runs inside the server, every process has a process group of its
 own (so that stopping it stops Spark's JVM and Python workers too), a run going on past
@@ -170,9 +171,11 @@ class WarmWorker:
 
 
 class WarmPool:
-    def __init__(self, settings: ProcessSettings, keep_warm_s: float) -> None:
+    def __init__(self, settings: ProcessSettings, keep_warm_s: float,
+                 max_workers: int = 1) -> None:
         self.settings = settings
         self.keep_warm_s = keep_warm_s
+        self.max_workers = max_workers
         self.idle: list[WarmWorker] = []
         self.busy: set[WarmWorker] = set()
         self._closing: set[asyncio.Task[None]] = set()
@@ -180,6 +183,10 @@ class WarmPool:
     async def run(self, job: Job) -> Outcome:
         worker = self.idle.pop() if self.idle else None
         if worker is None or not worker.alive:
+            if len(self.busy) + len(self.idle) >= self.max_workers:
+                # The cleaner starts no more runs than this; a bug if it did.
+                return Outcome(None, f"not started: {self.max_workers} compaction "
+                                     f"process(es) are busy (max_concurrent_runs)")
             command = [*self.settings.base(), "compact-worker", *self.settings.engine_args()]
             worker = WarmWorker(await _start(command, stdin=True, env=self.settings.env()))
             log.info("started compaction worker %d", worker.process.pid)
@@ -216,8 +223,10 @@ class WarmPool:
                              return_exceptions=True)
 
 
-def make_runner(settings: ProcessSettings, keep_warm_s: float) -> Runner:
-    return WarmPool(settings, keep_warm_s) if keep_warm_s > 0 else OneShot(settings)
+def make_runner(settings: ProcessSettings, keep_warm_s: float,
+                max_workers: int = 1) -> Runner:
+    return (WarmPool(settings, keep_warm_s, max_workers) if keep_warm_s > 0
+            else OneShot(settings))
 
 
 async def _start(command: list[str], stdin: bool,

@@ -57,9 +57,10 @@ STREAM_LIMIT = 64 * 1024
 CHUNK = 64 * 1024  # frames are read, and counted, in chunks of at most this
 _SOCKET_READ = 256 * 1024  # what asyncio's selector transports read at once
 PER_CONNECTION_BUFFER = 2 * STREAM_LIMIT + _SOCKET_READ + CHUNK
-# Open files kept for the process itself (log segments, the admin listener, the
-# compaction processes' pipes, libraries) besides data files and connections, when the
-# open-file limit (RLIMIT_NOFILE) caps them: this many, or a quarter of the limit.
+# Open files kept for the process itself (rolled log segments waiting to be sealed, the
+# admin listener, the compaction processes' pipes, libraries) besides data files,
+# partitions' active logs and connections, when the open-file limit (RLIMIT_NOFILE) caps
+# them: this many, or a quarter of the limit.
 FILE_RESERVE = 128
 # The largest frame a client may send before it is authenticated on a SASL listener
 # (Kafka's sasl.server.max.receive.size default): an anonymous client cannot make the
@@ -97,6 +98,16 @@ def data_file_cap(requested: int) -> tuple[int, str | None]:
     return room, (f"max_open_data_files is {room}, not {requested}: the open-file limit "
                   f"(RLIMIT_NOFILE) is {soft}; raise it (ulimit -n) to keep more data "
                   f"files open")
+
+
+def partition_budget(data_files: int) -> int | None:
+    """How many partitions the server may hold open (each keeps its active log file
+    open): what the open-file limit leaves after `data_files`, the process' reserve and a
+    quarter of the limit kept for connections; None when the limit is unlimited."""
+    soft = open_file_limit()
+    if soft is None:
+        return None
+    return max(soft - data_files - min(FILE_RESERVE, soft // 4) - soft // 4, 0)
 
 
 def connection_cap(requested: int, data_files: int) -> tuple[int, str | None]:

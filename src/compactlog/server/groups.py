@@ -10,6 +10,15 @@ group.max.session.timeout.ms, 6 s and 30 min): a JoinGroup outside them is refus
 with INVALID_SESSION_TIMEOUT, as Kafka refuses it, so that a member that goes away
 holds its group for at most the maximum, not the 24.8 days of 2**31-1 ms.
 
+A JoinGroup with an empty member id (KIP-394's first step) hands out a pending member
+id, which expires after the member's session timeout unless the member comes back with
+it, as Kafka's pending members do. A group left Empty, with no member, no pending id and
+no committed offsets, is removed at the next upkeep round, as Kafka removes it (Dead):
+a client that joins 80,000 made-up groups and goes away leaves nothing behind. At most
+`max_groups` groups are held, and at most as many pending member ids: a request that
+would make one more gets COORDINATOR_NOT_AVAILABLE (retriable: groups expire), with a
+log line naming the setting.
+
 A rebalance starts when a member joins, leaves or misses its session timeout. The
 coordinator then waits for every known member to send JoinGroup again (up to the
 largest rebalance timeout; members that do not come are removed), and for a new group
@@ -46,10 +55,12 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.errors import FencedError, StorageError
 from compactlog.server.offset_files import LocalOffsetFiles, OffsetFiles
+from compactlog.server.throttle import Throttle, held_back
 
 log = logging.getLogger("compactlog.server.groups")
 MIN_SESSION_TIMEOUT_S = 6.0  # Kafka's group.min.session.timeout.ms default
 MAX_SESSION_TIMEOUT_S = 1800.0  # Kafka's group.max.session.timeout.ms default
+MAX_GROUPS = 100_000  # groups held, and pending member ids (about 1 KiB each)
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (
     "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead")
@@ -101,7 +112,8 @@ class Group:
     protocol_name: str | None = None
     leader_id: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
-    pending_ids: set[str] = field(default_factory=set)
+    # Member ids handed out by a JoinGroup with an empty id, and when each expires.
+    pending_ids: dict[str, float] = field(default_factory=dict)
     offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
     rebalance_task: asyncio.Task[None] | None = None
     # A rebalance of an empty group waits a moment for more members before completing.
@@ -111,14 +123,18 @@ class Group:
 class GroupCoordinator:
     def __init__(self, source: Path | OffsetFiles, initial_rebalance_delay_s: float = 3.0,
                  min_session_timeout_s: float = MIN_SESSION_TIMEOUT_S,
-                 max_session_timeout_s: float = MAX_SESSION_TIMEOUT_S) -> None:
+                 max_session_timeout_s: float = MAX_SESSION_TIMEOUT_S,
+                 max_groups: int = MAX_GROUPS) -> None:
         """`source`: a local data directory, or the offset documents (offset_files.py)."""
         self.files: OffsetFiles = (LocalOffsetFiles(source) if isinstance(source, Path)
                                    else source)
         self.initial_rebalance_delay_s = initial_rebalance_delay_s
         self.min_session_timeout_s = min_session_timeout_s
         self.max_session_timeout_s = max_session_timeout_s
+        self.max_groups = max_groups
         self.groups: dict[str, Group] = {}
+        self.pending = 0  # pending member ids, all groups together
+        self._refusals = Throttle(60.0)
         # One thread writes offset files, so that snapshots land in commit order.
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="compactlog-offsets")
         self._load()
@@ -175,10 +191,24 @@ class GroupCoordinator:
     # -- membership -------------------------------------------------------------------
 
     def group(self, group_id: str) -> Group:
+        """The group, made if new; GroupError(COORDINATOR_NOT_AVAILABLE) if that would
+        be more than `max_groups`."""
         group = self.groups.get(group_id)
         if group is None:
+            if len(self.groups) >= self.max_groups:
+                raise self._full(f"{len(self.groups)} groups")
             group = self.groups[group_id] = Group(group_id)
         return group
+
+    def _full(self, what: str) -> GroupError:
+        held = self._refusals.allow(what.split()[-1])
+        if held is not None:
+            log.warning("refusing a new group or member id: the server holds %s, "
+                        "max_groups (%d); groups left empty without committed offsets "
+                        "and unused member ids expire%s", what, self.max_groups,
+                        held_back(held))
+        return GroupError(ErrorCode.coordinator_not_available,
+                          f"the coordinator holds max_groups ({self.max_groups}) {what}")
 
     async def join(
         self, group_id: str, member_id: str, group_instance_id: str | None, client_id: str,
@@ -207,13 +237,18 @@ class GroupCoordinator:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
             if require_known_member_id and group_instance_id is None:
                 # KIP-394: the client must come back with this id, so that a member that
-                # retries a timed-out join is not counted twice.
-                group.pending_ids.add(member_id)
+                # retries a timed-out join is not counted twice. It expires after the
+                # session timeout, as in Kafka.
+                if self.pending >= self.max_groups:
+                    raise self._full(f"{self.pending} pending member ids")
+                group.pending_ids[member_id] = time.monotonic() + session_timeout_s
+                self.pending += 1
                 return {"error_code": ErrorCode.member_id_required, "member_id": member_id,
                         "generation_id": -1, "leader": "", "members": []}
         elif member_id not in group.members and member_id not in group.pending_ids:
             raise GroupError(ErrorCode.unknown_member_id, f"unknown member {member_id}")
-        group.pending_ids.discard(member_id)
+        if group.pending_ids.pop(member_id, None) is not None:
+            self.pending -= 1
         member = group.members.get(member_id)
         if member is None:
             member = Member(member_id, group_instance_id, client_id, client_host,
@@ -398,7 +433,8 @@ class GroupCoordinator:
         self._maybe_complete_join(group)
 
     def expire_sessions(self, now: float | None = None) -> None:
-        """Remove members whose session timed out; called periodically."""
+        """Remove members whose session timed out and pending member ids past theirs,
+        then groups left empty without committed offsets; called periodically."""
         now = time.monotonic() if now is None else now
         for group in list(self.groups.values()):
             for member in list(group.members.values()):
@@ -406,6 +442,14 @@ class GroupCoordinator:
                     continue  # a member waiting in JoinGroup is bounded by the rebalance
                 if now - member.last_heartbeat > member.session_timeout_s:
                     self._remove(group, member, "missed its session timeout")
+            if group.pending_ids:
+                expired = [m for m, deadline in group.pending_ids.items() if now > deadline]
+                for member_id in expired:
+                    del group.pending_ids[member_id]
+                self.pending -= len(expired)
+            if _forgettable(group):
+                # Kafka's cleanup: an Empty group without offsets is Dead, and goes.
+                del self.groups[group.group_id]
 
     # -- offsets ----------------------------------------------------------------------
 
@@ -455,6 +499,7 @@ class GroupCoordinator:
                 codes.append(ErrorCode.non_empty_group)
             else:
                 del self.groups[group_id]
+                self.pending -= len(group.pending_ids)
                 doomed[group_id] = group
                 codes.append(ErrorCode.none)
         if doomed:
@@ -464,7 +509,8 @@ class GroupCoordinator:
             except (OSError, StorageError, FencedError) as error:
                 log.error("deleting groups %s failed, so they stay: %s", list(doomed), error)
                 for group_id, group in doomed.items():
-                    self.groups.setdefault(group_id, group)
+                    if self.groups.setdefault(group_id, group) is group:
+                        self.pending += len(group.pending_ids)
                 # Kafka answers a failed coordinator write with a retriable error.
                 failed = _write_failed("", error).code
                 return [failed if g in doomed else code
@@ -550,6 +596,11 @@ def subscribed_topics(group: Group) -> set[str] | None:
     except (StopIteration, struct.error, UnicodeDecodeError):
         return None
     return topics
+
+
+def _forgettable(group: Group) -> bool:
+    return (group.state == EMPTY and not group.members and not group.pending_ids
+            and not group.offsets and group.rebalance_task is None)
 
 
 def _joining(member: Member) -> bool:

@@ -22,7 +22,7 @@ from compactlog.errors import UserError
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+_NAME = re.compile(r"[A-Za-z0-9_]+")  # matched whole: no final newline
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Listener:
                 self.advertised_port or self.bound_port or self.port)
 
     def check(self) -> None:
-        if not _NAME.match(self.name):
+        if not _NAME.fullmatch(self.name):
             raise UserError(f"listener name {self.name!r} must be letters, digits or _")
         if self.protocol not in PROTOCOLS:
             raise UserError(f"listener {self.name}: unknown security protocol "

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from compactlog.errors import CompactlogError
 from compactlog.server.wire import view_start_offset
 
 if TYPE_CHECKING:
@@ -82,8 +83,48 @@ class ServerMetrics:
     def watch(self, collector: Collector) -> None:
         self.registry.register(collector)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, visible: Visible | None = None) -> bytes:
+        """The text format; with `visible`, only the samples whose topic and group
+        labels it allows (and every sample without such labels)."""
+        if visible is None:
+            return generate_latest(self.registry)
+        return generate_latest(_Filtered(self.registry, visible))
+
+
+# Whether a sample labelled with this resource may be shown: ("topic" | "group", name).
+Visible = Callable[[str, str], bool]
+_RESOURCE_LABELS = ("topic", "group")
+
+
+class _Filtered:
+    """A registry's families with the samples `visible` refuses left out."""
+
+    def __init__(self, registry: CollectorRegistry, visible: Visible) -> None:
+        self.registry = registry
+        self.visible = visible
+        self._decided: dict[tuple[str, str], bool] = {}
+
+    def _shows(self, labels: dict[str, str]) -> bool:
+        for label in _RESOURCE_LABELS:
+            name = labels.get(label)
+            if name is None:
+                continue
+            key = (label, name)
+            if key not in self._decided:
+                self._decided[key] = self.visible(label, name)
+            if not self._decided[key]:
+                return False
+        return True
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            samples = [sample for sample in family.samples if self._shows(sample.labels)]
+            if len(samples) == len(family.samples):
+                yield family
+                continue
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            kept.samples = samples
+            yield kept
 
 
 class ConnectionState(Protocol):
@@ -156,7 +197,10 @@ class StateCollector(Collector):
                                         labels=["topic", "partition"])
         ends: dict[tuple[str, int], int] = {}
         for name in self.store.list_topics():
-            topic = self.store.topic(name)
+            try:
+                topic = self.store.topic(name)
+            except (OSError, CompactlogError):
+                continue  # cannot be opened (upkeep logs why): the others are shown
             for partition in topic.partitions:
                 labels = [name, str(partition.index)]
                 stats = partition.stats()

@@ -8,7 +8,10 @@ that took over, or a stalled former owner, never overwrites the other's offsets 
 
 Locally (LocalOffsetFiles): `<data dir>/groups/<quoted group id>.json`, replaced by a
 temporary file, fsync, rename and an fsync of the directory; a deleted group's file is
-unlinked. One directory has one writer (the store's lock), so nothing needs fencing.
+unlinked. A leading '.' is quoted too, so that no group's file has the name of a
+temporary file (which the next start deletes), and an id too long for a file name gets
+a prefix of it and a hash (`local_file_name`). One directory has one writer (the
+store's lock), so nothing needs fencing.
 
 On an object store (ObjectOffsetFiles): `PREFIX/groups/<quoted group id>.json`, each
 body stamped with the writer's epoch. One PUT per write, conditional on the ETag this
@@ -42,6 +45,7 @@ tests/test_offset_files_s3.py):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import urllib.parse
@@ -67,7 +71,29 @@ _PUT_ATTEMPTS = 8
 
 
 def file_name(group_id: str) -> str:
+    """The object name of a group's document on an object store."""
     return urllib.parse.quote(group_id, safe="") + ".json"
+
+
+# A local file name holds at most this many bytes, so that the temporary name it is
+# written under (fsutil.temp_path: 18 more) stays within the 255 of every file system.
+MAX_LOCAL_NAME = 207
+_HASHED = "%~"  # never in quote()'s output, whose '%' is always followed by hex digits
+
+
+def local_file_name(group_id: str) -> str:
+    """The local file of a group: the quoted id, never starting with '.' (so that no
+    group id can have the name of a temporary file, fsutil.TEMP_PREFIX, which the next
+    start deletes), and, when that would be too long for a file name, a prefix of it
+    and a hash of the whole id (the document holds the id itself)."""
+    quoted = urllib.parse.quote(group_id, safe="")
+    if quoted.startswith("."):
+        quoted = "%2E" + quoted[1:]
+    if len(quoted) + len(".json") <= MAX_LOCAL_NAME:
+        return quoted + ".json"
+    digest = hashlib.sha256(group_id.encode()).hexdigest()[:40]
+    keep = MAX_LOCAL_NAME - len(_HASHED) - len(digest) - len(".json")
+    return quoted[:keep] + _HASHED + digest + ".json"
 
 
 class OffsetFiles(Protocol):
@@ -98,7 +124,7 @@ class LocalOffsetFiles:
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def where(self, group_id: str) -> str:
-        return str(self.directory / file_name(group_id))
+        return str(self.directory / local_file_name(group_id))
 
     def load(self) -> list[dict[str, Any]]:
         fsutil.remove_temp_files(self.directory)
@@ -111,15 +137,26 @@ class LocalOffsetFiles:
         return bodies
 
     def write(self, group_id: str, body: dict[str, Any]) -> None:
-        final = self.directory / file_name(group_id)
+        final = self.directory / local_file_name(group_id)
         temp = fsutil.temp_path(self.directory, final.name)
         fsutil.write_file_durably(temp, json.dumps(body).encode())
         fsutil.publish_replace(temp, final)
+        self._remove_legacy(group_id)
 
     def delete(self, group_ids: list[str]) -> None:
         for group_id in group_ids:
-            fsutil.remove(self.directory / file_name(group_id))
+            fsutil.remove(self.directory / local_file_name(group_id))
+            self._remove_legacy(group_id)
         fsutil.fsync_dir(self.directory)
+
+    def _remove_legacy(self, group_id: str) -> None:
+        """A group id starting with '.' was once written under its plain quoted name;
+        that file goes once the new one is in place, so that no restart loads both."""
+        legacy = file_name(group_id)
+        if (group_id.startswith(".") and len(legacy.encode()) <= 255
+                and (self.directory / legacy).exists()):
+            fsutil.remove(self.directory / legacy)
+            fsutil.fsync_dir(self.directory)
 
 
 class ObjectOffsetFiles:

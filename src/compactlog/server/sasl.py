@@ -7,8 +7,10 @@ Invariants:
   messages do not. An exchange is used once: a step after its end fails.
 - Each SCRAM exchange has a fresh random server nonce, and the client's proof must sign
   it: a recorded exchange replayed on another connection fails at its final message.
-- An unknown user and a wrong password fail at the same step with the same message: an
-  unknown SCRAM user gets a made-up salt (stable per user) and keys nobody can match.
+- An unknown user and a wrong password fail at the same step with the same message, at
+  the same cost, and an unknown SCRAM user gets a salt and iteration count like a real
+  user's, and keys nobody can match (server/sasl_users.py).
+- No step waits for the store: credentials are read from the copy in memory.
 - Repeated failures from one address are slowed down (FailureDelay), with memory
   bounded by `max_hosts` addresses.
 
@@ -24,21 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
-import hmac
 import logging
-import os
 import time
 from dataclasses import dataclass
 
 from scramp import ScramException, ScramMechanism
 
-from compactlog.storage.credentials import (
-    DEFAULT_ITERATIONS,
-    MECHANISMS,
-    CredentialStore,
-    ScramCredential,
-)
+from compactlog.server.sasl_users import SaslUsers
 
 log = logging.getLogger("compactlog.server")
 # Kafka's answers (SaslServerAuthenticator, PlainSaslServer, ScramSaslServer).
@@ -58,8 +52,8 @@ class Step:
 class PlainExchange:
     mechanism = "PLAIN"
 
-    def __init__(self, credentials: CredentialStore) -> None:
-        self.credentials = credentials
+    def __init__(self, users: SaslUsers) -> None:
+        self.users = users
         self.done = False
 
     async def step(self, token: bytes) -> Step:
@@ -79,17 +73,18 @@ class PlainExchange:
         if authzid and authzid != user:
             raise AuthFailed("Authentication failed: Client requested an authorization id "
                              "that is different from username")
-        ok = await asyncio.to_thread(self.credentials.verify_password, user, password)
+        await self.users.before_login()
+        # PBKDF2, for an unknown user too: off the event loop.
+        ok = await asyncio.to_thread(self.users.verify_password, user, password)
         if not ok:
             raise AuthFailed(PLAIN_FAILED)
         return Step(b"", user)
 
 
 class ScramExchange:
-    def __init__(self, mechanism: str, credentials: CredentialStore, secret: bytes) -> None:
+    def __init__(self, mechanism: str, users: SaslUsers) -> None:
         self.mechanism = mechanism
-        self.credentials = credentials
-        self._secret = secret
+        self.users = users
         self._scram = ScramMechanism(mechanism)
         self._server = self._scram.make_server(self._auth_info)
         self._user: str | None = None
@@ -101,19 +96,10 @@ class ScramExchange:
 
     def _auth_info(self, user: str) -> tuple[bytes, bytes, bytes, int]:
         self._user = str(user)
-        credential = self.credentials.lookup(self._user, self.mechanism)
-        if credential is None:
-            credential = self._decoy(user)
+        # From memory (a decoy for an unknown user): scramp calls this on the event loop.
+        credential = self.users.lookup(self._user, self.mechanism)
         return (credential.salt, credential.stored_key, credential.server_key,
                 credential.iterations)
-
-    def _decoy(self, user: str) -> ScramCredential:
-        """Keys for a user that does not exist: a salt stable per user (so that two
-        attempts look alike) and keys no password derives."""
-        digest = MECHANISMS[self.mechanism]
-        salt = hmac.digest(self._secret, b"salt:" + user.encode(), "sha256")[:24]
-        key = hmac.digest(self._secret, os.urandom(16), digest)
-        return ScramCredential(salt, DEFAULT_ITERATIONS, hashlib.new(digest, key).digest(), key)
 
     async def step(self, token: bytes) -> Step:
         self._round += 1
@@ -122,6 +108,7 @@ class ScramExchange:
         except UnicodeDecodeError:
             raise AuthFailed(f"Invalid {self.mechanism} message: not UTF-8") from None
         if self._round == 1:
+            await self.users.before_login()
             return self._first(text)
         if self._round == 2:
             return self._final(text)
@@ -174,10 +161,10 @@ def _scram_reason(error: ScramException) -> str:
 Exchange = PlainExchange | ScramExchange
 
 
-def new_exchange(mechanism: str, credentials: CredentialStore, secret: bytes) -> Exchange:
+def new_exchange(mechanism: str, users: SaslUsers) -> Exchange:
     if mechanism == "PLAIN":
-        return PlainExchange(credentials)
-    return ScramExchange(mechanism, credentials, secret)
+        return PlainExchange(users)
+    return ScramExchange(mechanism, users)
 
 
 class FailureDelay:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import os
 import struct
 from typing import Any
 
@@ -36,7 +35,7 @@ from compactlog.server.listeners import Listener
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.protocol import API_NAMES, ProtocolError, Request
 from compactlog.server.sasl import AuthFailed, Exchange, FailureDelay, new_exchange
-from compactlog.storage.credentials import CredentialStore
+from compactlog.server.sasl_users import SaslUsers
 
 log = logging.getLogger("compactlog.server")
 ANONYMOUS = "User:ANONYMOUS"
@@ -78,12 +77,11 @@ class Session:
 class SaslGate:
     """The SASL exchange of every connection of one server."""
 
-    def __init__(self, credentials: CredentialStore, delay: FailureDelay,
+    def __init__(self, users: SaslUsers, delay: FailureDelay,
                  metrics: ServerMetrics) -> None:
-        self.credentials = credentials
+        self.users = users  # in memory, refreshed by upkeep (server/sasl_users.py)
         self.delay = delay
         self.metrics = metrics
-        self._secret = os.urandom(32)  # for unknown users' decoy salts
         self.failures = 0
         self.successes = 0
 
@@ -110,7 +108,7 @@ class SaslGate:
                         "not enabled (enabled: %s)", session.host, session.listener.name,
                         mechanism[:64], ", ".join(enabled))
             return {"error_code": ErrorCode.unsupported_sasl_mechanism, "mechanisms": enabled}
-        session.exchange = new_exchange(mechanism, self.credentials, self._secret)
+        session.exchange = new_exchange(mechanism, self.users)
         session.raw_tokens = request.api_version == 0
         return {"error_code": ErrorCode.none, "mechanisms": enabled}
 

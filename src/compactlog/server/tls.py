@@ -8,6 +8,9 @@ Invariants:
   session. New handshakes use the newest certificate: the listening socket's context
   never changes, and its servername callback (called by OpenSSL on every handshake,
   with or without SNI) hands each new connection the newest context.
+- A reload never blocks the event loop: it runs on a thread of its own, one at a time,
+  and refuses a path that is not a regular file (a FIFO there would make open() wait
+  for a writer for ever), so a hostile or broken file leaves every listener serving.
 - With client_auth "required", a client without a certificate signed by the CA (an
   expired one, another CA's) does not complete the handshake; with "requested" it may
   send none and is User:ANONYMOUS, as in Kafka.
@@ -16,7 +19,10 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 import ssl
+import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +52,22 @@ class TlsSettings:
                             f"CA that signs client certificates")
 
 
+def _check_regular(settings: TlsSettings) -> None:
+    """UserError for a path that exists and is not a regular file (a FIFO, a device):
+    OpenSSL would block opening or reading it."""
+    for path in (settings.cert_file, settings.key_file, settings.ca_file):
+        if path is None:
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue  # missing or unreadable: loading says so
+        if not stat.S_ISREG(mode):
+            raise UserError(f"TLS: {path} is not a regular file")
+
+
 def _context(settings: TlsSettings) -> ssl.SSLContext:
+    _check_regular(settings)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.verify_mode = CLIENT_AUTH[settings.client_auth]
@@ -74,10 +95,23 @@ class ServerTls:
         self.context = _context(settings)
         self.context.sni_callback = self._pick
         self.reloads = 0
+        self._reloading: threading.Thread | None = None
 
     def _pick(self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
               context: ssl.SSLContext) -> None:
         connection.context = self._newest
+
+    def reload_in_background(self) -> None:
+        """SIGHUP: `reload` on a daemon thread of its own, so that no file read (a slow
+        disk, whatever sits at the paths) holds the event loop or the shutdown; one at
+        a time."""
+        if self._reloading is not None and self._reloading.is_alive():
+            log.warning("TLS reload asked for while the one before is still reading the "
+                        "files; ignored")
+            return
+        self._reloading = threading.Thread(target=self.reload, name="compactlog-tls-reload",
+                                           daemon=True)
+        self._reloading.start()
 
     def reload(self) -> bool:
         """Read the files again; True if the new ones are in use."""

@@ -141,6 +141,31 @@ class LocalDocument:
         self.directory = directory
         self.keep = keep
         self.lock_timeout_s = lock_timeout_s
+        # Set for a document of secrets: every directory from this one down to the
+        # document's is made 0700 and every file the commit writes 0600, whatever the
+        # umask (`make_private`).
+        self.private_root: Path | None = None
+
+    def make_private(self, root: Path) -> None:
+        """Keep this document private from here on: `root` (an ancestor of its
+        directory, or the directory) and the directories below it down to the
+        document's are 0700, its files 0600; those already there are changed at the
+        next commit."""
+        self.private_root = root
+
+    def _file_mode(self) -> int | None:
+        return 0o600 if self.private_root is not None else None
+
+    def _secure(self) -> None:
+        root = self.private_root
+        if root is None:
+            return
+        chain = [self.directory, *self.directory.parents]
+        for directory in chain[:chain.index(root) + 1] if root in chain else [root]:
+            os.chmod(directory, 0o700)
+        for entry in self.directory.iterdir():
+            if entry.is_file() and entry.stat().st_mode & 0o077:
+                os.chmod(entry, 0o600)
 
     def __repr__(self) -> str:
         return f"LocalDocument({self.where!r}, keep={self.keep})"
@@ -250,6 +275,7 @@ class LocalDocument:
         current (0: nothing committed yet); else raise ConflictError."""
         faults.point("commit.begin", self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._secure()
         lock_fd = self._lock()  # 1.
         try:
             current = self.load()  # 2. compare
@@ -266,9 +292,9 @@ class LocalDocument:
             audit_temp = fsutil.temp_path(self.directory, f"a{version}")
             temp = fsutil.temp_path(self.directory, f"v{version}")
             try:
-                fsutil.write_file_durably(audit_temp, data)  # 3.
+                fsutil.write_file_durably(audit_temp, data, self._file_mode())  # 3.
                 fsutil.rename(audit_temp, audit)
-                fsutil.write_file_durably(temp, data)  # 4.
+                fsutil.write_file_durably(temp, data, self._file_mode())  # 4.
                 fsutil.rename(temp, self.current_path)  # the commit point
             except BaseException:
                 for leftover in (audit_temp, temp):
@@ -294,7 +320,7 @@ class LocalDocument:
         return current.version if isinstance(current, Snapshot) else None
 
     def _lock(self, timeout_s: float | None = None) -> int:
-        fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, self._file_mode() or 0o644)
         timeout = self.lock_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         pause = 0.001

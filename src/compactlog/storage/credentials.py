@@ -8,6 +8,9 @@ Invariants:
   keep, the salt, the iteration count, StoredKey = H(HMAC(SaltedPassword, "Client Key"))
   and ServerKey = HMAC(SaltedPassword, "Server Key"), per user and mechanism, as Kafka
   keeps them.
+- The document is private (`keep_private`): locally `security/` is 0700 and its files
+  0600, and no audit copy older than the current version is kept, so a deleted user's
+  keys are gone once the deletion is committed.
 - Every change is a compare-and-swap of the whole document: a change based on a version
   that is no longer current is retried on the new one, never written over it.
 - A reader sees a committed version: `lookup` stats current.json before each use and
@@ -117,6 +120,7 @@ class CredentialStore:
         `layout.state_document(DIRECTORY)`)."""
         self.document: Document = (LocalDocument(source / DIRECTORY)
                                    if isinstance(source, Path) else source)
+        keep_private(self.document)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._users: Users = {}
@@ -192,8 +196,28 @@ class CredentialStore:
         return removed
 
 
+def keep_private(document: Document) -> None:
+    """A document of secrets under `security/`: locally, `security/` and below are
+    0700 and the files 0600; everywhere, only the current version's audit copy is kept
+    (`keep` 1, the least a torn current.json may fall back to), so that a deleted
+    user's keys leave the store with the next commit."""
+    document.keep = 1
+    if isinstance(document, LocalDocument):
+        directory = document.directory
+        root = next((parent for parent in (directory, *directory.parents)
+                     if parent.name == "security"), directory)
+        document.make_private(root)
+
+
+def valid_user_name(user: str) -> bool:
+    """1 to 255 characters, none of them a control character (C0, DEL, C1, or a
+    Unicode line or paragraph separator)."""
+    return 0 < len(user) <= 255 and not any(
+        ord(c) < 32 or 0x7F <= ord(c) <= 0x9F or c in "\u2028\u2029" for c in user)
+
+
 def _check_user(user: str) -> None:
-    if not user or len(user) > 255 or any(ord(c) < 32 for c in user):
+    if not valid_user_name(user):
         raise UserError(f"a user name must be 1 to 255 printable characters, got {user!r}")
 
 

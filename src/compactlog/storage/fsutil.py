@@ -45,10 +45,13 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_file_durably(path: Path, data: bytes) -> None:
-    """Write `data` to `path` (a temporary name) and fsync it."""
+def write_file_durably(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write `data` to `path` (a temporary name) and fsync it; `mode`: the new file's
+    permission bits (else the umask's)."""
     faults.point("write", path)
-    with open(path, "wb") as handle:
+    opener = None if mode is None else (
+        lambda name, flags: os.open(name, flags, mode))
+    with open(path, "wb", opener=opener) as handle:
         handle.write(data)
         handle.flush()
         faults.point("fsync", path)

@@ -60,7 +60,7 @@ MAX_ATTEMPTS_LIMIT = 20
 TIMEOUT_LIMIT_S = 3600.0
 # S3's bucket naming rules (general purpose buckets): 3-63 characters, lower-case
 # letters, digits, dots and hyphens, starting and ending with a letter or a digit.
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # matched whole
 
 
 # "s3:/bucket", as a shell or Path("s3://bucket") leaves it: not meant as a directory.
@@ -130,7 +130,7 @@ class Location:
                                 "endpoint goes in AWS_ENDPOINT_URL, not the URL)")
         if not netloc:
             raise LocationError(f"{shown}: no bucket name (s3://BUCKET/PREFIX)")
-        if not _BUCKET.match(netloc) or ".." in netloc:
+        if not _BUCKET.fullmatch(netloc) or ".." in netloc:
             raise LocationError(
                 f"{shown}: invalid bucket name {netloc!r}: 3-63 lower-case letters, digits, "
                 "dots and hyphens, starting and ending with a letter or digit")

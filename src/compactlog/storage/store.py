@@ -34,11 +34,13 @@ from typing import Any
 
 from compactlog.config import TopicConfig
 from compactlog.errors import (
+    CompactlogError,
     ConflictError,
     CorruptionError,
     DataDirLockedError,
     InvalidTopicNameError,
     ReadOnlyStoreError,
+    StorageError,
     UnknownPartitionError,
     UnknownTopicError,
     UserError,
@@ -58,7 +60,8 @@ from compactlog.storage.volume import Volume
 
 log = logging.getLogger(__name__)
 
-TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+# Matched whole (fullmatch): `$` would also match before a final newline.
+TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 MAX_PARTITIONS = 10_000
 DEFAULT_MAX_OPEN_FILES = 128
 # On an object store, how often the writer's upkeep looks for manifests that another
@@ -67,7 +70,7 @@ REMOTE_REFRESH_S = 5.0
 
 
 def is_topic_name(name: str) -> bool:
-    return name not in (".", "..") and TOPIC_NAME.match(name) is not None
+    return name not in (".", "..") and TOPIC_NAME.fullmatch(name) is not None
 
 
 def validate_topic_name(name: str) -> None:
@@ -104,6 +107,12 @@ class TopicMeta:
             config=TopicConfig.from_strings(body.get("config") or {}),
             created_ms=int(body["created_ms"]),
         )
+
+
+class PartitionBudgetError(StorageError):
+    """Opening (or creating) a topic would hold more partitions open than the store's
+    `max_open_partitions`: each keeps its active log file open, and the open-file limit
+    would run out."""
 
 
 class Topic:
@@ -196,6 +205,10 @@ class LogStore:
         # The most a producer's compressed batch may decompress to; larger ones are
         # refused while decompressing (storage/inflate.py). A server sets its setting.
         self.max_uncompressed_batch_bytes = MAX_UNCOMPRESSED_BATCH_BYTES
+        # The most partitions held open at once, each with its active log file open; None:
+        # no bound. A server sets what its open-file limit allows: a create or an open
+        # past it fails with PartitionBudgetError before anything is written or opened.
+        self.max_open_partitions: int | None = None
         # On an object store, the writer's lease (lease.py); None for a local store.
         self.lease: WriterLease | None = None
         self.lease_lost: LeaseLostError | None = None
@@ -339,6 +352,8 @@ class LogStore:
             raise UserError(f"partitions must be in [1, {MAX_PARTITIONS}], got {partitions}")
         topic_config = TopicConfig.from_strings(config or {})
         with self._lock:
+            if name not in self._topics:  # else TopicExistsError, as before
+                self.check_partition_budget(partitions, creating=name)
             meta = TopicMeta(
                 name, uuid.uuid4().hex, partitions, topic_config, int(self.clock() * 1000)
             )
@@ -359,6 +374,61 @@ class LogStore:
         # On S3 a name is a key prefix: a deleted topic's (or a failed create's) stays
         # until its metadata is gone, so ask the metadata of names not open here.
         return [name for name in names if name in self._topics or self._is_live(name)]
+
+    def partition_count(self, names: list[str] | None = None) -> int:
+        """Partitions of every topic, open here or not (the others' metadata is read)."""
+        total = 0
+        for name in self.list_topics() if names is None else names:
+            with self._lock:
+                topic = self._topics.get(name)
+            if topic is not None:
+                total += topic.meta.partitions
+                continue
+            try:
+                loaded = self.layout.meta_document(name).load() if is_topic_name(name) else None
+            except (OSError, CompactlogError):
+                continue
+            if loaded is not None and not is_deleted(loaded.body):
+                total += int(loaded.body.get("partitions", 0))
+        return total
+
+    def check_partition_budget(self, more: int, creating: str | None = None) -> None:
+        """PartitionBudgetError if `more` new partitions would take the store past
+        `max_open_partitions` (checked before a create writes anything; not when the
+        topic being created exists, which the create refuses as such)."""
+        limit = self.max_open_partitions
+        if limit is None:
+            return
+        names = self.list_topics()
+        if creating in names:
+            return
+        held = self.partition_count(names)
+        if held + more > limit:
+            raise PartitionBudgetError(
+                f"{more} more partition(s) would make {held + more}, more than the "
+                f"{limit} this server can keep open under its open-file limit "
+                f"(RLIMIT_NOFILE; each partition keeps its log file open): raise the "
+                f"limit (ulimit -n, LimitNOFILE=) or use fewer partitions")
+
+    def topic_ids(self) -> dict[str, str]:
+        """Every topic's id (hex) -> its name: the ids of the topics open here, and the
+        metadata of the others, read without opening their partitions. One listing per
+        call, so that a request naming many ids resolves them all through one map,
+        never by scanning the topics per id."""
+        found: dict[str, str] = {}
+        for name in self.list_topics():
+            with self._lock:
+                topic = self._topics.get(name)
+            if topic is not None:
+                found[topic.meta.topic_id] = name
+                continue
+            try:
+                loaded = self.layout.meta_document(name).load() if is_topic_name(name) else None
+            except (OSError, CompactlogError):
+                continue  # unreadable: no id resolves to it (opening it would fail too)
+            if loaded is not None and not is_deleted(loaded.body):
+                found[str(loaded.body.get("topic_id"))] = name
+        return found
 
     def _is_live(self, name: str) -> bool:
         if not is_topic_name(name):
@@ -387,9 +457,22 @@ class LogStore:
             if loaded is None or is_deleted(loaded.body):
                 raise UnknownTopicError(name)
             topic = Topic(self, TopicMeta.from_json(loaded.body), loaded)
+            self._check_open_budget(topic)
             topic.open_partitions()
             self._topics[name] = topic
             return topic
+
+    def _check_open_budget(self, topic: Topic) -> None:
+        limit = self.max_open_partitions
+        if limit is None:
+            return
+        held = sum(len(other.partitions) for other in self._topics.values())
+        if held + topic.meta.partitions > limit:
+            raise PartitionBudgetError(
+                f"topic {topic.name!r} cannot be opened: its {topic.meta.partitions} "
+                f"partition(s) and the {held} open would be more than the {limit} this "
+                f"server can keep open under its open-file limit (RLIMIT_NOFILE); raise "
+                f"the limit (ulimit -n, LimitNOFILE=)")
 
     def _refresh_meta(self, topic: Topic) -> None:
         if topic.document.changed_since(topic.meta_snapshot):

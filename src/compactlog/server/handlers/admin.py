@@ -4,7 +4,9 @@ Topic configs travel as strings under Kafka's names (cleanup.policy, segment.byt
 delete.retention.ms, ...) plus compactlog's own keys; every value is checked by the
 same declarations the CLI uses (configs.py has the config APIs), and a bad one is
 refused with INVALID_CONFIG and a message naming the key, the value and what is
-allowed.
+allowed. A CreateTopics that would hold more partitions open than the open-file limit
+allows is refused with POLICY_VIOLATION before anything is written (store.py,
+PartitionBudgetError).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from compactlog.server.broker import Broker
 from compactlog.server.code_policy import check_configs
 from compactlog.server.errors import error_code, error_message
 from compactlog.server.handlers.configs import config_entries
-from compactlog.server.handlers.metadata import topic_name_by_id
+from compactlog.server.handlers.metadata import TopicIds
 from compactlog.server.protocol import Request
+from compactlog.storage.store import PartitionBudgetError
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 log = logging.getLogger("compactlog.server")
@@ -77,6 +80,7 @@ def _create_one(broker: Broker, spec: Any, validate_only: bool) -> dict[str, Any
             config = TopicConfig.from_strings(configs)
             if spec.name in broker.store.list_topics():
                 raise TopicExistsError(spec.name)
+            broker.store.check_partition_budget(partitions, creating=spec.name)
             return {**answer, "error_code": ErrorCode.none, "configs": config_entries(config)}
         topic = broker.store.create_topic(spec.name, partitions, configs)
         log.info("created topic %s with %d partitions, config %s", spec.name, partitions,
@@ -84,6 +88,11 @@ def _create_one(broker: Broker, spec: Any, validate_only: bool) -> dict[str, Any
         return {**answer, "error_code": ErrorCode.none,
                 "topic_id": uuid.UUID(hex=topic.meta.topic_id),
                 "configs": config_entries(topic.config)}
+    except PartitionBudgetError as error:
+        # Refused before anything was written. Kafka's controller answers a request for
+        # more partitions than it takes with POLICY_VIOLATION.
+        return {**answer, "error_code": ErrorCode.policy_violation,
+                "error_message": str(error)}
     except Exception as error:
         return {**answer, "error_code": error_code(error), "error_message": error_message(error)}
 
@@ -91,9 +100,14 @@ def _create_one(broker: Broker, spec: Any, validate_only: bool) -> dict[str, Any
 async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     names: list[str | None] = list(getattr(body, "topic_names", ()) or ())
-    for entry in getattr(body, "topics", ()) or ():
-        names.append(entry.name if entry.name is not None
-                     else await broker.run_io(topic_name_by_id, broker, entry.topic_id))
+    entries = list(getattr(body, "topics", ()) or ())
+    if any(entry.name is None for entry in entries):
+        ids = TopicIds(broker)  # one map for the request's ids
+        names += await broker.run_io(lambda: [entry.name if entry.name is not None
+                                              else ids.name(entry.topic_id)
+                                              for entry in entries])
+    else:
+        names += [entry.name for entry in entries]
     results: list[dict[str, Any]] = []
     for name in names:
         if name is None:

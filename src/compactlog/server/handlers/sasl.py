@@ -34,6 +34,7 @@ from compactlog.storage.credentials import (
     MECHANISM_CODES,
     MIN_ITERATIONS,
     credential_from_salted,
+    valid_user_name,
 )
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
@@ -119,6 +120,12 @@ async def alter_user_scram_credentials(broker: Broker, request: Request) -> dict
             errors[name] = refused
         elif not name:
             errors[name] = (ErrorCode.unacceptable_credential, "Username must not be empty")
+        elif not valid_user_name(name):
+            # What `compactlog users add` refuses: a name that would be logged on every
+            # login must not carry control characters (or be a page long).
+            errors[name] = (ErrorCode.unacceptable_credential,
+                            "Username must be 1 to 255 characters, none of them a control "
+                            "character")
     for (name, mechanism), count in seen.items():
         if name in errors:
             continue
@@ -179,6 +186,8 @@ def _apply(broker: Broker, body: Any, errors: dict[str, tuple[ErrorCode, str]]) 
         return
     try:
         broker.credentials.change(edit)
+        if broker.sasl_users is not None:
+            broker.sasl_users.refresh()  # the next login sees the change
     except UserError as error:
         for name in [d.name for d in body.deletions] + [u.name for u in body.upsertions]:
             errors.setdefault(name, (ErrorCode.unacceptable_credential, str(error)))
