@@ -274,7 +274,8 @@ def serve(ctx: Context, listen: str | None, listeners: tuple[str, ...],
           --tls-key server.key
       compactlog --data-dir /var/lib/compactlog serve --listen 0.0.0.0:9092 \\
           --config /etc/compactlog/server.toml
-      kcat -b 127.0.0.1:9092 -t prices -P -K: <<< 'AAPL:189.5'
+      kcat -b 127.0.0.1:9092 -t prices -P -K: -X partitioner=murmur2_random \\
+          <<< 'AAPL:189.5'
       curl -s 127.0.0.1:9093/metrics | grep compactlog_compaction
     """
     settings = load_settings(config_file) if config_file else {}
