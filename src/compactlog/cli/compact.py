@@ -12,14 +12,14 @@ from urllib.parse import quote
 
 import click
 from click.core import ParameterSource
-from rich import box
+from rich.console import Group, RenderableType
 from rich.filesize import decimal
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
 from compactlog.cli import Context
 from compactlog.cli.admin_client import AdminClient, BusyServerError, report_from_json
-from compactlog.cli.output import stderr_console, stdout_console
+from compactlog.cli.output import narrow_table, stderr_console, stdout_console
 from compactlog.compaction import (
     CompactionReport,
     CompactionServiceFactory,
@@ -306,7 +306,7 @@ def compact_with_progress(
         SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
         TimeElapsedColumn(), console=console, transient=transient,
     ) as progress:
-        task = progress.add_task("starting Spark", total=len(STAGES) - 1)
+        task = progress.add_task("plan", total=len(STAGES) - 1)
 
         def report_progress(stage: str, done: int, total: int) -> None:
             position = STAGES.index(stage) if stage in STAGES else 0
@@ -337,34 +337,56 @@ def report_json(report: CompactionReport) -> dict[str, Any]:
     }
 
 
-def summary_table(report: CompactionReport) -> Table:
-    table = Table(
-        "partition", "records in", "records out", "removed", "size in", "size out", "keys",
-        "tombstones kept", "tombstones removed", "horizon",
-        title=f"Compacted {report.topic} in {report.duration_s:.1f}s, run {report.run_id}",
-        caption=" · ".join(f"{name} {seconds:.1f}s" for name, seconds in report.stages.items())
-        + f" · {report.mb_per_s:.1f} MB/s after start-up",
-        box=box.SIMPLE_HEAD,
-    )
+def summary_table(report: CompactionReport) -> RenderableType:
+    """The run's summary, in 80 columns: one row per partition (and their total), what
+    this run read and wrote, the keys the compacted ledger holds after it (for a
+    partition with nothing new: the ledger it keeps), and why a partition had nothing to
+    do. A run that did nothing says so in its title."""
+    ran = [p for p in report.partitions if p.skipped is None]
+    if ran:
+        title = f"Compacted {report.topic} in {report.duration_s:.1f}s, run {report.run_id}"
+    else:
+        title = f"Nothing to compact in {report.topic} (run {report.run_id})"
+    table = narrow_table(title, "partition", "records\nin", "records\nout", "keys",
+                         "tombstones\nkept", "size\nin", "size\nout", "horizon")
     for p in report.partitions:
         horizon = "-" if p.horizon is None else str(p.horizon)
         if p.old_horizon != p.horizon:
             horizon = f"{'-' if p.old_horizon is None else p.old_horizon}→{horizon}"
+        if p.skipped is not None:
+            table.add_row(str(p.partition), "-", "-", f"{p.keys:,}", "-", "-", "-", horizon)
+            continue
         table.add_row(
-            str(p.partition), f"{p.records_in:,}", f"{p.records_out:,}",
-            f"{p.records_removed:,}", decimal(p.bytes_in), decimal(p.bytes_out), f"{p.keys:,}",
-            f"{p.tombstones_kept:,}", f"{p.tombstones_removed:,}",
-            horizon if p.skipped is None else f"{horizon} ({p.skipped})",
-        )
+            str(p.partition), f"{p.records_in:,}", f"{p.records_out:,}", f"{p.keys:,}",
+            f"{p.tombstones_kept:,}", decimal(p.bytes_in), decimal(p.bytes_out), horizon)
     if len(report.partitions) > 1:
-        table.add_row(
-            "all", f"{report.total('records_in'):,}", f"{report.total('records_out'):,}",
-            f"{report.total('records_in') - report.total('records_out'):,}",
-            decimal(report.total("bytes_in")), decimal(report.total("bytes_out")),
-            *(f"{report.total(n):,}" for n in ("keys", "tombstones_kept", "tombstones_removed")),
-            "", style="bold",
-        )
-    return table
+        work = ([f"{report.total('records_in'):,}", f"{report.total('records_out'):,}"]
+                if ran else ["-", "-"])
+        sizes = ([decimal(report.total("bytes_in")), decimal(report.total("bytes_out"))]
+                 if ran else ["-", "-"])
+        table.add_row("all", *work, f"{report.total('keys'):,}",
+                      f"{report.total('tombstones_kept'):,}" if ran else "-", *sizes, "",
+                      style="bold")
+    notes: list[RenderableType] = [table]
+    if ran:
+        removed = report.total("records_in") - report.total("records_out")
+        tombstones = report.total("tombstones_removed")
+        notes.append(Text(
+            f"{removed:,} record{'' if removed == 1 else 's'} removed ({tombstones:,} "
+            f"tombstone{'' if tombstones == 1 else 's'}) · "
+            + " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report.stages.items())
+            + f" · {report.mb_per_s:.1f} MB/s after start-up", style="dim"))
+    reasons: dict[str, list[str]] = {}
+    for p in report.partitions:
+        if p.skipped is not None:
+            reasons.setdefault(p.skipped, []).append(str(p.partition))
+        if p.rolled_unsealed:
+            reasons.setdefault("the writer had not sealed its rolled segments in time: the "
+                               "next run covers them", []).append(str(p.partition))
+    for reason, indexes in reasons.items():
+        which = "partition" if len(indexes) == 1 else "partitions"
+        notes.append(Text(f"{which} {', '.join(indexes)}: {reason}"))
+    return Group(*notes)
 
 
 @click.command("compact-worker", hidden=True)
@@ -429,10 +451,10 @@ def compaction_status(ctx: Context, topic: str, server_url: str | None, as_json:
     if as_json:
         click.echo(json.dumps({"topic": topic, "partitions": rows}, indent=2))
         return
-    table = Table("partition", "status", "horizon", "last finished", "error",
-                  title=f"Compaction status of {topic}")
+    headers = ["partition", "status", "horizon", "last finished", "error"]
     if server_url is not None:
-        table.add_column("retry at")
+        headers.append("retry at")
+    table = narrow_table(f"Compaction status of {topic}", *headers, right=("horizon",))
     for row in rows:
         state = row["state"]
         if row.get("uncleanable"):
