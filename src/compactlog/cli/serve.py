@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -303,4 +305,31 @@ def serve(ctx: Context, listen: str | None, listeners: tuple[str, ...],
     config.compaction = CleanerConfig(**settings.get("compaction", {}))
     if auto_compaction is not None:
         config.compaction.enabled = auto_compaction
-    asyncio.run(serve_forever(config))
+    try:
+        asyncio.run(serve_forever(config))
+    except OSError as error:
+        raise _listen_error(error, config) from error
+    # SIGTERM or SIGINT, after the shutdown: everything acknowledged is durable.
+    click.echo("compactlog stopped", nl=True)
+
+
+BIND_ERRORS = {errno.EADDRINUSE: "the address is already in use (another server?)",
+               errno.EADDRNOTAVAIL: "this machine has no such address",
+               errno.EACCES: "permission denied (a port below 1024 needs privileges)"}
+
+
+def _listen_error(error: OSError, config: ServerConfig) -> Exception:
+    """A listener that could not bind, as one line naming its address; other OS errors
+    are passed on."""
+    if error.errno not in BIND_ERRORS:
+        return error
+    # asyncio's message: "error while attempting to bind on address ('HOST', PORT): ..."
+    found = re.search(r"address \('([^']*)', (\d+)", str(error))
+    if found is not None:
+        address = f"{found.group(1)}:{found.group(2)}"
+    else:
+        address = " or ".join(f"{listener.host}:{listener.port}"
+                              for listener in config.listeners)
+    return UserError(f"cannot listen on {address}: {BIND_ERRORS[error.errno]}; choose "
+                     "another with --listen / --admin-listen HOST:PORT (port 0: any free "
+                     "port)")

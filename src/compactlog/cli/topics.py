@@ -72,8 +72,6 @@ def list_topics(ctx: Context) -> None:
     Example:
       compactlog topics list
     """
-    if not ctx.location.is_s3 and not (ctx.data_dir / "topics").is_dir():
-        return
     with LogStore.open(ctx.target, read_only=True) as store:
         for name in store.list_topics():
             click.echo(name)
