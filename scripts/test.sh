@@ -4,7 +4,7 @@
 # Extra arguments go to pytest, e.g. `scripts/test.sh --runslow` for the slow tests too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --dev  # the test tools, kcat and the test applications too
 .venv/bin/ruff check src tests bench examples
 .venv/bin/mypy
 .venv/bin/python -m pytest "$@"
