@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
-# Set up compactlog for development on a fresh machine: check Python and Java, create
-# .venv and install the project with its test tools, and install the applications the
-# tests run against the server (scripts/setup-apps.sh). Safe to run again: it reinstalls
-# only when pyproject.toml (or an application's pins) changed.
+# Set up compactlog on a fresh machine: check Python and Java, create .venv and install
+# the project into it.
+#
+#   scripts/setup.sh         compactlog alone: what scripts/demo.sh needs (no root, no
+#                            apt, no Node.js)
+#   scripts/setup.sh --dev   also the test tools (the `dev` extra), kcat (with apt when
+#                            missing) and the applications the tests run against the
+#                            server (scripts/setup-apps.sh): what scripts/test.sh runs
+#
+# Safe to run again: it reinstalls only when pyproject.toml (or an application's pins)
+# changed, or when --dev asks for more than is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+dev=false
+case "${1:-}" in
+  --dev) dev=true ;;
+  "") ;;
+  *) echo "usage: scripts/setup.sh [--dev]" >&2; exit 2 ;;
+esac
 
 python_bin=${PYTHON:-python3}
 if ! "$python_bin" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -23,8 +37,8 @@ fi
 
 # kcat, a command-line Kafka client on the system's librdkafka: the server scenarios in
 # tests/test_server_scenarios.py drive it. Installed with apt-get (as root, or through
-# sudo) when missing.
-if ! command -v kcat >/dev/null 2>&1; then
+# sudo) when missing; only for the tests.
+if $dev && ! command -v kcat >/dev/null 2>&1; then
   apt_prefix=unavailable
   if command -v apt-get >/dev/null 2>&1; then
     if [ "$(id -u)" -eq 0 ]; then
@@ -48,14 +62,29 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv
 fi
+# The stamp: the checksum of the pyproject.toml installed, and what was installed
+# ("base" or "dev"; a stamp of an older setup, the checksum alone, was a dev install).
 stamp=.venv/.compactlog-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+have=$(cat "$stamp" 2>/dev/null || true)
+case "$have" in
+  "$want"|"$want dev") installed=dev ;;
+  "$want base") installed=base ;;
+  *) installed=none ;;
+esac
+if [ "$installed" = none ] || { $dev && [ "$installed" = base ]; }; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[dev]"
-  echo "$want" > "$stamp"
+  if $dev; then
+    .venv/bin/python -m pip install --quiet -e ".[dev]"
+    echo "$want dev" > "$stamp"
+  else
+    .venv/bin/python -m pip install --quiet -e .
+    echo "$want base" > "$stamp"
+  fi
 fi
 
 # The applications of tests/test_apps_*.py (Quix Streams, faust-streaming, KafkaJS), each
 # with its own pinned Kafka client: see scripts/setup-apps.sh.
-PYTHON="$python_bin" bash scripts/setup-apps.sh
+if $dev; then
+  PYTHON="$python_bin" bash scripts/setup-apps.sh
+fi

@@ -5,7 +5,7 @@
 # Extra arguments go to pytest, e.g. `scripts/test.sh --runslow` for the slow tests too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --dev  # the test tools, kcat and the test applications too
 .venv/bin/ruff check src tests bench examples
 .venv/bin/mypy
 (cd src && ../.venv/bin/lint-imports --config ../pyproject.toml)

@@ -38,7 +38,7 @@ from kafka_server import LoggedServer
 APPS_VENVS = ROOT / ".venv-apps"
 COMPACTLOG = Path(sys.executable).parent / "compactlog"
 LOCAL_SERVICE = "local_engine:LocalCompactionServiceFactory"
-SETUP_HINT = "run scripts/setup-apps.sh (scripts/setup.sh and scripts/test.sh run it)"
+SETUP_HINT = "run scripts/setup-apps.sh (scripts/setup.sh --dev and scripts/test.sh run it)"
 
 
 def app_python(app: str) -> Path:

@@ -156,7 +156,7 @@ SUBJECTS: dict[str, Subject] = {s.name: s for s in [
             "the same with the consumer subscribed to a pattern (its periodic refresh asks "
             "for all topics)",
     }),
-    Subject("kcat", "client", "Debian package (scripts/setup.sh)", {
+    Subject("kcat", "client", "Debian package (scripts/setup.sh --dev)", {
         "end-to-end": "tests/test_server_scenarios.py: create a compacted topic, produce "
                       "keyed records and tombstones with every codec, compact while "
                       "serving, read the view and the live log, group read and commit, "

@@ -68,7 +68,7 @@ def test_produce_consume_round_trip(tmp_path: Path) -> None:
 
     text = ok(run(tmp_path, "consume", "prices"))
     assert sorted(text.splitlines()) == sorted(
-        ["AAPL\t189.5", "MSFT\t410.2", "AAPL\t190.1", "MSFT\t"]
+        ["AAPL\t189.5", "MSFT\t410.2", "AAPL\t190.1", '{"key": "MSFT", "value": null}']
     )
 
 

@@ -336,7 +336,7 @@ def test_confluent_kafka_delete_group(server: LoggedServer) -> None:
 
 
 @pytest.mark.compat("kcat", "list-topics")
-@pytest.mark.skipif(KCAT is None, reason="kcat is not installed (scripts/setup.sh)")
+@pytest.mark.skipif(KCAT is None, reason="kcat is not installed (scripts/setup.sh --dev)")
 def test_kcat_lists_topics(server: LoggedServer) -> None:
     assert KCAT is not None
     done = subprocess.run([KCAT, "-b", server.bootstrap, "-L", "-J"], capture_output=True,

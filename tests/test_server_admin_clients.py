@@ -59,7 +59,8 @@ from compactlog.storage.store import LogStore
 from kafka_server import LoggedServer, logged_server
 
 KCAT = shutil.which("kcat")
-needs_kcat = pytest.mark.skipif(KCAT is None, reason="kcat is not installed (scripts/setup.sh)")
+needs_kcat = pytest.mark.skipif(KCAT is None,
+                                reason="kcat is not installed (scripts/setup.sh --dev)")
 TIMEOUT_S = 60.0
 TOPICS = {"plain", "table"}
 TABLE = {"cleanup.policy": "compact,delete", "min.compaction.lag.ms": "0",

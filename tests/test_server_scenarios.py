@@ -604,7 +604,8 @@ class KafkaPythonClient(Client):
         return GroupRead(out, committed)
 
 
-needs_kcat = pytest.mark.skipif(KCAT is None, reason="kcat is not installed (scripts/setup.sh)")
+needs_kcat = pytest.mark.skipif(KCAT is None,
+                                reason="kcat is not installed (scripts/setup.sh --dev)")
 
 CLIENTS: dict[str, tuple[Callable[[], Client], bool]] = {
     # name: (client, keep tombstones in the view)

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from compactlog.errors import CompactlogError
+from compactlog.errors import CompactlogError, UnknownTopicError
 from compactlog.storage.document import Document
 from compactlog.storage.layout import state_document
 from compactlog.storage.location import Location
@@ -87,6 +87,28 @@ def cli(ctx: click.Context, data_dir: str, debug: bool, log_level: str) -> None:
     )
     quiet_secret_loggers()
     ctx.obj = Context(data_dir, debug)
+    global _current
+    _current = ctx.obj
+
+
+# The command's Context, once the group has run: main() names its data location in
+# errors that concern it.
+_current: Context | None = None
+
+
+def where(context: Context) -> str:
+    """The data location, as an error names it: `the data directory DIR` or the URL."""
+    if context.location.is_s3:
+        return str(context.location)
+    return f"the data directory {context.data_dir}"
+
+
+def error_line(error: CompactlogError) -> str:
+    """The one line an error prints: an unknown topic names where it was looked for,
+    since a mistyped --data-dir or COMPACTLOG_DATA_DIR is the usual cause."""
+    if isinstance(error, UnknownTopicError) and _current is not None:
+        return f"{error} in {where(_current)}"
+    return str(error)
 
 
 # Their DEBUG logs print signed requests: the session token and the signing material.
@@ -161,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     except CompactlogError as error:
         if debug:
             raise
-        click.echo(f"error: {error}", err=True)
+        click.echo(f"error: {error_line(error)}", err=True)
         sys.exit(1)
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (e.g. `| head`); not an error

@@ -12,14 +12,14 @@ from urllib.parse import quote
 
 import click
 from click.core import ParameterSource
-from rich import box
+from rich.console import Group, RenderableType
 from rich.filesize import decimal
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
 from compactlog.cli import Context
 from compactlog.cli.admin_client import AdminClient, BusyServerError, report_from_json
-from compactlog.cli.output import stderr_console, stdout_console
+from compactlog.cli.output import narrow_table, stderr_console, stdout_console
 from compactlog.compaction import (
     CompactionReport,
     CompactionServiceFactory,
@@ -27,6 +27,7 @@ from compactlog.compaction import (
     load_factory,
 )
 from compactlog.compaction.daemon import WorkerGone, WorkerInfo, ask, running_worker
+from compactlog.compaction.rolled import RollThrough
 from compactlog.compaction.runner import chosen_partitions
 from compactlog.compaction.status import CompactionStatus, is_locked, read_status
 from compactlog.compaction.worker import CompactionWorker, protocol_stdout
@@ -72,6 +73,10 @@ STAGES = ["plan", "phase 1: find survivors", "phase 2: write ledgers", "commit",
 @click.option("--no-wait", is_flag=True,
               help="On a server (--server, or the one running on the data directory): print "
                    "the run's id and return without waiting for it.")
+@click.option("--roll/--no-roll", default=True, show_default=True,
+              help="Roll the active segment first, so that the run covers every record "
+                   "produced until now (as Pulsar's compaction); --no-roll leaves it, as "
+                   "Kafka's cleaner does. min.compaction.lag.ms applies either way.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_obj
 def compact(
@@ -84,16 +89,20 @@ def compact(
     server_url: str | None,
     local: bool,
     no_wait: bool,
+    roll: bool,
     as_json: bool,
 ) -> None:
     """Compact TOPIC: keep the surviving record per key in a new compacted ledger.
 
-    Covers every segment but the active one (rolled segments are sealed first, by the
-    server when one runs) that is older than min.compaction.lag.ms, plus the previous
-    ledger; finds the survivors with Spark, writes new ledger files and commits the new
-    (horizon, ledger) pair atomically. The raw log is not changed. Works while a
-    producer or server writes the same data directory; if another process (the server's
-    cleaner) is compacting the same partitions, waits for that run and reports it.
+    Covers every record produced until now, as Pulsar's compaction does: the active
+    segment is rolled first (by the server when one runs), then every segment whose
+    records are older than min.compaction.lag.ms is compacted with the previous ledger.
+    Finds the survivors with Spark, writes new ledger files and commits the new
+    (horizon, ledger) pair atomically. The raw log is not changed. The server's
+    automatic compaction leaves the active segment, as Kafka's cleaner does; so does
+    --no-roll. Works while a producer or server writes the same data directory; if
+    another process (the server's cleaner) is compacting the same partitions, waits for
+    that run and reports it.
 
     When `compactlog serve` runs on the data directory with an admin API, the run goes
     to the server's warm compaction worker (no Spark start-up here); else, when a
@@ -116,7 +125,7 @@ def compact(
                                    "not go with --server: the server's compaction settings "
                                    "apply")
         _compact_on_server(AdminClient(server_url), topic, list(partitions) or None,
-                           no_wait, as_json)
+                           no_wait, as_json, roll)
         return
     if not local and not spark_options:
         server = running_server(ctx.data_dir)
@@ -125,11 +134,11 @@ def compact(
             console.print(f"compacting on the running server's compaction worker "
                           f"({server.admin}); --local runs it here")
             _compact_on_server(AdminClient(server.admin), topic, list(partitions) or None,
-                               no_wait, as_json)
+                               no_wait, as_json, roll)
             return
         warm = running_worker(ctx.data_dir)
         if warm is not None and not no_wait:
-            report = _compact_on_worker(warm, topic, list(partitions) or None)
+            report = _compact_on_worker(warm, topic, list(partitions) or None, roll)
             if report is not None:
                 _print_report(report, as_json)
                 return
@@ -150,19 +159,40 @@ def compact(
             report = compact_with_progress(
                 store, topic, load_factory(service), settings,
                 list(partitions) if partitions else None, transient=as_json,
+                roll=roll, roll_through=_roll_through_server(ctx),
             )
     _print_report(report, as_json)
+
+
+def _roll_through_server(ctx: Context) -> RollThrough:
+    """How a run here gets a running server's active segments rolled: through its
+    admin API (the server is their writer); False when it has none."""
+
+    def ask_server(topic: str, partitions: list[int]) -> bool:
+        server = running_server(ctx.data_dir)
+        if server is None or server.admin is None:
+            return False
+        AdminClient(server.admin).post(f"/v1/topics/{quote(topic, safe='')}/roll",
+                                       {"partitions": partitions})
+        return True
+
+    return ask_server
 
 
 def _print_report(report: CompactionReport, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report_json(report), indent=2))
-    else:
-        stdout_console().print(summary_table(report))
+        return
+    stdout_console().print(summary_table(report))
+    kept = [str(p.partition) for p in report.partitions if p.active_not_rolled]
+    if kept:
+        console.print(f"partition(s) {', '.join(kept)}: the active segment was not rolled "
+                      "(another process writes it, and it has no admin API to ask): this "
+                      "run covered the rolled segments only")
 
 
-def _compact_on_worker(worker: WorkerInfo, topic: str, partitions: list[int] | None
-                       ) -> CompactionReport | None:
+def _compact_on_worker(worker: WorkerInfo, topic: str, partitions: list[int] | None,
+                       roll: bool) -> CompactionReport | None:
     """The run, on the warm worker `compactlog worker start` left (compaction/daemon.py);
     None if the worker went away before it answered (then the CLI runs it itself)."""
     console.print(f"compacting on the warm compaction worker (pid {worker.pid}, "
@@ -171,7 +201,8 @@ def _compact_on_worker(worker: WorkerInfo, topic: str, partitions: list[int] | N
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         progress.add_task(f"compaction of {topic} on the worker")
         try:
-            answer = ask(worker, {"op": "compact", "topic": topic, "partitions": partitions})
+            answer = ask(worker, {"op": "compact", "topic": topic, "partitions": partitions,
+                                  "roll": roll})
         except WorkerGone as gone:
             console.print(f"{gone}; compacting here instead")
             return None
@@ -228,10 +259,12 @@ def _report_from_statuses(topic: str, statuses: dict[int, CompactionStatus]
 
 
 def _compact_on_server(client: AdminClient, topic: str, partitions: list[int] | None,
-                       no_wait: bool, as_json: bool) -> None:
+                       no_wait: bool, as_json: bool, roll: bool = True) -> None:
+    body: dict[str, Any] = {"partitions": partitions} if partitions else {}
+    if not roll:
+        body["roll"] = False  # the server rolls by default, as `compact` does
     try:
-        run = client.post(f"/v1/topics/{quote(topic, safe='')}/compaction",
-                          {"partitions": partitions} if partitions else {})
+        run = client.post(f"/v1/topics/{quote(topic, safe='')}/compaction", body)
     except BusyServerError as error:
         if no_wait or len(error.runs) != 1:
             raise  # held by another process, or by several runs: say so
@@ -264,13 +297,16 @@ def compact_with_progress(
     settings: dict[str, Any],
     partitions: list[int] | None = None,
     transient: bool = False,
+    roll: bool = False,
+    roll_through: RollThrough | None = None,
 ) -> CompactionReport:
-    """Run one compaction of `topic` with a progress bar on stderr; stops the service."""
+    """Run one compaction of `topic` with a progress bar on stderr; stops the service.
+    With `roll`, a manual compaction: the active segments are rolled first (trigger)."""
     with Progress(
         SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
         TimeElapsedColumn(), console=console, transient=transient,
     ) as progress:
-        task = progress.add_task("starting Spark", total=len(STAGES) - 1)
+        task = progress.add_task("plan", total=len(STAGES) - 1)
 
         def report_progress(stage: str, done: int, total: int) -> None:
             position = STAGES.index(stage) if stage in STAGES else 0
@@ -278,6 +314,8 @@ def compact_with_progress(
 
         compaction = factory.new_service(store, topic, {**settings, "progress": report_progress})
         try:
+            if roll:
+                return compaction.trigger(partitions, roll_through)
             return compaction.compact(partitions)
         finally:
             stop = getattr(compaction, "stop", None)
@@ -299,34 +337,56 @@ def report_json(report: CompactionReport) -> dict[str, Any]:
     }
 
 
-def summary_table(report: CompactionReport) -> Table:
-    table = Table(
-        "partition", "records in", "records out", "removed", "size in", "size out", "keys",
-        "tombstones kept", "tombstones removed", "horizon",
-        title=f"Compacted {report.topic} in {report.duration_s:.1f}s, run {report.run_id}",
-        caption=" · ".join(f"{name} {seconds:.1f}s" for name, seconds in report.stages.items())
-        + f" · {report.mb_per_s:.1f} MB/s after start-up",
-        box=box.SIMPLE_HEAD,
-    )
+def summary_table(report: CompactionReport) -> RenderableType:
+    """The run's summary, in 80 columns: one row per partition (and their total), what
+    this run read and wrote, the keys the compacted ledger holds after it (for a
+    partition with nothing new: the ledger it keeps), and why a partition had nothing to
+    do. A run that did nothing says so in its title."""
+    ran = [p for p in report.partitions if p.skipped is None]
+    if ran:
+        title = f"Compacted {report.topic} in {report.duration_s:.1f}s, run {report.run_id}"
+    else:
+        title = f"Nothing to compact in {report.topic} (run {report.run_id})"
+    table = narrow_table(title, "partition", "records\nin", "records\nout", "keys",
+                         "tombstones\nkept", "size\nin", "size\nout", "horizon")
     for p in report.partitions:
         horizon = "-" if p.horizon is None else str(p.horizon)
         if p.old_horizon != p.horizon:
             horizon = f"{'-' if p.old_horizon is None else p.old_horizon}→{horizon}"
+        if p.skipped is not None:
+            table.add_row(str(p.partition), "-", "-", f"{p.keys:,}", "-", "-", "-", horizon)
+            continue
         table.add_row(
-            str(p.partition), f"{p.records_in:,}", f"{p.records_out:,}",
-            f"{p.records_removed:,}", decimal(p.bytes_in), decimal(p.bytes_out), f"{p.keys:,}",
-            f"{p.tombstones_kept:,}", f"{p.tombstones_removed:,}",
-            horizon if p.skipped is None else f"{horizon} ({p.skipped})",
-        )
+            str(p.partition), f"{p.records_in:,}", f"{p.records_out:,}", f"{p.keys:,}",
+            f"{p.tombstones_kept:,}", decimal(p.bytes_in), decimal(p.bytes_out), horizon)
     if len(report.partitions) > 1:
-        table.add_row(
-            "all", f"{report.total('records_in'):,}", f"{report.total('records_out'):,}",
-            f"{report.total('records_in') - report.total('records_out'):,}",
-            decimal(report.total("bytes_in")), decimal(report.total("bytes_out")),
-            *(f"{report.total(n):,}" for n in ("keys", "tombstones_kept", "tombstones_removed")),
-            "", style="bold",
-        )
-    return table
+        work = ([f"{report.total('records_in'):,}", f"{report.total('records_out'):,}"]
+                if ran else ["-", "-"])
+        sizes = ([decimal(report.total("bytes_in")), decimal(report.total("bytes_out"))]
+                 if ran else ["-", "-"])
+        table.add_row("all", *work, f"{report.total('keys'):,}",
+                      f"{report.total('tombstones_kept'):,}" if ran else "-", *sizes, "",
+                      style="bold")
+    notes: list[RenderableType] = [table]
+    if ran:
+        removed = report.total("records_in") - report.total("records_out")
+        tombstones = report.total("tombstones_removed")
+        notes.append(Text(
+            f"{removed:,} record{'' if removed == 1 else 's'} removed ({tombstones:,} "
+            f"tombstone{'' if tombstones == 1 else 's'}) · "
+            + " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report.stages.items())
+            + f" · {report.mb_per_s:.1f} MB/s after start-up", style="dim"))
+    reasons: dict[str, list[str]] = {}
+    for p in report.partitions:
+        if p.skipped is not None:
+            reasons.setdefault(p.skipped, []).append(str(p.partition))
+        if p.rolled_unsealed:
+            reasons.setdefault("the writer had not sealed its rolled segments in time: the "
+                               "next run covers them", []).append(str(p.partition))
+    for reason, indexes in reasons.items():
+        which = "partition" if len(indexes) == 1 else "partitions"
+        notes.append(Text(f"{which} {', '.join(indexes)}: {reason}"))
+    return Group(*notes)
 
 
 @click.command("compact-worker", hidden=True)
@@ -391,10 +451,10 @@ def compaction_status(ctx: Context, topic: str, server_url: str | None, as_json:
     if as_json:
         click.echo(json.dumps({"topic": topic, "partitions": rows}, indent=2))
         return
-    table = Table("partition", "status", "horizon", "last finished", "error",
-                  title=f"Compaction status of {topic}")
+    headers = ["partition", "status", "horizon", "last finished", "error"]
     if server_url is not None:
-        table.add_column("retry at")
+        headers.append("retry at")
+    table = narrow_table(f"Compaction status of {topic}", *headers, right=("horizon",))
     for row in rows:
         state = row["state"]
         if row.get("uncleanable"):

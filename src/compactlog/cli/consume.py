@@ -27,8 +27,9 @@ def _start(value: str) -> StartPosition:
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for new records (Ctrl-C stops).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               show_default=True,
-              help="text: key<TAB>value; json: one object per record with partition, offset, "
-                   "timestamp, key, value and headers.")
+              help="text: key<TAB>value, and a tombstone as {\"key\": ..., \"value\": "
+                   "null} (what `produce` reads); json: one object per record with "
+                   "partition, offset, timestamp, key, value and headers.")
 @click.option("--encoding", type=click.Choice(["utf8", "base64"]), default="utf8",
               show_default=True, help="How keys and values are printed.")
 @click.option("--compacted", is_flag=True,
@@ -50,7 +51,9 @@ def consume(
 ) -> None:
     """Print the records of TOPIC, partition by partition, in offset order.
 
-    In JSON, a tombstone's value is null. Reading does not block a running producer.
+    A tombstone (a null value) prints as {"key": "K", "value": null}, in the text
+    format too, where an empty value prints as `K<TAB>`: the lines `produce` reads.
+    Reading does not block a running producer.
 
     \b
     Examples:

@@ -112,7 +112,11 @@ def record_json(partition: int, record: Record, encoding: Encoding) -> str:
 
 
 def record_text(record: Record, encoding: Encoding) -> str:
-    """`key<TAB>value`, the format produce reads; a null prints as an empty field."""
-    key = _encode(record.key, encoding) or ""
-    value = _encode(record.value, encoding) or ""
-    return f"{key}\t{value}"
+    """`key<TAB>value`, the format produce reads; a null key prints as an empty field.
+    A tombstone (null value) prints as the JSON line that produces one,
+    `{"key": "K", "value": null}`, so that it differs from an empty value (`K<TAB>`)
+    and `consume | produce` copies it as a tombstone."""
+    key = _encode(record.key, encoding)
+    if record.value is None:
+        return json.dumps({"key": key, "value": None}, ensure_ascii=False)
+    return f"{key or ''}\t{_encode(record.value, encoding)}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -277,7 +279,8 @@ def serve(ctx: Context, listen: str | None, listeners: tuple[str, ...],
           --tls-key server.key
       compactlog --data-dir /var/lib/compactlog serve --listen 0.0.0.0:9092 \\
           --config /etc/compactlog/server.toml
-      kcat -b 127.0.0.1:9092 -t prices -P -K: <<< 'AAPL:189.5'
+      kcat -b 127.0.0.1:9092 -t prices -P -K: -X partitioner=murmur2_random \\
+          <<< 'AAPL:189.5'
       curl -s 127.0.0.1:9093/metrics | grep compactlog_compaction
     """
     settings = load_settings(config_file) if config_file else {}
@@ -305,4 +308,31 @@ def serve(ctx: Context, listen: str | None, listeners: tuple[str, ...],
     config.compaction = CleanerConfig(**settings.get("compaction", {}))
     if auto_compaction is not None:
         config.compaction.enabled = auto_compaction
-    asyncio.run(serve_forever(config))
+    try:
+        asyncio.run(serve_forever(config))
+    except OSError as error:
+        raise _listen_error(error, config) from error
+    # SIGTERM or SIGINT, after the shutdown: everything acknowledged is durable.
+    click.echo("compactlog stopped", nl=True)
+
+
+BIND_ERRORS = {errno.EADDRINUSE: "the address is already in use (another server?)",
+               errno.EADDRNOTAVAIL: "this machine has no such address",
+               errno.EACCES: "permission denied (a port below 1024 needs privileges)"}
+
+
+def _listen_error(error: OSError, config: ServerConfig) -> Exception:
+    """A listener that could not bind, as one line naming its address; other OS errors
+    are passed on."""
+    if error.errno not in BIND_ERRORS:
+        return error
+    # asyncio's message: "error while attempting to bind on address ('HOST', PORT): ..."
+    found = re.search(r"address \('([^']*)', (\d+)", str(error))
+    if found is not None:
+        address = f"{found.group(1)}:{found.group(2)}"
+    else:
+        address = " or ".join(f"{listener.host}:{listener.port}"
+                              for listener in config.listeners)
+    return UserError(f"cannot listen on {address}: {BIND_ERRORS[error.errno]}; choose "
+                     "another with --listen / --admin-listen HOST:PORT (port 0: any free "
+                     "port)")

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from rich.filesize import decimal
 from rich.table import Table
 
 from compactlog.cli import Context
-from compactlog.cli.output import stdout_console
+from compactlog.cli.output import narrow_table, stdout_console
 from compactlog.cli.writer import open_writer
 from compactlog.compaction.status import read_status
 from compactlog.config import TOPIC_KEYS, parse_assignments
@@ -71,8 +72,6 @@ def list_topics(ctx: Context) -> None:
     Example:
       compactlog topics list
     """
-    if not ctx.location.is_s3 and not (ctx.data_dir / "topics").is_dir():
-        return
     with LogStore.open(ctx.target, read_only=True) as store:
         for name in store.list_topics():
             click.echo(name)
@@ -107,24 +106,29 @@ def describe(ctx: Context, topic: str, as_json: bool) -> None:
             }, indent=2))
             return
         console.print(f"[bold]{meta.name}[/] (id {meta.topic_id}), {meta.partitions} partition(s)")
-        settings = Table("config", "value", "source", title="Config")
+        settings = narrow_table("Config", "config", "value", "source", right=())
         for key in TOPIC_KEYS:
             source = "topic" if key.name in meta.config.overrides else "default"
-            settings.add_row(key.name, str(config[key.name]), source)
+            settings.add_row(key.name, format_value(config[key.name]), source)
         console.print(settings)
-        table = Table(
-            "partition", "log start", "log end", "records", "sealed segments", "sealed bytes",
-            "log segments", "log bytes", title="Partitions",
-        )
+        table = narrow_table("Partitions", "partition", "log\nstart", "log\nend", "records",
+                             "sealed\nsegments", "sealed\nsize", "log\nsegments", "log\nsize")
         for row in partitions:
-            table.add_row(*(str(row[c]) for c in (
-                "partition", "log_start_offset", "log_end_offset",
-            )), str(row["log_end_offset"] - row["log_start_offset"]), *(str(row[c]) for c in (
-                "sealed_segments", "sealed_bytes", "log_segments", "log_bytes",
-            )))
+            table.add_row(
+                str(row["partition"]), str(row["log_start_offset"]), str(row["log_end_offset"]),
+                str(row["log_end_offset"] - row["log_start_offset"]), str(row["sealed_segments"]),
+                decimal(row["sealed_bytes"]), str(row["log_segments"]),
+                decimal(row["log_bytes"]))
         console.print(table)
         if meta.config.compacted:
             console.print(_compaction_table(partitions))
+
+
+def format_value(value: object) -> str:
+    """A config value as it is typed (`true`, not Python's `True`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _last_run(directory: Path) -> dict[str, Any]:
@@ -140,26 +144,27 @@ def _last_run(directory: Path) -> dict[str, Any]:
 
 
 def _compaction_table(partitions: list[dict[str, Any]]) -> Table:
-    table = Table(
-        "partition", "horizon", "ledger records", "ledger bytes", "dirty bytes", "dirty ratio",
-        "status", "last run", "duration", "removed", title="Compaction",
-    )
+    table = narrow_table("Compaction", "partition", "horizon", "ledger\nrecords",
+                         "ledger\nsize", "dirty\nsize", "dirty\nratio", "status", "last run",
+                         right=("horizon", "ledger\nrecords", "ledger\nsize", "dirty\nsize",
+                                "dirty\nratio"))
     for row in partitions:
         run = row["compaction"]
-        when = (
-            datetime.fromtimestamp(run["last_run_ms"] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-            if run["last_run_ms"] else "never"
-        )
-        duration = (
-            f"{run['last_run_duration_ms'] / 1000:.1f}s"
-            if run["last_run_duration_ms"] is not None else "-"
-        )
+        if run["last_run_ms"]:
+            when = datetime.fromtimestamp(run["last_run_ms"] / 1000, UTC).strftime(
+                "%Y-%m-%d %H:%M:%S")
+            duration = (f"{run['last_run_duration_ms'] / 1000:.1f}s"
+                        if run["last_run_duration_ms"] is not None else "")
+            removed = run["last_run_records_removed"]
+            details = ", ".join(filter(None, [
+                duration, f"{removed:,} removed" if removed is not None else ""]))
+            last = f"{when}\n{details}" if details else when
+        else:
+            last = "never"
         table.add_row(
             str(row["partition"]), str(row["horizon"] if row["horizon"] is not None else "-"),
-            str(row["ledger_records"]), str(row["ledger_bytes"]), str(row["dirty_bytes"]),
-            f"{row['dirty_ratio']:.2f}", run["state"], when, duration,
-            str(run["last_run_records_removed"] if run["last_run_records_removed"] is not None
-                else "-"),
+            f"{row['ledger_records']:,}", decimal(row["ledger_bytes"]),
+            decimal(row["dirty_bytes"]), f"{row['dirty_ratio']:.2f}", run["state"], last,
         )
     return table
 

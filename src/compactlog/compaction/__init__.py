@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from compactlog.errors import UserError
 
 if TYPE_CHECKING:
+    from compactlog.compaction.rolled import RollThrough
     from compactlog.storage.records import Record
     from compactlog.storage.store import LogStore
 
@@ -47,6 +48,9 @@ class PartitionSummary:
     # Rolled segments the writer had not sealed when the run gave up waiting: the next
     # run covers them (compaction/rolled.py).
     rolled_unsealed: bool = False
+    # A manual run (trigger) that could not roll the active segment: another process
+    # writes the partition and could not be asked to (compaction/rolled.py).
+    active_not_rolled: bool = False
 
     @property
     def records_removed(self) -> int:
@@ -76,12 +80,36 @@ class CompactionReport:
 
 
 class TopicCompactionService(ABC):
-    """Compacts one topic, and reads the compacted ledger of its partitions."""
+    """Compacts one topic, and reads the compacted ledger of its partitions.
+
+    `compact` follows Kafka's cleaner: it covers every segment but the active one (the
+    server's automatic compaction runs it). `trigger` is a compaction asked for by
+    hand, as Pulsar's: it rolls the active segments first, so that it covers every
+    record appended until it was asked for (min.compaction.lag.ms still applies).
+    An implementation has the store and the topic it compacts as `store` and `topic`."""
+
+    store: LogStore
+    topic: str
 
     @abstractmethod
     def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
         """Compact the given partitions (all when None) in one run; commit each one's
         new (horizon, ledger) pair atomically, or leave its old pair in force."""
+
+    def trigger(self, partitions: Sequence[int] | None = None,
+                roll_through: RollThrough | None = None) -> CompactionReport:
+        """A manual compaction: roll the active segment of each partition, then
+        `compact`. When another process writes the store, `roll_through(topic,
+        partitions)` asks it to roll (the CLI asks a server through its admin API);
+        without one, or when it answers False, those partitions' active segments stay,
+        and their summaries say so (`active_not_rolled`)."""
+        from compactlog.compaction.rolled import roll_active_segments
+
+        kept = roll_active_segments(self.store, self.topic, partitions, roll_through)
+        report = self.compact(partitions)
+        for summary in report.partitions:
+            summary.active_not_rolled = summary.partition in kept
+        return report
 
     @abstractmethod
     def read_compacted_entries(self, partition: int, start: int, count: int) -> list[Record]:

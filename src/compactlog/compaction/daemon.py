@@ -13,7 +13,8 @@ store is opened read-only per run (topics created since are seen) and the compac
 lock keeps it apart from the server's cleaner and other `compact` commands.
 
 The conversation, one JSON line each way per connection:
-  {"op": "compact", "topic": T, "partitions": [..] | null}  ->  {"report": {..}} | {"error": ".."}
+  {"op": "compact", "topic": T, "partitions": [..] | null, "roll": bool}
+      ->  {"report": {..}} | {"error": ".."}   ("roll": a manual run, rolled.py)
   {"op": "status"}  ->  {"pid", "runs", "idle_timeout_s", "idle_s", "started_ms",
                          "last_run_ms", "spark_master", "warm_up_s"}
   {"op": "stop"}  ->  {"stopping": true}, then the worker exits
@@ -197,7 +198,8 @@ def _answer(connection: socket.socket, worker: CompactionWorker,
         op = request.get("op")
         if op == "compact":
             try:
-                report = worker.compact(str(request["topic"]), request.get("partitions"))
+                report = worker.compact(str(request["topic"]), request.get("partitions"),
+                                        roll=bool(request.get("roll", False)))
                 answer = {"report": to_json(report)}
             except CompactlogError as error:
                 answer = {"error": str(error)}

@@ -12,13 +12,21 @@ run gets the rolled segments of its partitions sealed:
      segments every upkeep_interval_s, so the run waits for the manifests to show them
      sealed, up to `timeout_s`; what is still unsealed then waits for the next run, and
      the run's summary says so.
+
+A manual compaction (`compactlog compact`, the admin API, `TopicCompactionService.
+trigger`) covers the active segment too, as Pulsar's compaction covers every message
+up to the moment it is asked for: `roll_active_segments` rolls it first, by the same
+three cases (in case 3 only if the writer can be asked: the CLI asks a server through
+its admin API). min.compaction.lag.ms still applies: the plan leaves out segments
+whose newest record is younger (plan.py). The server's automatic cleaner never rolls,
+as Kafka's does not.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from compactlog.errors import DataDirLockedError
 from compactlog.storage.partition import Partition
@@ -28,6 +36,10 @@ from compactlog.storage.store import LogStore
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
+
+# Asks the writer of the data directory (a server) to roll the active segments of
+# (topic, partitions); False when there is no writer it can ask.
+RollThrough = Callable[[str, list[int]], bool]
 
 
 def rolled_end(partition: Partition) -> int:
@@ -73,3 +85,29 @@ def seal_rolled_segments(store: LogStore, topic: str, partitions: Sequence[Parti
             time.sleep(0.05)
             waiting = unsealed(waiting, targets)
     return [p.index for p in unsealed(waiting, targets)]
+
+
+def roll_active_segments(store: LogStore, topic: str, partitions: Sequence[int] | None,
+                         through: RollThrough | None = None) -> list[int]:
+    """Roll (and seal) the active segment of each partition, so that a run covers every
+    record appended before it was asked for (see the module's doc); returns the
+    partitions whose active segment stays, because another process writes them and
+    `through` could not ask it."""
+    indexes = (list(partitions) if partitions is not None
+               else list(range(len(store.topic(topic).partitions))))
+    if not store.read_only:  # 1.
+        for index in indexes:
+            store.topic(topic).partition(index).roll()
+        return []
+    try:  # 2.
+        with LogStore.open(store.target, clock=store.clock,
+                           local_dir=store.data_dir) as writer:
+            for index in indexes:
+                writer.topic(topic).partition(index).roll()
+        return []
+    except DataDirLockedError:  # 3.
+        if through is not None and through(topic, indexes):
+            return []
+        log.warning("%s: partitions %s are written by another process; their active "
+                    "segments stay out of this run", topic, indexes)
+        return indexes

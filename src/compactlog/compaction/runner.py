@@ -159,7 +159,9 @@ def run_compaction(
             ))
             _fetch_for_the_driver(partition, plans[-1])
         work = [plan for plan in plans if plan.has_work]
-        summaries = {plan.partition: _summary(plan) for plan in plans}
+        summaries = {plan.partition: _summary(plan, topic.partition(plan.partition).manifest,
+                                              topic.config["min.compaction.lag.ms"])
+                     for plan in plans}
         for index in unsealed:
             summaries[index].rolled_unsealed = True
         committed: set[int] = set()
@@ -292,7 +294,8 @@ def _sweep(partition: Partition) -> None:
                     partition.name, error)
 
 
-def _summary(plan: PartitionPlan) -> PartitionSummary:
+def _summary(plan: PartitionPlan, manifest: PartitionManifest, lag_ms: int
+             ) -> PartitionSummary:
     summary = PartitionSummary(
         partition=plan.partition,
         old_horizon=plan.old_horizon,
@@ -300,8 +303,25 @@ def _summary(plan: PartitionPlan) -> PartitionSummary:
         dirty_segments=len(plan.dirty),
     )
     if not plan.has_work:
-        summary.skipped = "no sealed segment is cleanable yet"
+        summary.skipped = _why_no_work(plan, manifest, lag_ms)
+        # What the compacted view holds up to the horizon, unchanged: one record per key.
+        summary.keys = sum(info.live_count for info in manifest.ledger)
     return summary
+
+
+def _why_no_work(plan: PartitionPlan, manifest: PartitionManifest, lag_ms: int) -> str:
+    """Why a partition's plan has nothing to read, in the words of its summary."""
+    above = [info for info in manifest.segments
+             if plan.old_horizon is None or info.last_offset > plan.old_horizon]
+    if not above:
+        return ("nothing new since the last compaction" if plan.old_horizon is not None
+                else "no records to compact yet")
+    if above[0].missing:
+        return (f"segment {above[0].file} lost offsets to a corrupt log: compaction stops "
+                "before it")
+    if lag_ms > 0:
+        return f"its new records are younger than min.compaction.lag.ms ({lag_ms} ms)"
+    return "no sealed segment is cleanable yet"
 
 
 def _commit(
@@ -326,8 +346,9 @@ def _commit(
     summary.records_in = sum(item.info.live_count for item in plan.inputs)
     summary.bytes_in = sum(item.info.size_bytes for item in plan.inputs)
     summary.bytes_out = sum(info.size_bytes for info in new_ledger)
-    summary.keys = (plan.survivor_count if plan.survivor_count is not None
-                    else len(plan.survivors))
+    # What the new ledger holds: one record per key (a tombstone until
+    # delete.retention.ms has passed), as the summary of a partition with nothing new.
+    summary.keys = sum(info.live_count for info in new_ledger)
     summary.horizon = plan.new_horizon
     oldest = [p.oldest_tombstone_ms for p in pieces if p.oldest_tombstone_ms is not None]
     # The ledger's files and their deletion vectors: a run that changed only DVs

@@ -87,6 +87,8 @@ class Job:
     partitions: list[int]
     reasons: dict[int, list[str]]  # why each partition is in the run
     requested: bool = False  # asked for through the admin API, not by a trigger
+    # A manual run: the writer rolls the active segments first (compaction/rolled.py).
+    roll_active: bool = False
     started_s: float = 0.0
 
     @property

@@ -40,12 +40,16 @@ class CompactionWorker:
         self.settings = dict(settings)
         self._kept: Any = None  # the engine session kept between runs, if any
 
-    def compact(self, topic: str, partitions: list[int] | None) -> CompactionReport:
+    def compact(self, topic: str, partitions: list[int] | None,
+                roll: bool = False) -> CompactionReport:
+        """One run; with `roll`, a manual one (`trigger`: the active segments rolled
+        first). The server's runs never roll here: the server is the writer, and rolls
+        a requested run's segments itself before asking."""
         # A store opened per run: topics created since the last run are seen.
         with LogStore.open(self.target, read_only=True, local_dir=self.data_dir) as store:
             service = self.factory.new_service(store, topic, self.settings)
             try:
-                return service.compact(partitions)
+                return service.trigger(partitions) if roll else service.compact(partitions)
             finally:
                 started = getattr(service, "started_session", None)
                 if started is not None:

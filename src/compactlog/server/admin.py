@@ -6,9 +6,15 @@
   GET  /v1/topics/{topic}                one topic: config and partitions
   GET  /v1/topics/{topic}/compaction     per-partition compaction status, with failures
   POST /v1/topics/{topic}/compaction     start a run; body {"partitions": [0, 2]} optional.
-                                         202 with the run; 409 if one is going on on
-                                         these partitions; 429 if max_concurrent_runs
-                                         runs are going
+                                         The active segments are rolled first, so that it
+                                         covers every record until now (as Pulsar's
+                                         manual compaction); "roll": false leaves them
+                                         (Kafka's rule, as the automatic runs).
+                                         202 with the run; 409 if one is going on;
+                                         429 if max_concurrent_runs runs are going
+  POST /v1/topics/{topic}/roll           roll and seal the active segments; body
+                                         {"partitions": [0, 2]} optional (what
+                                         `compactlog compact --local` asks of the server)
   GET  /v1/compactions                   recent runs, newest first
   GET  /v1/compactions/{id}              one run, with its report once finished
 
@@ -21,7 +27,8 @@ run off the event loop.
 Authorization (server/admin_auth.py establishes the principal): with the authorizer on,
 each route needs what the Kafka listener would need for the same thing: DESCRIBE on a
 topic to see it, its compaction status or its runs (listings show only those), also
-DESCRIBE_CONFIGS to see its config, ALTER on the topic to start a compaction (as
+DESCRIBE_CONFIGS to see its config, ALTER on the topic to start a compaction or roll
+its segments (as
 CreatePartitions needs ALTER on the topic: it changes how the topic is stored, not its
 records), and DESCRIBE on the cluster for /metrics and /v1/health unless they are open.
 With the authorizer on, /metrics, open or not, shows a topic's or a group's samples only
@@ -84,6 +91,7 @@ class AdminServer:
             web.get("/v1/topics/{topic}", self.topic),
             web.get("/v1/topics/{topic}/compaction", self.compaction_status),
             web.post("/v1/topics/{topic}/compaction", self.start_compaction),
+            web.post("/v1/topics/{topic}/roll", self.roll),
             web.get("/v1/compactions", self.compactions),
             web.get("/v1/compactions/{id}", self.compaction),
         ])
@@ -217,15 +225,9 @@ class AdminServer:
 
     async def start_compaction(self, request: web.Request) -> web.Response:
         name = self._require_topic(request, Operation.ALTER)
-        partitions: list[int] | None = None
-        if request.can_read_body:
-            try:
-                body = await request.json()
-            except ValueError as error:
-                raise UserError(f"the request body is not JSON: {error}") from None
-            partitions = _partitions(body)
+        partitions, roll = await _run_body(request)
         try:
-            record = await self.server.cleaner.request(name, partitions)
+            record = await self.server.cleaner.request(name, partitions, roll)
         except BusyError as error:
             # The runs in the way, so that a client can wait for them instead.
             runs = [r.job.id for r in self.server.cleaner.running()
@@ -236,6 +238,12 @@ class AdminServer:
                          headers={"Retry-After": "10"})
         return _json(record.to_json(), status=202,
                      headers={"Location": f"/v1/compactions/{record.job.id}"})
+
+    async def roll(self, request: web.Request) -> web.Response:
+        name = self._require_topic(request, Operation.ALTER)
+        partitions, _ = await _run_body(request, with_roll=False)
+        rolled = await self.server.run_io(self.server.cleaner.roll, name, partitions)
+        return _json({"topic": name, "partitions": rolled})
 
     async def compactions(self, request: web.Request) -> web.Response:
         runs = [r for r in reversed(self.server.cleaner.runs.values())
@@ -252,10 +260,31 @@ class AdminServer:
         return _json(record.to_json())
 
 
-def _partitions(body: Any) -> list[int] | None:
+async def _run_body(request: web.Request, with_roll: bool = True
+                    ) -> tuple[list[int] | None, bool]:
+    """The partitions a compaction or roll request names (None: all), and its "roll"."""
+    if not request.can_read_body:
+        return None, True
+    try:
+        body = await request.json()
+    except ValueError as error:
+        raise UserError(f"the request body is not JSON: {error}") from None
+    roll = True
+    if with_roll and isinstance(body, dict) and "roll" in body:
+        body = dict(body)
+        roll = body.pop("roll")
+        if not isinstance(roll, bool):
+            raise UserError(f'"roll" must be true or false, got {roll!r}')
+    return _partitions(body, with_roll), roll
+
+
+def _partitions(body: Any, with_roll: bool = False) -> list[int] | None:
     if body is None or body == {}:
         return None
     if not isinstance(body, dict) or set(body) - {"partitions"}:
+        if with_roll:
+            raise UserError('the request body takes two fields, "partitions": a list of '
+                            'partition numbers, and "roll": true or false')
         raise UserError('the request body takes one field, "partitions": a list of '
                         "partition numbers")
     value = body.get("partitions")

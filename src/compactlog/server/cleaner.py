@@ -249,10 +249,13 @@ class Cleaner:
                      reasons)
             self._launch(job)
 
-    async def request(self, topic_name: str, partitions: list[int] | None) -> RunRecord:
+    async def request(self, topic_name: str, partitions: list[int] | None,
+                      roll: bool = True) -> RunRecord:
         """A run asked for by a user. UserError for a bad topic or partition; BusyError
         when a run of any of them is going on, here or in another process;
-        RunsFullError when `max_concurrent_runs` runs are going."""
+        RunsFullError when `max_concurrent_runs` runs are going. With `roll`
+        (the default) it covers every record appended until now, as Pulsar's manual
+        compaction: the active segments are rolled before the run starts."""
         chosen, locked = await self.run_io(self._chosen_and_locked, topic_name, partitions)
         indexes = [p.index for p in chosen]
         if locked:
@@ -266,6 +269,7 @@ class Cleaner:
             raise RunsFullError(topic_name, indexes, self.config.max_concurrent_runs,
                                 running)
         job = self.scheduler.request(topic_name, indexes)
+        job.roll_active = roll
         log.info("compacting %s partition(s) %s (asked for over the admin API)", topic_name,
                  indexes)
         return self._launch(job)
@@ -325,7 +329,21 @@ class Cleaner:
     def _seal_rolled(self, job: Job) -> None:
         topic = self.store.topic(job.topic)
         for index in job.partitions:
+            if job.roll_active:  # a manual run; the cleaner's own leave it (Kafka's rule)
+                topic.partition(index).roll()
             topic.partition(index).seal_rolled_quietly()
+
+    def roll(self, topic_name: str, partitions: list[int] | None) -> list[dict[str, Any]]:
+        """Roll the active segments of `partitions` (None: all) of a compacted topic and
+        seal them (blocking: run it off the event loop): what a manual compaction in
+        another process asks of the server first (compaction/rolled.py)."""
+        rolled = []
+        for partition in chosen_partitions(self.store, topic_name, partitions):
+            done = partition.roll()
+            partition.seal_rolled_quietly()
+            rolled.append({"partition": partition.index, "rolled": done,
+                           "log_end_offset": partition.log_end_offset})
+        return rolled
 
     def _refresh(self, job: Job) -> None:
         # Reads use the new (horizon, ledger) pair now, not at the next upkeep.

@@ -87,7 +87,9 @@ class OneShot:
         self.settings = settings
 
     def command(self, job: Job) -> list[str]:
-        command = [*self.settings.base(), "compact", job.topic, "--json"]
+        # --no-roll: the server is the writer; it rolled a requested run's active
+        # segments before starting it, and the cleaner's runs leave them (Kafka's rule).
+        command = [*self.settings.base(), "compact", job.topic, "--json", "--no-roll"]
         for index in job.partitions:
             command += ["--partition", str(index)]
         return command + self.settings.engine_args()

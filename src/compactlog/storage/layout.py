@@ -197,7 +197,7 @@ class ObjectLayout:
     def names(self) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from compactlog.errors import StorageError
+        from compactlog.storage.object_errors import request_error
 
         assert self.location.bucket is not None
         start = self.location.key("topics") + "/"
@@ -209,7 +209,9 @@ class ObjectLayout:
                 found.extend(item["Prefix"][len(start):].rstrip("/")
                              for item in page.get("CommonPrefixes", []))
         except (ClientError, BotoCoreError) as error:
-            raise StorageError(f"{self.location}: listing topics failed: {error}") from error
+            # The documented messages (docs/object-storage.md), as every other request.
+            raise request_error(self.client, "LIST", f"{self.location}/topics/",
+                                error) from error
         return sorted(found)
 
     def partition_dir(self, name: str, topic_id: str, index: int) -> Path:
