@@ -18,6 +18,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -161,16 +164,29 @@ def main() -> None:
                       f"x fewer records and starts {raw_s / compacted_s:.1f}x faster")
 
     data = args.data_dir
+    cli = command_name()
     console.print("[bold]Try next:[/]")
+    steps = []
     if worker is None:
-        console.print(f"   compactlog --data-dir {data} worker start   # keeps Spark warm: "
-                      "the next run skips the start-up")
-    console.print(f"   compactlog --data-dir {data} consume {TOPIC} --compacted --format json")
-    console.print(f"   compactlog --data-dir {data} topics describe {TOPIC}")
-    console.print(f"   compactlog --data-dir {data} compaction-status {TOPIC}")
-    console.print(f"   duckdb -c \"select key, value from "
-                  f"'{data}/topics/{TOPIC}/*/ledger/*.parquet' limit 5\"")
+        steps.append(f"{cli} --data-dir {data} worker start   # keeps Spark warm: the next "
+                     "run skips the start-up")
+    steps += [f"{cli} --data-dir {data} consume {TOPIC} --compacted --format json | tail -3",
+              f"{cli} --data-dir {data} topics describe {TOPIC}",
+              f"{cli} --data-dir {data} compaction-status {TOPIC}",
+              "# the compacted state as an Iceberg table, for DuckDB, pyiceberg and Polars: "
+              "docs/querying.md (pip install '.[query]')"]
+    for step in steps:  # as typed: no markup, never wrapped
+        console.print(f"   {step}", markup=False, soft_wrap=True)
 
+
+def command_name() -> str:
+    """How the user runs the CLI from here: `compactlog` when that is this install's on
+    PATH, else the path to it (scripts/demo.sh does not activate .venv)."""
+    installed = Path(sys.executable).parent / "compactlog"
+    found = shutil.which("compactlog")
+    if found is not None and Path(found).resolve() == installed.resolve():
+        return "compactlog"
+    return os.path.relpath(installed)
 
 if __name__ == "__main__":
     main()

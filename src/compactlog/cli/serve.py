@@ -233,9 +233,9 @@ def build_tls(settings: dict[str, Any], cert: Path | None, key: Path | None,
 
 
 @click.command()
-@click.option("--listen", default=None, metavar="HOST:PORT",
-              help="Where the Kafka listener binds. Default 127.0.0.1:9092; port 0 picks a "
-                   "free port (printed at start).")
+@click.option("--listen", default=None, metavar="HOST:PORT", envvar="COMPACTLOG_LISTEN",
+              help="Where the Kafka listener binds (or COMPACTLOG_LISTEN). Default "
+                   "127.0.0.1:9092; port 0 picks a free port (printed at start).")
 @click.option("--listener", "listeners", multiple=True, metavar="NAME://HOST:PORT",
               help="A Kafka listener as in Kafka's `listeners`, e.g. "
                    "SASL_SSL://0.0.0.0:9094 (repeat for more). With listeners, the "
