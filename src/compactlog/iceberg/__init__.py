@@ -142,7 +142,8 @@ STATE_TABLE = "state"
 
 
 def available() -> bool:
-    """Whether the `iceberg` extra (pyiceberg) is installed."""
+    """Whether pyiceberg can be imported: a dependency, so False only in an install
+    that left it out; the table is then not written, and the store works on."""
     return importlib.util.find_spec("pyiceberg") is not None
 
 
