@@ -106,6 +106,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "Print the reference of every topic config key as Markdown."),
     "consume": ("compactlog.cli.consume:consume",
                 "Print the records of TOPIC, partition by partition, in offset order."),
+    "groups": ("compactlog.cli.groups:groups",
+               "List, describe, delete consumer groups and reset their offsets."),
     "produce": ("compactlog.cli.produce:produce", "Append records to TOPIC, one per input line."),
     "serve": ("compactlog.cli.serve:serve",
               "Serve the data directory over the Kafka wire protocol."),

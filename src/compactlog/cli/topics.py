@@ -17,6 +17,7 @@ from compactlog.cli import Context
 from compactlog.cli.output import narrow_table, stdout_console
 from compactlog.compaction.status import read_status
 from compactlog.config import TOPIC_KEYS, parse_assignments
+from compactlog.errors import UserError
 
 if TYPE_CHECKING:
     from compactlog.cli.writer import Writer
@@ -65,16 +66,24 @@ def topics() -> None:
 @click.argument("topic")
 @click.option("--partitions", "-p", default=1, show_default=True, type=int,
               help="Number of partitions.")
+@click.option("--replication-factor", "replication_factor", default=1, show_default=True,
+              type=int, help="Replicas of each partition, as Kafka's kafka-topics takes it; "
+              "compactlog is a single broker, so only 1.")
 @_config_option("Topic config, repeatable. See `compactlog config-docs` for every key.")
 @click.pass_obj
-def create(ctx: Context, topic: str, partitions: int, assignments: tuple[str, ...]) -> None:
+def create(ctx: Context, topic: str, partitions: int, replication_factor: int,
+           assignments: tuple[str, ...]) -> None:
     """Create TOPIC.
 
     \b
     Example:
-      compactlog topics create users --partitions 3 \\
+      compactlog topics create users --partitions 3 --replication-factor 1 \\
           --config cleanup.policy=compact --config delete.retention.ms=3600000
     """
+    if replication_factor != 1:
+        # Kafka refuses a factor above the brokers it has (INVALID_REPLICATION_FACTOR).
+        raise UserError(f"--replication-factor {replication_factor} for topic {topic!r}: "
+                        "compactlog runs a single broker, so a topic has 1 replica")
     config = {key: str(value) for key, value in parse_assignments(assignments).items()}
     with _writer(ctx) as writer:
         writer.create_topic(topic, partitions, config)
