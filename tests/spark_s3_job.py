@@ -47,7 +47,7 @@ def stream_rows(spark: Any, url: str, topic: str, view: str) -> list[list[Any]]:
     with tempfile.TemporaryDirectory() as checkpoint:
         query = (spark.readStream.format("compactlog").option("path", url)
                  .option("topic", topic).option("view", view)
-                 .option("maxRecordsPerTrigger", "100").load()
+                 .option("maxOffsetsPerTrigger", "100").load()
                  .writeStream.foreachBatch(collect).option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         query.awaitTermination()
