@@ -23,6 +23,7 @@ from compactlog.spark.read import read_part
 from compactlog.spark.stream import _capped
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
+from test_spark_source import millis
 
 Row = tuple[int, int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
 TOPIC = "ticks"
@@ -61,7 +62,7 @@ def reader_rows(path: Path, view: str, start: dict[int, int] | None = None) -> l
 
 def rows_of(frame: DataFrame) -> list[Row]:
     return [
-        (r["partition"], r["offset"], r["timestamp"], r["key"], r["value"],
+        (r["partition"], r["offset"], millis(r["timestamp"]), r["key"], r["value"],
          tuple((h["key"], h["value"]) for h in r["headers"] or ()))
         for r in frame.toArrow().to_pylist()
     ]
