@@ -35,7 +35,8 @@ def loaded_modules(*args: str) -> set[str]:
     return set(json.loads(line))
 
 
-@pytest.mark.parametrize("args", [("--version",), ("--help",), ("topics", "--help")],
+@pytest.mark.parametrize("args", [("--version",), ("--help",), ("-h",), ("topics", "--help"),
+                                  ("groups", "describe", "-h")],
                          ids=" ".join)
 def test_start_up_imports_nothing_heavy(args: tuple[str, ...]) -> None:
     modules = loaded_modules(*args)

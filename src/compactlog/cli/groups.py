@@ -44,6 +44,11 @@ def _client(ctx: Context, bootstrap: str | None) -> GroupClient:
             raise UserError(f"no compactlog server is running on {where(ctx)}, and groups "
                             "live in a server: start `compactlog serve`, or pass "
                             "--bootstrap-server HOST:PORT")
+        if server.listeners and not any(entry.get("protocol") == "PLAINTEXT"
+                                        for entry in server.listeners.values()):
+            raise UserError(f"the server on {where(ctx)} has no PLAINTEXT listener "
+                            f"(its listeners: {', '.join(server.listeners)}): pass "
+                            "--bootstrap-server HOST:PORT of one this command can reach")
         bootstrap = server.kafka
     return GroupClient(bootstrap)
 
