@@ -50,7 +50,7 @@ from pyspark.sql.types import StructType
 
 from compactlog.compaction.spark_session import start_session
 from compactlog.spark import read_topic, register
-from compactlog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA
+from compactlog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA, spark_batches
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 
@@ -120,12 +120,16 @@ class MemoryReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         rows = self.records // self.tasks + (partition.value < self.records % self.tasks)
         n = min(rows, self.BATCH_ROWS)
-        batch = pa.RecordBatch.from_arrays([
-            pa.array(np.zeros(n, np.int32)), pa.array(np.arange(n)), pa.array(np.arange(n)),
-            pa.array([b"key-123456"] * n, pa.binary()),
-            pa.array([b"v" * self.value_bytes] * n, pa.binary()),
-            pa.nulls(n, ARROW_SCHEMA.field("headers").type),
-        ], schema=ARROW_SCHEMA)
+        records = pa.table({
+            "offset": pa.array(np.arange(n)), "timestamp": pa.array(np.arange(n)),
+            "key": pa.array([b"key-123456"] * n, pa.binary()),
+            "value": pa.array([b"v" * self.value_bytes] * n, pa.binary()),
+            "headers": pa.nulls(n, ARROW_SCHEMA.field("headers").type),
+        })
+        # The data source's own conversion to Spark's columns (topic, timestamp type...).
+        batch = next(iter(spark_batches(records, "bench", 0)), None)
+        if batch is None:
+            return
         full, rest = divmod(rows, n) if n else (0, 0)
         for _ in range(full):
             yield batch

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import click
+from click.testing import CliRunner
 
 from compactlog.cli import cli
 from compactlog.config import render_docs
@@ -25,19 +26,31 @@ INTRO = (
 )
 
 
-def walk(command: click.Command, path: list[str]) -> Iterator[tuple[list[str], click.Command]]:
-    yield path, command
+def walk(command: click.Command, path: list[str]) -> Iterator[list[str]]:
+    """Every command's path, hidden ones included, importing each (LazyGroup)."""
+    yield path
     if isinstance(command, click.Group):
-        for name in sorted(command.commands):
-            yield from walk(command.commands[name], [*path, name])
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, name
+            yield from walk(sub, [*path, name])
+
+
+def live_help(path: list[str]) -> str:
+    """What `compactlog PATH --help` prints in a terminal 100 columns wide: the command
+    run as a user runs it, so the group's settings (`-h`) are in it."""
+    result = CliRunner().invoke(cli, [*path, "--help"], prog_name="compactlog",
+                                terminal_width=100)
+    assert result.exit_code == 0, result.output
+    return result.output.rstrip("\n")
 
 
 def render_cli() -> str:
     lines = ["# Command-line reference", "", INTRO, ""]
-    for path, command in walk(cli, []):
+    for path in walk(cli, []):
         name = " ".join(["compactlog", *path])
-        ctx = click.Context(command, info_name=name, terminal_width=100, max_content_width=100)
-        lines += [f"## `{name}`", "", "```", command.get_help(ctx), "```", ""]
+        lines += [f"## `{name}`", "", "```", live_help(path), "```", ""]
     return "\n".join(lines)
 
 

@@ -29,10 +29,12 @@ from conftest import SPARK_TEST_CONF
 
 def rows(frame: Any) -> list[list[Any]]:
     found = []
-    for row in frame.orderBy("partition", "offset").collect():
+    # collect() gives a timestamp as a naive local time: take Spark's ms instead.
+    ordered = frame.selectExpr("*", "unix_millis(timestamp) AS timestamp_ms")
+    for row in ordered.orderBy("partition", "offset").collect():
         headers = [[h["key"], None if h["value"] is None else bytes(h["value"]).hex()]
                    for h in row["headers"] or []]
-        found.append([row["partition"], row["offset"], row["timestamp"],
+        found.append([row["partition"], row["offset"], row["timestamp_ms"],
                       None if row["key"] is None else bytes(row["key"]).hex(),
                       None if row["value"] is None else bytes(row["value"]).hex(), headers])
     return found
@@ -47,7 +49,7 @@ def stream_rows(spark: Any, url: str, topic: str, view: str) -> list[list[Any]]:
     with tempfile.TemporaryDirectory() as checkpoint:
         query = (spark.readStream.format("compactlog").option("path", url)
                  .option("topic", topic).option("view", view)
-                 .option("maxRecordsPerTrigger", "100").load()
+                 .option("maxOffsetsPerTrigger", "100").load()
                  .writeStream.foreachBatch(collect).option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         query.awaitTermination()

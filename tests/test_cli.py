@@ -194,3 +194,13 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     result = run(tmp_path, "consume")
     assert result.returncode == 2
     assert "Missing argument 'TOPIC'" in result.stderr
+
+
+def test_topics_create_takes_kafkas_replication_factor(tmp_path: Path) -> None:
+    """`--replication-factor 1` as kafka-topics takes it; more is one clear line."""
+    out = ok(run(tmp_path, "topics", "create", "prices", "--replication-factor", "1"))
+    assert "created topic prices" in out
+    refused = run(tmp_path, "topics", "create", "other", "--replication-factor", "3")
+    assert refused.returncode == 1
+    assert refused.stderr == ("error: --replication-factor 3 for topic 'other': compactlog "
+                              "runs a single broker, so a topic has 1 replica\n")

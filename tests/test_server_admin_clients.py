@@ -36,6 +36,7 @@ from confluent_kafka import (
     Consumer,
     ConsumerGroupTopicPartitions,
     ElectionType,
+    KafkaError,
     KafkaException,
     TopicPartition,
 )
@@ -45,6 +46,7 @@ from confluent_kafka.admin import (
     ConfigEntry,
     ConfigResource,
     NewPartitions,
+    NewTopic,
 )
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
@@ -411,3 +413,18 @@ def test_kcat_lists_topics_and_reads_from_the_new_low_watermark(server: LoggedSe
         assert "kc" not in groups(bootstrap)
     finally:
         admin.close()
+
+
+def test_a_replication_factor_above_one_gets_kafkas_error(server: LoggedServer) -> None:
+    """One broker: CreateTopics with replication factor 3 gets INVALID_REPLICATION_FACTOR
+    (Kafka's answer when a cluster has fewer brokers), 1 and the default (-1) create."""
+    admin = AdminClient({"bootstrap.servers": server.bootstrap})
+    futures = admin.create_topics([NewTopic("three", 1, replication_factor=3),
+                                   NewTopic("one", 1, replication_factor=1),
+                                   NewTopic("default", 1)])
+    with pytest.raises(KafkaException) as refused:
+        result(futures["three"])
+    assert refused.value.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR
+    assert "replication factor must be 1" in refused.value.args[0].str()
+    result(futures["one"])
+    result(futures["default"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +85,15 @@ def reader_rows(path: Path, view: str, partitions: Iterator[int] | None = None) 
 def frame_rows(frame: DataFrame) -> list[Row]:
     table = frame.orderBy("partition", "offset").toArrow()
     return [
-        (r["partition"], r["offset"], r["timestamp"], r["key"], r["value"],
+        (r["partition"], r["offset"], millis(r["timestamp"]), r["key"], r["value"],
          tuple((h["key"], h["value"]) for h in r["headers"] or ()))
         for r in table.to_pylist()
     ]
+
+def millis(at: datetime) -> int:
+    """A `timestamp` of the data source (Spark's timestamp type, UTC) as the store's ms."""
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
 
 
 def load(spark: SparkSession, path: Path | str, **options: str) -> DataFrame:
@@ -158,10 +164,14 @@ def test_explicit_register_and_chosen_partitions(spark: SparkSession, data_dir: 
     register(spark)  # also found by itself through the pyspark_compactlog module
     got = frame_rows(load(spark, data_dir, view="compacted", partitions="2,0"))
     assert got == reader_rows(data_dir, "compacted", iter([0, 2]))
-    assert load(spark, data_dir).schema.simpleString() == (
-        "struct<partition:int,offset:bigint,timestamp:bigint,key:binary,value:binary,"
-        "headers:array<struct<key:string,value:binary>>>"
+    # Spark's Kafka source's columns, names and types (KafkaRecordToRowConverter).
+    frame = load(spark, data_dir)
+    assert frame.schema.simpleString() == (
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+        "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,value:binary>>>"
     )
+    assert {tuple(r) for r in frame.select("topic", "timestampType").distinct().collect()} \
+        == {(TOPIC, 0)}
 
 
 def test_an_empty_topic_reads_as_no_rows(spark: SparkSession, tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ from s3_support import (
     S3Server,
     s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
+from test_spark_source import millis
 
 TESTS_DIR = Path(__file__).parent
 TOPIC = "prices"
@@ -109,7 +110,7 @@ def arrow_rows(batches: Iterator[Any]) -> list[Row]:
     found = []
     for batch in batches:
         for item in batch.to_pylist():
-            found.append([item["partition"], item["offset"], item["timestamp"],
+            found.append([item["partition"], item["offset"], millis(item["timestamp"]),
                           None if item["key"] is None else item["key"].hex(),
                           None if item["value"] is None else item["value"].hex(),
                           [[h["key"], None if h["value"] is None else h["value"].hex()]

@@ -16,11 +16,14 @@ from pyspark.sql import DataFrame, SparkSession
 
 from compactlog.client.reader import Reader
 from compactlog.compaction import load_factory
+from compactlog.errors import UserError
+from compactlog.spark.options import parse_stream_options
 from compactlog.spark.plan import FilePart, plan_range
 from compactlog.spark.read import read_part
 from compactlog.spark.stream import _capped
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
+from test_spark_source import millis
 
 Row = tuple[int, int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
 TOPIC = "ticks"
@@ -59,7 +62,7 @@ def reader_rows(path: Path, view: str, start: dict[int, int] | None = None) -> l
 
 def rows_of(frame: DataFrame) -> list[Row]:
     return [
-        (r["partition"], r["offset"], r["timestamp"], r["key"], r["value"],
+        (r["partition"], r["offset"], millis(r["timestamp"]), r["key"], r["value"],
          tuple((h["key"], h["value"]) for h in r["headers"] or ()))
         for r in frame.toArrow().to_pylist()
     ]
@@ -138,12 +141,12 @@ def test_starting_offsets_latest_and_json(spark: SparkSession, tmp_path: Path) -
     assert min(r[1] for r in got if r[0] == 0) == 7
 
 
-def test_max_records_per_trigger_splits_an_available_now_run(
+def test_max_offsets_per_trigger_splits_an_available_now_run(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
     make_topic(data, 200)
-    batches = [b for b in run(spark, data, tmp_path / "ck", maxRecordsPerTrigger="60") if b]
+    batches = [b for b in run(spark, data, tmp_path / "ck", maxOffsetsPerTrigger="60") if b]
     assert len(batches) == 4 and all(len(b) <= 60 for b in batches)
     assert flat(batches) == sorted(reader_rows(data, "raw"))
 
@@ -210,7 +213,7 @@ def test_records_deleted_by_retention_before_they_were_read(
     ({"startingOffsets": '{"0": "x"}'}, "is not a partition and an offset"),
     ({"startingOffsets": '{"5": 0}'}, "names partition 5, which this query does not read"),
     ({"startingOffsets": '{"0": 100000}'}, "offset 100000 of ticks/0 is past its log end"),
-    ({"maxRecordsPerTrigger": "0"}, "'maxRecordsPerTrigger' must be a whole number >= 1"),
+    ({"maxOffsetsPerTrigger": "0"}, "'maxOffsetsPerTrigger' must be a whole number >= 1"),
     ({"failOnDataLoss": "maybe"}, "'failOnDataLoss' must be 'true' or 'false'"),
     ({"view": "latest"}, "unknown view 'latest'"),
     ({"topic": "nope"}, "unknown topic 'nope'"),
@@ -256,3 +259,24 @@ def test_a_range_ending_inside_a_sealed_file_stops_there(tmp_path: Path) -> None
     offsets = [o for part in files for batch in read_part(part)
                for o in batch.column("offset").to_pylist()]
     assert offsets == list(range(start, end))
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"maxOffsetsPerTrigger": "60"}, 60),
+    ({"maxoffsetspertrigger": "60"}, 60),  # Spark's options are case-insensitive
+    ({"maxRecordsPerTrigger": "60"}, 60),  # the deprecated alias, with a warning
+    ({}, None),
+])
+def test_max_offsets_per_trigger_is_kafkas_name_and_the_old_one_still_works(
+    options: dict[str, str], expected: int | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    parsed = parse_stream_options({"path": "/d", "topic": "t", **options})
+    assert parsed.max_records_per_trigger == expected
+    deprecated = "deprecated: use 'maxOffsetsPerTrigger'" in caplog.text
+    assert deprecated == ("maxRecordsPerTrigger" in options)
+
+
+def test_both_names_of_the_trigger_limit_are_refused() -> None:
+    with pytest.raises(UserError, match="both set: keep 'maxOffsetsPerTrigger'"):
+        parse_stream_options({"path": "/d", "topic": "t", "maxOffsetsPerTrigger": "1",
+                              "maxRecordsPerTrigger": "2"})

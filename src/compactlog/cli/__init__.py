@@ -1,6 +1,9 @@
 """The `compactlog` command: a thin layer over the library.
 
 Errors print one line, `error: ...`, with no traceback unless --debug is given.
+Start-up imports only click: each command's module (and the store, server, Spark it
+needs) is imported when that command runs (`LazyGroup`), so `--version` and `--help`
+stay fast; tests/test_cli_imports.py checks which modules `--version` loads.
 """
 
 from __future__ import annotations
@@ -8,16 +11,16 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from compactlog.errors import CompactlogError, UnknownTopicError
-from compactlog.storage.document import Document
-from compactlog.storage.layout import state_document
-from compactlog.storage.location import Location
-from compactlog.storage.store import default_local_dir
+
+if TYPE_CHECKING:
+    from compactlog.storage.document import Document
 
 DEFAULT_DATA_DIR = "./compactlog-data"
 
@@ -37,17 +40,88 @@ class Context:
         self.set_data_dir(data_dir)
 
     def set_data_dir(self, value: str | Path) -> None:
+        # Imported here, not at start-up: the store's modules bring pyarrow.
+        from compactlog.storage.location import Location
+
         self.location = Location.parse(value)
         self.target: str | Path = str(self.location) if self.location.is_s3 else Path(value)
-        self.data_dir = (default_local_dir(self.location) if self.location.is_s3
-                         else Path(value))
+        if self.location.is_s3:
+            from compactlog.storage.store import default_local_dir
+
+            self.data_dir = default_local_dir(self.location)
+        else:
+            self.data_dir = Path(value)
 
     def state_document(self, name: str) -> Document:
         """The store's document `name` (credentials, ACLs), without opening the store."""
+        from compactlog.storage.layout import state_document
+
         return state_document(self.location, self.data_dir, name)
 
 
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported when one runs, not when the CLI starts.
+
+    `lazy` maps each command name to "module:attribute" and its one-line help; the
+    help is kept here so `compactlog --help` lists every command without importing
+    any (tests/test_docs.py checks it against each command's own help)."""
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            module, attribute = self.lazy[cmd_name][0].split(":")
+            command: click.Command = getattr(import_module(module), attribute)
+            _accept_data_dir_everywhere(command)
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # A command with no help here is hidden (compact-worker, run by the server).
+        rows = [(name, self.lazy[name][1]) for name in self.list_commands(ctx)
+                if name in self.lazy and self.lazy[name][1]]
+        rows += [(name, command.get_short_help_str()) for name, command in self.commands.items()
+                 if name not in self.lazy and not command.hidden]
+        rows.sort()
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+# Every command: where it lives and its one-line help as `compactlog --help` shows it.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "acls": ("compactlog.cli.acls:acls",
+             'Manage the server\'s ACLs (docs/server.md, "Authorization").'),
+    "compact": ("compactlog.cli.compact:compact",
+                "Compact TOPIC: keep the surviving record per key in a new compacted ledger."),
+    "compaction-status": ("compactlog.cli.compact:compaction_status",
+                          "Show the compaction status of each partition of TOPIC."),
+    "compact-worker": ("compactlog.cli.compact:compact_worker", ""),
+    "config-docs": ("compactlog.cli.docs:config_docs",
+                    "Print the reference of every topic config key as Markdown."),
+    "consume": ("compactlog.cli.consume:consume",
+                "Print the records of TOPIC, partition by partition, in offset order."),
+    "groups": ("compactlog.cli.groups:groups",
+               "List, describe, delete consumer groups and reset their offsets."),
+    "produce": ("compactlog.cli.produce:produce", "Append records to TOPIC, one per input line."),
+    "serve": ("compactlog.cli.serve:serve",
+              "Serve the data directory over the Kafka wire protocol."),
+    "topics": ("compactlog.cli.topics:topics", "Create, list, describe, alter and delete topics."),
+    "users": ("compactlog.cli.users:users",
+              "Manage the SASL users (SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN) of the server."),
+    "worker": ("compactlog.cli.worker:worker",
+               "A warm compaction worker for `compactlog compact` (Spark kept running)."),
+}
+
+
 @click.group(
+    cls=LazyGroup,
+    lazy=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="""\b
 Examples:
@@ -122,51 +196,21 @@ def quiet_secret_loggers() -> None:
         logger.setLevel(max(logger.getEffectiveLevel(), logging.INFO))
 
 
-def _register() -> None:
-    from compactlog.cli import (
-        acls,
-        compact,
-        consume,
-        docs,
-        produce,
-        serve,
-        topics,
-        users,
-        worker,
-    )
-
-    cli.add_command(topics.topics)
-    cli.add_command(compact.compact)
-    cli.add_command(compact.compaction_status)
-    cli.add_command(compact.compact_worker)
-    cli.add_command(produce.produce)
-    cli.add_command(consume.consume)
-    cli.add_command(docs.config_docs)
-    cli.add_command(serve.serve)
-    cli.add_command(users.users)
-    cli.add_command(acls.acls)
-    cli.add_command(worker.worker)
-
-
 def _set_data_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value is not None:
         ctx.find_object(Context).set_data_dir(value)  # type: ignore[union-attr]
 
 
-def _accept_data_dir_everywhere(group: click.Group) -> None:
+def _accept_data_dir_everywhere(command: click.Command) -> None:
     """`--data-dir` after the command name too (`compactlog serve --data-dir DIR`), as
     the README's "pass --data-dir to each command" reads."""
-    for command in group.commands.values():
-        if isinstance(command, click.Group):
-            _accept_data_dir_everywhere(command)
-        elif not any("--data-dir" in p.opts for p in command.params):
-            command.params.append(click.Option(
-                ["--data-dir"], default=None, expose_value=False, callback=_set_data_dir,
-                help="The data directory or s3:// URL (as `compactlog --data-dir DIR ...`)."))
-
-
-_register()
-_accept_data_dir_everywhere(cli)
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _accept_data_dir_everywhere(sub)
+    elif not any("--data-dir" in getattr(p, "opts", ()) for p in command.params):
+        command.params.append(click.Option(
+            ["--data-dir"], default=None, expose_value=False, callback=_set_data_dir,
+            help="The data directory or s3:// URL (as `compactlog --data-dir DIR ...`)."))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.filesize import decimal
@@ -14,12 +15,30 @@ from rich.table import Table
 
 from compactlog.cli import Context
 from compactlog.cli.output import narrow_table, stdout_console
-from compactlog.cli.writer import open_writer
 from compactlog.compaction.status import read_status
 from compactlog.config import TOPIC_KEYS, parse_assignments
-from compactlog.storage.store import LogStore
+from compactlog.errors import UserError
+
+if TYPE_CHECKING:
+    from compactlog.cli.writer import Writer
+    from compactlog.storage.store import LogStore
 
 console = stdout_console()
+
+
+# The store and the Kafka client are imported when a command runs, not for `--help`.
+def _writer(ctx: Context) -> AbstractContextManager[Writer]:
+    from compactlog.cli.writer import open_writer
+
+    return open_writer(ctx.target, ctx.data_dir)
+
+
+def _reader(ctx: Context) -> LogStore:
+    from compactlog.storage.store import LogStore
+
+    return LogStore.open(ctx.target, read_only=True)
+
+
 FC = TypeVar("FC", bound=Callable[..., object])
 
 
@@ -47,18 +66,26 @@ def topics() -> None:
 @click.argument("topic")
 @click.option("--partitions", "-p", default=1, show_default=True, type=int,
               help="Number of partitions.")
+@click.option("--replication-factor", "replication_factor", default=1, show_default=True,
+              type=int, help="Replicas of each partition, as Kafka's kafka-topics takes it; "
+              "compactlog is a single broker, so only 1.")
 @_config_option("Topic config, repeatable. See `compactlog config-docs` for every key.")
 @click.pass_obj
-def create(ctx: Context, topic: str, partitions: int, assignments: tuple[str, ...]) -> None:
+def create(ctx: Context, topic: str, partitions: int, replication_factor: int,
+           assignments: tuple[str, ...]) -> None:
     """Create TOPIC.
 
     \b
     Example:
-      compactlog topics create users --partitions 3 \\
+      compactlog topics create users --partitions 3 --replication-factor 1 \\
           --config cleanup.policy=compact --config delete.retention.ms=3600000
     """
+    if replication_factor != 1:
+        # Kafka refuses a factor above the brokers it has (INVALID_REPLICATION_FACTOR).
+        raise UserError(f"--replication-factor {replication_factor} for topic {topic!r}: "
+                        "compactlog runs a single broker, so a topic has 1 replica")
     config = {key: str(value) for key, value in parse_assignments(assignments).items()}
-    with open_writer(ctx.target, ctx.data_dir) as writer:
+    with _writer(ctx) as writer:
         writer.create_topic(topic, partitions, config)
     click.echo(f"created topic {topic} with {partitions} partition(s){writer.via}")
 
@@ -72,7 +99,7 @@ def list_topics(ctx: Context) -> None:
     Example:
       compactlog topics list
     """
-    with LogStore.open(ctx.target, read_only=True) as store:
+    with _reader(ctx) as store:
         for name in store.list_topics():
             click.echo(name)
 
@@ -88,7 +115,7 @@ def describe(ctx: Context, topic: str, as_json: bool) -> None:
     Example:
       compactlog topics describe prices --json
     """
-    with LogStore.open(ctx.target, read_only=True) as store:
+    with _reader(ctx) as store:
         handle = store.topic(topic)
         meta = handle.meta
         partitions = [
@@ -188,7 +215,7 @@ def alter(
     if not assignments and not deletions:
         raise click.UsageError("nothing to change: give --config KEY=VALUE or --delete-config KEY")
     changes = {key: str(value) for key, value in parse_assignments(assignments).items()}
-    with open_writer(ctx.target, ctx.data_dir) as writer:
+    with _writer(ctx) as writer:
         writer.alter_topic(topic, changes, deletions)
     click.echo(f"altered topic {topic}{writer.via}")
 
@@ -204,10 +231,10 @@ def delete(ctx: Context, topic: str, yes: bool) -> None:
     Example:
       compactlog topics delete prices --yes
     """
-    with LogStore.open(ctx.target, read_only=True) as store:
+    with _reader(ctx) as store:
         store.topic(topic)  # fails with a clear error before asking about an unknown topic
     if not yes:
         click.confirm(f"delete topic {topic} and all its records?", abort=True)
-    with open_writer(ctx.target, ctx.data_dir) as writer:
+    with _writer(ctx) as writer:
         writer.delete_topic(topic)
     click.echo(f"deleted topic {topic}{writer.via}")

@@ -47,11 +47,10 @@ from compactlog.errors import UserError
 from compactlog.spark.options import VIEWS, ReadOptions
 from compactlog.spark.plan import FilePart, TailPart, plan_read
 from compactlog.spark.read import read_tail
-from compactlog.spark.schema import SPARK_SCHEMA
+from compactlog.spark.schema import CREATE_TIME, PARQUET_SCHEMA, SPARK_SCHEMA
 from compactlog.spark.source import NAME, CompactlogDataSource
 from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.location import Location
-from compactlog.storage.sealed import RECORD_COLUMNS
 from compactlog.storage.store import LogStore
 from compactlog.storage.view_rows import TOMBSTONE_COLUMNS
 
@@ -59,18 +58,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 TAIL_SOURCE = "compactlog-tail"
-# The file columns, typed as the data source declares them (the ledger has one more).
-PARQUET_SCHEMA = ", ".join(
-    f"{field.name} {field.dataType.simpleString()}"
-    for field in SPARK_SCHEMA.fields if field.name in RECORD_COLUMNS
-)
 
 
 def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
                partitions: list[int] | None = None,
                clock: Callable[[], float] = time.time) -> DataFrame:
     """Every record of `topic` (view "raw") or its compacted view ("compacted"), with
-    columns partition, offset, timestamp, key, value, headers: the same rows as
+    Spark's Kafka source's columns (spark/schema.py): the same rows as
     `spark.read.format("compactlog")` with these options, read faster. The view's time
     rules (retention.ms on compact,delete, delete.retention.ms) are evaluated at
     `clock()`, when the read is planned."""
@@ -117,7 +111,12 @@ def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
             # tombstones are not in the view: a broadcast anti-join on their offsets.
             gone = spark.createDataFrame(pa.table({"offset": np.concatenate(excluded)}))
             frame = frame.join(F.broadcast(gone), on="offset", how="left_anti")
-        frame = frame.select(F.lit(partition).cast("int").alias("partition"), *RECORD_COLUMNS)
+        # Spark's Kafka source's columns (spark/schema.py), from the files' ms timestamps.
+        frame = frame.select(
+            "key", "value", F.lit(topic).alias("topic"),
+            F.lit(partition).cast("int").alias("partition"), "offset",
+            F.timestamp_millis("timestamp").alias("timestamp"),
+            F.lit(CREATE_TIME).cast("int").alias("timestampType"), "headers")
         frames.append(frame)
     if tails:
         spark.dataSource.register(TailSource)

@@ -8,16 +8,21 @@ option fails at `load()`/`save()` with a message that names it, not deep inside 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from compactlog.errors import UserError
 
+logger = logging.getLogger(__name__)
 View = Literal["raw", "compacted"]
 VIEWS: tuple[View, ...] = ("raw", "compacted")
 READ_OPTIONS = ("path", "topic", "view", "partitions")
-STREAM_ONLY_OPTIONS = ("startingOffsets", "maxRecordsPerTrigger", "failOnDataLoss")
+# maxOffsetsPerTrigger is Kafka's Spark source's name; maxRecordsPerTrigger, this
+# source's name before (it counts offsets too), is kept as a deprecated alias.
+STREAM_ONLY_OPTIONS = ("startingOffsets", "maxOffsetsPerTrigger", "maxRecordsPerTrigger",
+                       "failOnDataLoss")
 STREAM_OPTIONS = READ_OPTIONS + STREAM_ONLY_OPTIONS
 WRITE_OPTIONS = ("path", "topic")
 EARLIEST, LATEST = -2, -1  # in a startingOffsets JSON object, as in Kafka's source
@@ -101,7 +106,7 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
     return StreamOptions(
         read,
         _parse_starting(lowered.get("startingoffsets", "earliest")),
-        _parse_max_records(lowered.get("maxrecordspertrigger")),
+        _parse_max_offsets(lowered),
         _parse_bool(lowered.get("failondataloss", "true"), "failOnDataLoss"),
     )
 
@@ -129,13 +134,23 @@ def _parse_starting(raw: str) -> str | dict[int, int]:
     return starting
 
 
-def _parse_max_records(raw: str | None) -> int | None:
-    if raw is None or not raw.strip():
+def _parse_max_offsets(lowered: dict[str, str]) -> int | None:
+    given = [name for name in ("maxOffsetsPerTrigger", "maxRecordsPerTrigger")
+             if name.lower() in lowered]
+    if len(given) > 1:
+        raise UserError("options 'maxOffsetsPerTrigger' and 'maxRecordsPerTrigger' (its "
+                        "deprecated alias) are both set: keep 'maxOffsetsPerTrigger'")
+    if not given:
+        return None
+    name = given[0]
+    raw = lowered[name.lower()]
+    if name == "maxRecordsPerTrigger":
+        logger.warning("option 'maxRecordsPerTrigger' is deprecated: use "
+                       "'maxOffsetsPerTrigger', as Spark's Kafka source names it")
+    if not raw.strip():
         return None
     if not raw.strip().isdigit() or int(raw) < 1:
-        raise UserError(
-            f"option 'maxRecordsPerTrigger' must be a whole number >= 1, got {raw!r}"
-        )
+        raise UserError(f"option {name!r} must be a whole number >= 1, got {raw!r}")
     return int(raw)
 
 

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from compactlog.errors import ConflictError, CorruptionError, RetryableError
 from compactlog.spark.plan import FilePart, TailPart
-from compactlog.spark.schema import ARROW_SCHEMA
+from compactlog.spark.schema import spark_batches
 from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.partition import Partition
 from compactlog.storage.sealed import RECORD_COLUMNS, SealedSegment, SegmentMissingError
@@ -61,7 +61,7 @@ def read_file(part: FilePart) -> Iterator[pa.RecordBatch]:
         for table in segment.iter_tables(part.start_offset, columns):
             past_end = (end is not None and table.num_rows > 0
                         and table.column("offset")[-1].as_py() >= end - 1)
-            yield from _batches(rows.keep(table, deleted), part.partition)
+            yield from spark_batches(rows.keep(table, deleted), part.topic, part.partition)
             if past_end:
                 break  # a streaming micro-batch ends in this file: not the next row group
     except (SegmentMissingError, FileNotFoundError) as error:
@@ -103,18 +103,9 @@ def read_tail(part: TailPart) -> Iterator[pa.RecordBatch]:
                     "planned; run the query again"
                 )
             wanted = int(np.searchsorted(offsets.to_numpy(), part.end_offset))
-            yield from _batches(table.slice(0, wanted), part.partition)
+            yield from spark_batches(table.slice(0, wanted), part.topic, part.partition)
             offset += wanted
             if wanted < table.num_rows:
                 break
     finally:
         partition.close()
-
-
-def _batches(table: pa.Table, partition: int) -> Iterator[pa.RecordBatch]:
-    """`table`'s record columns with the partition column in front, in Spark's schema."""
-    if not table.num_rows:
-        return
-    columns = [pa.array(np.full(table.num_rows, partition, dtype=np.int32))]
-    columns += [table.column(name) for name in RECORD_COLUMNS]
-    yield from pa.Table.from_arrays(columns, schema=ARROW_SCHEMA).to_batches()

@@ -2,7 +2,7 @@
 
     spark.readStream.format("compactlog").option("path", DIR).option("topic", T)
          .option("view", "raw" | "compacted").option("startingOffsets", "earliest")
-         .option("maxRecordsPerTrigger", "10000").load()
+         .option("maxOffsetsPerTrigger", "10000").load()
 
 An offset of the stream is a position per partition, as in Kafka's Spark source:
 {"<partition>": next offset to read}. Spark checkpoints the offsets of each
@@ -29,7 +29,8 @@ fails with an error naming the partition and the lost offsets; with `failOnDataL
 false it logs a warning and reads on from the log start. The compacted view below the
 horizon is never deleted by retention (its ledger is read instead).
 
-`maxRecordsPerTrigger` caps the offsets a micro-batch covers (Spark's ReadMaxRows),
+`maxOffsetsPerTrigger` (Kafka's Spark source's name; `maxRecordsPerTrigger` is its
+deprecated alias) caps the offsets a micro-batch covers (Spark's ReadMaxRows),
 shared between the partitions in proportion to their backlog. Under
 `trigger(availableNow=True)` the cap still applies: the query reads up to the log end
 offsets seen when it started, in as many micro-batches as the cap needs.
