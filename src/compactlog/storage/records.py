@@ -40,6 +40,8 @@ TIMESTAMP_TYPE_MASK = 0x08
 TRANSACTIONAL_MASK = 0x10
 CONTROL_MASK = 0x20
 NO_PRODUCER_ID = -1
+NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP
+LONG_MAX = 2**63 - 1
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 # The most a producer's batch may decompress to (the server's
 # max_uncompressed_batch_bytes): validation holds that much at most.
@@ -183,11 +185,19 @@ def decode_batch(buf: bytes | bytearray | memoryview) -> list[Record]:
     ]
 
 
+class RecordFacts(NamedTuple):
+    """What validate_records learnt of a batch's records on the way."""
+
+    first_null_key: int | None  # position of the first record without a key
+    min_timestamp: int  # -1 (Kafka's NO_TIMESTAMP) when no record has one
+    max_timestamp: int
+
+
 def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader,
-                     max_uncompressed: int = MAX_UNCOMPRESSED_BATCH_BYTES) -> int | None:
+                     max_uncompressed: int = MAX_UNCOMPRESSED_BATCH_BYTES) -> RecordFacts:
     """Prove that every record of a batch that passed check_batch decodes, and that the
     offsets run base, base + 1, ...; return the position of the first record with a null
-    key, or None.
+    key and the range of the records' timestamps (for message.timestamp.*.max.ms).
 
     A producer's CRC32C proves only that the bytes were not changed on the way; records
     that do not decode must be refused at append, not stored to fail every later read.
@@ -204,6 +214,7 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader,
         batch = bytes(buf)
     count = 0
     first_null: int | None = None
+    low, high = LONG_MAX, NO_TIMESTAMP
     try:
         expected = header.base_offset
         for record in DefaultRecordBatch(batch):
@@ -214,6 +225,9 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader,
                 )
             if first_null is None and record.key is None:
                 first_null = count
+            timestamp = record.timestamp
+            if timestamp != NO_TIMESTAMP:
+                low, high = min(low, timestamp), max(high, timestamp)
             expected += 1
             count += 1
     except BatchError:
@@ -222,7 +236,7 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader,
         raise BatchError(f"records do not decode: {error}") from None
     if count != header.record_count:
         raise BatchError(f"batch holds {count} records, its header says {header.record_count}")
-    return first_null
+    return RecordFacts(first_null, NO_TIMESTAMP if high == NO_TIMESTAMP else low, high)
 
 
 def _inflated(buf: bytes | bytearray | memoryview, header: BatchHeader,
