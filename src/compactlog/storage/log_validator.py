@@ -29,6 +29,7 @@ import crc32c
 from aiokafka.record._crecords import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from compactlog.config import TopicConfig
+from compactlog.config_key import LONG_MAX
 from compactlog.errors import InvalidTimestampError
 from compactlog.storage.records import (
     CODECS,
@@ -72,6 +73,11 @@ def encode_for(where: str, config: TopicConfig, records: Sequence[ProducerRecord
     stamps.append(now_ms)  # records without a timestamp get the clock's
     check_timestamps(where, config, header, min(stamps), max(stamps), now_ms)
     return conform(batch, header, config, now_ms)[0]
+
+
+def checks_timestamps(config: TopicConfig) -> bool:
+    """Whether the topic limits CreateTime timestamps at all (Kafka's default does not)."""
+    return not config.log_append_time and config.timestamp_limits != (LONG_MAX, LONG_MAX)
 
 
 def check_timestamps(where: str, config: TopicConfig, header: BatchHeader,

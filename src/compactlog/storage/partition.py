@@ -501,7 +501,8 @@ class Partition:
             header = check_batch(batch, 0, len(batch))
             if header.size != len(batch):
                 raise BatchError(f"{len(batch) - header.size} trailing bytes")
-            facts = validate_records(batch, header, limit)
+            facts = validate_records(batch, header, limit,
+                                     timestamps=log_validator.checks_timestamps(self.config))
         except ChecksumError as error:
             raise CorruptRecordError(f"{self.name}: rejected record batch: {error}") from None
         except BatchError as error:
