@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from compactlog.config_key import INT_MAX, LONG_MAX, ConfigKey
@@ -363,12 +364,12 @@ class TopicConfig:
     def compacted(self) -> bool:
         return "compact" in self.cleanup_policy.split(",")
 
-    @property
+    @cached_property  # per produced batch; a TopicConfig never changes
     def log_append_time(self) -> bool:
         """message.timestamp.type=LogAppendTime: the server stamps batches at append."""
         return bool(self["message.timestamp.type"] == "LogAppendTime")
 
-    @property
+    @cached_property  # per produced batch; a TopicConfig never changes
     def timestamp_limits(self) -> tuple[int, int]:
         """How far (ms) a CreateTime record may lie before and after the server's clock:
         message.timestamp.before/after.max.ms, each falling back to the deprecated
@@ -379,7 +380,7 @@ class TopicConfig:
         return (difference if before == LONG_MAX else before,
                 difference if after == LONG_MAX else after)
 
-    @property
+    @cached_property  # per produced batch; a TopicConfig never changes
     def codec(self) -> int | None:
         """compression.type as a batch codec id, or None for `producer` (keep the batch's)."""
         name = str(self["compression.type"])

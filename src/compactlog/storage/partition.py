@@ -497,12 +497,13 @@ class Partition:
         self.require_writable()
         self.check_size(len(batch))
         limit = self.max_uncompressed_batch_bytes
+        config = self.config
         try:
             header = check_batch(batch, 0, len(batch))
             if header.size != len(batch):
                 raise BatchError(f"{len(batch) - header.size} trailing bytes")
             facts = validate_records(batch, header, limit,
-                                     timestamps=log_validator.checks_timestamps(self.config))
+                                     timestamps=log_validator.checks_timestamps(config))
         except ChecksumError as error:
             raise CorruptRecordError(f"{self.name}: rejected record batch: {error}") from None
         except BatchError as error:
@@ -513,7 +514,7 @@ class Partition:
                 f"decompress to more than max_uncompressed_batch_bytes={limit}") from None
         self._check_null_key(facts.first_null_key)
         # Timestamps checked and stamped, codec applied (Kafka's LogValidator).
-        batch, append_time = log_validator.admit(self.name, self.config, batch, header, facts,
+        batch, append_time = log_validator.admit(self.name, config, batch, header, facts,
                                                  self.now_ms())
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
