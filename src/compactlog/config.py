@@ -1,9 +1,13 @@
 """Every topic config key, declared once: name, type, default, allowed range and doc.
 
-Where Kafka has a name for a setting, compactlog uses that name and Kafka's meaning
-(https://kafka.apache.org/documentation/#topicconfigs). Where compactlog's default
-differs from Kafka's, the doc text says so and why. `docs/configuration.md` is
-generated from this table (`compactlog config-docs`), and a test keeps the two equal.
+`TOPIC_KEYS` is the one list of keys: the log's own (segments, retention, compaction,
+flushing, compactlog's strategies and formats) are declared here, Kafka's batch-format,
+timestamp and cluster keys in kafka_topic_configs.py, which also holds the list of every
+topic config Kafka defines. Where Kafka has a name for a setting, compactlog uses that
+name and Kafka's meaning (https://kafka.apache.org/documentation/#topicconfigs).
+Where compactlog's default differs from Kafka's, the doc text says so and why.
+`docs/configuration.md` is generated from this table (`compactlog config-docs`), and a
+test keeps the two equal.
 """
 
 from __future__ import annotations

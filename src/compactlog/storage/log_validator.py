@@ -5,7 +5,7 @@ Invariant: a batch that reaches the log has passed `check_timestamps` against th
 topic's config at `now_ms`, carries the topic's codec unless compression.type is
 `producer`, and, on a LogAppendTime topic, has timestamp type LogAppendTime and
 max timestamp `now_ms` (which every reader takes as each record's timestamp, as
-Kafka's clients and aiokafka's decoder do). Its records, offsets deltas and producer
+Kafka's clients and aiokafka's decoder do). Its records, offset deltas and producer
 fields (id, epoch, base sequence) are never changed, so idempotence and the sequence
 checks of server/producers.py see the batch the producer sent.
 
