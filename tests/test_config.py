@@ -108,7 +108,7 @@ def _above(key: ConfigKey) -> str:
 def test_minus_one_means_unlimited_where_allowed(key: ConfigKey) -> None:
     assert key.parse("-1") == -1
     assert key.parse(-1) == -1
-    assert "-1 for unlimited" in key.allowed()
+    assert f"-1 for {key.minus_one_means}" in key.allowed()
 
 
 @pytest.mark.parametrize(

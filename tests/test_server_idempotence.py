@@ -419,7 +419,7 @@ def test_rebuild_bound_and_expiry(tmp_path: Path) -> None:
         sent = [batch(pid, epoch, 2 * n, [b"%d" % n, b"v" * 600]) for n in range(4)]
         for number, records in enumerate(sent):
             appended = states.append(partition, bytearray(records), parse_header(records))
-            assert appended == (2 * number, 2 * number + 1, False)
+            assert appended[:3] == (2 * number, 2 * number + 1, False)
         assert partition.stats()["sealed_segments"] == 3
 
         def restarted(seconds_later: float) -> ProducerStates:
@@ -427,21 +427,23 @@ def test_rebuild_bound_and_expiry(tmp_path: Path) -> None:
 
         # Within the window every recently sealed segment is read again.
         soon = restarted(60)
-        assert soon.append(partition, bytearray(sent[0]), parse_header(sent[0])) == (0, 1, True)
+        assert soon.append(
+            partition, bytearray(sent[0]), parse_header(sent[0]))[:3] == (0, 1, True)
         # Past it only the last sealed segment and the log segments are: batch 0 is no
         # longer known, so resending it is out of order (not appended twice).
         late = restarted(REBUILD_WINDOW_MS / 1000 + 60)
         with pytest.raises(ProducerStateError) as refused:
             late.append(partition, bytearray(sent[0]), parse_header(sent[0]))
         assert refused.value.code is ErrorCode.out_of_order_sequence_number
-        assert late.append(partition, bytearray(sent[2]), parse_header(sent[2])) == (4, 5, True)
+        assert late.append(
+            partition, bytearray(sent[2]), parse_header(sent[2]))[:3] == (4, 5, True)
         # After producer.id.expiration.ms without a write the producer is unknown, and
         # any sequence is taken (Kafka's rule), even a resend.
         expired = restarted(0)
         assert expired.append(partition, bytearray(sent[3]), parse_header(sent[3])).duplicate
         expired.clock = lambda: now + 2 * 86_400
-        assert expired.append(partition, bytearray(sent[3]), parse_header(sent[3])) == (
-            8, 9, False)
+        assert expired.append(
+            partition, bytearray(sent[3]), parse_header(sent[3]))[:3] == (8, 9, False)
 
 
 def test_a_resend_is_recognised_however_many_small_segments_were_sealed_since(
@@ -460,12 +462,13 @@ def test_a_resend_is_recognised_however_many_small_segments_were_sealed_since(
         states = ProducerStates(directory, clock=lambda: now)
         pid, epoch = states.init_producer_id(-1, -1)
         mine = batch(pid, epoch, 0, [b"mine", b"v" * 600])
-        assert states.append(partition, bytearray(mine), parse_header(mine)) == (0, 1, False)
+        assert states.append(
+            partition, bytearray(mine), parse_header(mine))[:3] == (0, 1, False)
         other, other_epoch = states.init_producer_id(-1, -1)
         for number in range(12):
             theirs = batch(other, other_epoch, number, [b"v" * 1100])
             states.append(partition, bytearray(theirs), parse_header(theirs))
         assert partition.stats()["sealed_segments"] >= 10
         taken_over = ProducerStates(directory, clock=lambda: now + 5)
-        assert taken_over.append(partition, bytearray(mine), parse_header(mine)) == (
-            0, 1, True)
+        assert taken_over.append(
+            partition, bytearray(mine), parse_header(mine))[:3] == (0, 1, True)

@@ -1,115 +1,34 @@
 """Every topic config key, declared once: name, type, default, allowed range and doc.
 
-Where Kafka has a name for a setting, compactlog uses that name and Kafka's meaning
-(https://kafka.apache.org/documentation/#topicconfigs). Where compactlog's default
-differs from Kafka's, the doc text says so and why. `docs/configuration.md` is
-generated from this table (`compactlog config-docs`), and a test keeps the two equal.
+`TOPIC_KEYS` is the one list of keys: the log's own (segments, retention, compaction,
+flushing, compactlog's strategies and formats) are declared here, Kafka's batch-format,
+timestamp and cluster keys in kafka_topic_configs.py, which also holds the list of every
+topic config Kafka defines. Where Kafka has a name for a setting, compactlog uses that
+name and Kafka's meaning (https://kafka.apache.org/documentation/#topicconfigs).
+Where compactlog's default differs from Kafka's, the doc text says so and why.
+`docs/configuration.md` is generated from this table (`compactlog config-docs`), and a
+test keeps the two equal.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from compactlog.errors import InvalidConfigError, UnknownConfigError, UserError
+from compactlog.config_key import INT_MAX, LONG_MAX, ConfigKey
+from compactlog.errors import UnknownConfigError, UserError
+from compactlog.kafka_topic_configs import (
+    FORMAT_KEYS,
+    KAFKA_SOURCE,
+    KAFKA_TOPIC_CONFIGS,
+    PRODUCER_CODEC,
+    STORED_KEYS,
+    TOPIC_CODECS,
+)
 from compactlog.strategy import ALLOWED as STRATEGIES
 from compactlog.strategy import validate_strategy
-
-LONG_MAX = 2**63 - 1
-INT_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class ConfigKey:
-    name: str
-    type: str  # "long", "int", "double", "boolean", "string", "list"
-    default: Any
-    doc: str
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[str, ...] | None = None
-    # -1 is Kafka's "unlimited" for retention settings; allowed besides the range.
-    allow_minus_one: bool = False
-    kafka_default: Any = None
-    # For strings with a grammar: returns what is wrong with a value, or None.
-    validator: Callable[[str], str | None] | None = None
-    allowed_text: str | None = None
-
-    def allowed(self) -> str:
-        if self.allowed_text is not None:
-            return self.allowed_text
-        if self.choices is not None:
-            return "one of " + ", ".join(repr(c) for c in self.choices)
-        if self.type == "boolean":
-            return "true or false"
-        article = "an" if self.type[0] in "aeiou" else "a"
-        parts = [f"{article} {self.type}"]
-        if self.minimum is not None and self.maximum is not None:
-            parts.append(f"in [{_fmt(self.minimum)}, {_fmt(self.maximum)}]")
-        elif self.minimum is not None:
-            parts.append(f">= {_fmt(self.minimum)}")
-        if self.allow_minus_one:
-            parts.append("or -1 for unlimited")
-        return " ".join(parts)
-
-    def parse(self, raw: object) -> Any:
-        """Turn a string (CLI, Kafka CreateTopics) or a typed value into the key's type."""
-        value = _convert(self, raw)
-        if self.choices is not None and value not in self.choices:
-            raise InvalidConfigError(self.name, raw, "must be " + self.allowed())
-        if self.validator is not None:
-            problem = self.validator(value)
-            if problem is not None:
-                raise InvalidConfigError(self.name, raw, problem)
-        if self.type in ("long", "int", "double"):
-            if self.allow_minus_one and value == -1:
-                return value
-            if (self.minimum is not None and value < self.minimum) or (
-                self.maximum is not None and value > self.maximum
-            ):
-                raise InvalidConfigError(self.name, raw, "must be " + self.allowed())
-        return value
-
-
-def _fmt(number: float) -> str:
-    return str(int(number)) if float(number).is_integer() else str(number)
-
-
-def _convert(key: ConfigKey, raw: object) -> Any:
-    if key.type in ("long", "int"):
-        if isinstance(raw, bool):
-            raise InvalidConfigError(key.name, raw, "must be " + key.allowed())
-        if isinstance(raw, int):
-            return raw
-        try:
-            return int(str(raw).strip())
-        except ValueError:
-            raise InvalidConfigError(key.name, raw, "must be " + key.allowed()) from None
-    if key.type == "double":
-        if isinstance(raw, bool):
-            raise InvalidConfigError(key.name, raw, "must be " + key.allowed())
-        try:
-            number = float(raw)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise InvalidConfigError(key.name, raw, "must be " + key.allowed()) from None
-        if not math.isfinite(number):  # NaN passes every range comparison
-            raise InvalidConfigError(key.name, raw, "must be " + key.allowed())
-        return number
-    if key.type == "boolean":
-        if isinstance(raw, bool):
-            return raw
-        text = str(raw).strip().lower()
-        if text in ("true", "false"):
-            return text == "true"
-        raise InvalidConfigError(key.name, raw, "must be true or false")
-    if key.type == "list":
-        # Kafka lists are comma-separated; normalise spacing and order for cleanup.policy.
-        items = [part.strip() for part in str(raw).split(",") if part.strip()]
-        return ",".join(sorted(set(items)))
-    return str(raw)
-
 
 TOPIC_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
@@ -260,6 +179,9 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         maximum=LONG_MAX,
         kafka_default=LONG_MAX,
     ),
+    # Kafka's batch format and timestamp configs, and those with no effect on one server.
+    *FORMAT_KEYS,
+    *STORED_KEYS,
     ConfigKey(
         "null.key.policy",
         "string",
@@ -446,6 +368,28 @@ class TopicConfig:
     def compacted(self) -> bool:
         return "compact" in self.cleanup_policy.split(",")
 
+    @cached_property  # per produced batch; a TopicConfig never changes
+    def log_append_time(self) -> bool:
+        """message.timestamp.type=LogAppendTime: the server stamps batches at append."""
+        return bool(self["message.timestamp.type"] == "LogAppendTime")
+
+    @cached_property  # per produced batch; a TopicConfig never changes
+    def timestamp_limits(self) -> tuple[int, int]:
+        """How far (ms) a CreateTime record may lie before and after the server's clock:
+        message.timestamp.before/after.max.ms, each falling back to the deprecated
+        message.timestamp.difference.max.ms while left at Long.MAX (Kafka's LogConfig)."""
+        difference = int(self["message.timestamp.difference.max.ms"])
+        before = int(self["message.timestamp.before.max.ms"])
+        after = int(self["message.timestamp.after.max.ms"])
+        return (difference if before == LONG_MAX else before,
+                difference if after == LONG_MAX else after)
+
+    @cached_property  # per produced batch; a TopicConfig never changes
+    def codec(self) -> int | None:
+        """compression.type as a batch codec id, or None for `producer` (keep the batch's)."""
+        name = str(self["compression.type"])
+        return None if name == PRODUCER_CODEC else TOPIC_CODECS[name]
+
     @classmethod
     def from_strings(cls, raw: Mapping[str, object]) -> TopicConfig:
         return cls(validate_overrides(raw))
@@ -508,6 +452,7 @@ def render_docs() -> str:
         if key.kafka_default is not None and key.kafka_default != key.default:
             lines.append(f"- Kafka's default: `{_render_value(key.kafka_default)}`")
         lines.append("")
+    lines += _kafka_table()
     lines += [
         "# Server security settings",
         "",
@@ -530,3 +475,32 @@ def _render_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def _kafka_table() -> list[str]:
+    """Every topic config Kafka defines, and what compactlog does with it."""
+    lines = [
+        "# Kafka's topic configs",
+        "",
+        f"Every topic config Kafka defines, from {KAFKA_SOURCE}. Each is accepted by "
+        "`topics create`/`topics alter` and by CreateTopics, AlterConfigs and "
+        "IncrementalAlterConfigs, validated by Kafka's type and range, stored, and "
+        "returned by DescribeConfigs and `compactlog topics describe`. *Implemented*: it "
+        "acts as in Kafka (see its section above). *Stored*: a single compactlog server "
+        "has nothing for it to change, for the reason given.",
+        "",
+        "| Kafka config | Kafka's default | compactlog |",
+        "|---|---|---|",
+    ]
+    for name in KAFKA_TOPIC_CONFIGS:
+        key = TOPIC_KEYS_BY_NAME[name]
+        kafka_default = key.kafka_default if key.kafka_default is not None else key.default
+        if key.no_effect is not None:
+            what = f"stored, no effect: {key.no_effect}"
+        elif kafka_default != key.default:
+            what = f"implemented; default `{_render_value(key.default)}` (see above)"
+        else:
+            what = "implemented"
+        lines.append(f"| `{name}` | `{_render_value(kafka_default)}` | {what} |")
+    lines.append("")
+    return lines

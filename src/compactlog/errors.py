@@ -77,6 +77,12 @@ class RecordTooLargeError(InvalidRecordError):
     than the server allows (Kafka's RecordTooLargeException, MESSAGE_TOO_LARGE)."""
 
 
+class InvalidTimestampError(InvalidRecordError):
+    """A record whose timestamp the topic refuses: too far from the server's clock
+    (message.timestamp.before/after.max.ms), or a producer's batch that claims
+    LogAppendTime on a CreateTime topic (Kafka's INVALID_TIMESTAMP)."""
+
+
 class CorruptRecordError(InvalidRecordError):
     """A record batch whose checksum does not match: its bytes were damaged on the way."""
 

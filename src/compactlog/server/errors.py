@@ -12,6 +12,7 @@ from compactlog.errors import (
     FencedError,
     InvalidConfigError,
     InvalidRecordError,
+    InvalidTimestampError,
     InvalidTopicNameError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
@@ -42,6 +43,9 @@ _CODES: list[tuple[type[Exception], ErrorCode]] = [
     (RecordTooLargeError, ErrorCode.message_too_large),
     # Kafka answers a refused record (e.g. a null key on a compacted topic) with
     # INVALID_RECORD and a message, and the producer fails that batch only.
+    # A timestamp out of the topic's range (message.timestamp.*): Kafka's
+    # InvalidTimestampException, INVALID_TIMESTAMP (32).
+    (InvalidTimestampError, ErrorCode.invalid_timestamp),
     (InvalidRecordError, ErrorCode.invalid_record),
     (OffsetOutOfRangeError, ErrorCode.offset_out_of_range),
     # A damaged segment is Kafka's KAFKA_STORAGE_ERROR: the client may retry elsewhere;

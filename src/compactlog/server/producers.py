@@ -241,6 +241,9 @@ class Appended(NamedTuple):
     base_offset: int
     last_offset: int
     duplicate: bool
+    # The LogAppendTime stamped on the batch, or -1 (a CreateTime topic, or a resent
+    # batch, for which Kafka too answers NO_TIMESTAMP).
+    log_append_time: int = -1
 
 
 class PartitionProducers:
@@ -442,7 +445,8 @@ class ProducerStates:
                 header.base_sequence,
                 last_sequence(header.base_sequence, header.last_offset_delta),
                 result.base_offset, result.last_offset), now)
-            return Appended(result.base_offset, result.last_offset, False)
+            return Appended(result.base_offset, result.last_offset, False,
+                            result.log_append_time)
 
     def _expire(self, state: PartitionProducers, now: int) -> None:
         if now < state.next_expiry_check_ms:

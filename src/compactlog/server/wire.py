@@ -20,8 +20,10 @@ Where the bytes come from:
 - Sealed Parquet segments and compacted-ledger files hold one row per record plus the
   batch fields (base and last offset, attributes, producer id, epoch and base
   sequence). Batches are rebuilt from runs of rows with the same batch base offset, by
-  aiokafka's compiled builder, uncompressed; then the header fields the builder cannot
-  set (last offset delta, attributes) are patched and the CRC32C is recomputed.
+  aiokafka's compiled builder, uncompressed, or in the codec the topic's
+  compression.type names (Kafka stores batches in that codec); then the header fields
+  the builder cannot set (last offset delta, attributes) are patched and the CRC32C is
+  recomputed.
 - The compacted view reads the ledger up to the horizon, then the raw log from
   horizon + 1, as `Partition.read_compacted` does. A fully compacted tail (nothing left
   in the ledger up to the horizon, and nothing after it yet) is answered with one empty
@@ -77,8 +79,8 @@ WIRE_COLUMNS = [
     "batch_base_offset", "batch_last_offset", "batch_attributes",
     "producer_id", "producer_epoch", "base_sequence",
 ]
-# Attribute bits a rebuilt batch keeps. The codec bits go (rebuilt batches are
-# uncompressed), and so does bit 6, KIP-534's "base timestamp is a delete horizon",
+# Attribute bits a rebuilt batch keeps. The codec bits go (a rebuilt batch has the
+# topic's codec, or none), and so does bit 6, KIP-534's "base timestamp is a delete horizon",
 # because a rebuilt batch's base timestamp is its first record's timestamp.
 KEPT_ATTRIBUTES = TIMESTAMP_TYPE_MASK | TRANSACTIONAL_MASK | CONTROL_MASK
 # The builder refuses appends past its size limit; a rebuilt batch must take every row.
@@ -365,11 +367,14 @@ class _BatchReader:
         )
         out = self.out
         budget = self.max_bytes
+        # compression.type names a codec: the rebuilt batches carry it, as Kafka's
+        # stored batches do; `producer` serves them uncompressed.
+        codec = self.partition.config.codec or 0
         for start, end, base, last_delta, attributes, producer_id, epoch, sequence in (
             batch_fields
         ):
             builder = DefaultRecordBatchBuilder(
-                MAGIC_V2, 0, 0, producer_id, epoch, sequence, _NO_SIZE_LIMIT
+                MAGIC_V2, codec, 0, producer_id, epoch, sequence, _NO_SIZE_LIMIT
             )
             append = builder.append
             for i in range(start, end):
@@ -379,10 +384,12 @@ class _BatchReader:
                 self.stopped = True
                 return
             _BASE_OFFSET.pack_into(batch, 0, base)
-            # The builder wrote attributes 0 and the last record's delta; when the batch
-            # had other attributes or lost its tail, patch them and redo the CRC.
+            # The builder wrote attributes holding only the codec, and the last record's
+            # delta; when the batch had other attributes or lost its tail, patch them and
+            # redo the CRC.
             if attributes or last_delta != deltas[end - 1]:
-                _ATTRS_AND_DELTA.pack_into(batch, _ATTRIBUTES_AT, attributes, last_delta)
+                _ATTRS_AND_DELTA.pack_into(batch, _ATTRIBUTES_AT, attributes | codec,
+                                           last_delta)
                 _CRC.pack_into(batch, _CRC_AT, crc32c.crc32c(memoryview(batch)[CRC_START:]))
             out += batch
             self.next_offset = self.expected = base + last_delta + 1

@@ -32,6 +32,9 @@ class AppendResult:
     partition: int
     base_offset: int
     last_offset: int
+    # The time the server stamped on the batch on a LogAppendTime topic, else -1
+    # (Kafka's ProduceResponse log_append_time_ms).
+    log_append_time: int = -1
 
 
 def append_encoded(partition: Partition, batch: bytearray, header: BatchHeader) -> AppendResult:

@@ -47,7 +47,7 @@ from compactlog.errors import (
     RecordTooLargeError,
     StorageError,
 )
-from compactlog.storage import appending, reads, recovery, retention, sealing
+from compactlog.storage import appending, log_validator, reads, recovery, retention, sealing
 from compactlog.storage.appending import AppendResult as AppendResult
 from compactlog.storage.commit import (
     CommitLockTimeout,
@@ -72,7 +72,6 @@ from compactlog.storage.records import (
     ProducerRecord,
     Record,
     check_batch,
-    encode_batch,
     parse_header,
     set_base_offset,
     validate_records,
@@ -457,7 +456,7 @@ class Partition:
         if not records:
             raise InvalidRecordError(f"{self.name}: nothing to append")
         self.check_keys(records)
-        batch = encode_batch(records, 0, self.now_ms())
+        batch = log_validator.encode_for(self.name, self.config, records, self.now_ms())
         self.check_size(len(batch))
         return batch
 
@@ -498,11 +497,13 @@ class Partition:
         self.require_writable()
         self.check_size(len(batch))
         limit = self.max_uncompressed_batch_bytes
+        config = self.config
         try:
             header = check_batch(batch, 0, len(batch))
             if header.size != len(batch):
                 raise BatchError(f"{len(batch) - header.size} trailing bytes")
-            first_null_key = validate_records(batch, header, limit)
+            facts = validate_records(batch, header, limit,
+                                     timestamps=log_validator.checks_timestamps(config))
         except ChecksumError as error:
             raise CorruptRecordError(f"{self.name}: rejected record batch: {error}") from None
         except BatchError as error:
@@ -511,12 +512,15 @@ class Partition:
             raise RecordTooLargeError(
                 f"{self.name}: the records of a compressed batch of {len(batch)} bytes "
                 f"decompress to more than max_uncompressed_batch_bytes={limit}") from None
-        self._check_null_key(first_null_key)
+        self._check_null_key(facts.first_null_key)
+        # Timestamps checked and stamped, codec applied (Kafka's LogValidator).
+        batch, append_time = log_validator.admit(self.name, config, batch, header, facts,
+                                                 self.now_ms())
         with self._lock:
             set_base_offset(batch, self.log_end_offset)
             result = appending.append_encoded(self, batch, parse_header(batch))
         self._seal_after_append()
-        return result
+        return replace(result, log_append_time=append_time)
 
     def check_size(self, batch_bytes: int) -> None:
         limit = self.config["max.message.bytes"]

@@ -29,6 +29,7 @@ transaction it knows of.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -161,16 +162,29 @@ def _append_one(broker: Broker, name: str, index: int, records: bytes) -> dict[s
         (_, header), = batches
         check_producer_fields(header, partition.name)
         if header.producer_id >= 0:
-            first = broker.producers.append(partition, bytearray(records), header).base_offset
+            appended = broker.producers.append(partition, bytearray(records), header)
+            first, append_time = appended.base_offset, appended.log_append_time
         else:
-            first = partition.append_batch(bytearray(records)).base_offset
+            result = partition.append_batch(bytearray(records))
+            first, append_time = result.base_offset, result.log_append_time
         broker.metrics.records_in.labels(name).inc(header.record_count)
         broker.metrics.bytes_in.labels(name).inc(len(records))
-        return {"error_code": ErrorCode.none, "base_offset": first, "log_append_time": None,
+        return {"error_code": ErrorCode.none, "base_offset": first,
+                "log_append_time": _log_append_time(append_time),
                 "log_start_offset": partition.log_start_offset,
                 LAST_OFFSET: (partition, first + header.last_offset_delta)}
     except Exception as error:
         return _failed(error, name, index)
+
+
+def _log_append_time(ms: int) -> datetime.datetime | None:
+    """log_append_time_ms as kio takes it: None stands for -1 (a CreateTime topic)."""
+    if ms < 0:
+        return None
+    return _EPOCH + datetime.timedelta(milliseconds=ms)
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 # A full or failing disk refuses every produce, and producers retry within
