@@ -16,11 +16,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 STAND_IN = """#!/usr/bin/env bash
-# Records its call; `-m venv DIR` makes DIR/bin/{python,ruff,mypy} stand-ins too.
+# Records its call; `-m venv DIR` makes DIR/bin/{python,ruff,mypy,lint-imports} stand-ins too.
 echo "$(basename "$0") $*" >> "$CALLS"
 if [ "${1:-}" = "-m" ] && [ "${2:-}" = "venv" ]; then
   mkdir -p "$3/bin"
-  for tool in python ruff mypy; do cp "$STAND_IN" "$3/bin/$tool"; done
+  for tool in python ruff mypy lint-imports; do cp "$STAND_IN" "$3/bin/$tool"; done
 fi
 if [ "$(basename "$0")" = java ]; then echo 'openjdk version "17.0.2"' >&2; fi
 if [ "$(basename "$0")" = npm ] && [ "${1:-}" = ci ]; then mkdir -p node_modules; fi
@@ -46,6 +46,7 @@ def sandbox(tmp_path: Path, with_tools: bool) -> tuple[Path, dict[str, str], Pat
                     repo / "tests" / "apps" / "kafkajs" / name)
     (repo / "examples").mkdir()
     (repo / "examples" / "demo.py").write_text("")
+    (repo / "src").mkdir()  # scripts/test.sh runs the import layers' check from there
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stand_in = tmp_path / "stand-in"
@@ -96,7 +97,8 @@ def test_the_test_command_installs_everything(tmp_path: Path) -> None:
     assert '-e .[dev]' in log.replace('"', ""), log
     assert ".venv-apps/quix" in log and ".venv-apps/faust" in log, log
     assert "npm ci" in log, log
-    assert "ruff check" in log and "mypy" in log and "-m pytest -q" in log, log
+    assert "ruff check" in log and "mypy" in log and "lint-imports" in log, log
+    assert "-m pytest -q" in log, log
 
 
 def test_a_demo_after_the_tests_keeps_the_test_install(tmp_path: Path) -> None:
