@@ -66,6 +66,7 @@ ATTEMPTS = 8
 HINT = "metadata/version-hint.text"
 PREVIOUS_VERSIONS_MAX = 100  # Iceberg's write.metadata.previous-versions-max default
 PREFIX = "compactlog.partition."
+HOLDER = "iceberg-state"  # its entry in each partition's hold document (expiry.py)
 
 
 def metadata_name(version: int) -> str:
@@ -129,6 +130,7 @@ class Partial:
     data_files: int = 0
     delete_files: int = 0
     position_deletes: int = 0
+    relatives: list[str] = field(default_factory=list)  # its data files, in its volume
 
 
 def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = "",
@@ -163,6 +165,9 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
         for name, data in written:
             if not files.create(name, data):  # names are new: never taken
                 raise ConflictError(f"{files.url(name)}: the name is taken")
+        for part in parts:  # 4b. hold what the snapshot lists before it exists
+            if part.changed:
+                topic.partitions[part.index].holds.add(HOLDER, part.relatives, clock_ms)
         delay_ms = int(topic.config["file.delete.delay.ms"])
         if (time.monotonic() - loaded) * 1000 > delay_ms / 2:
             log.info("%s: the state table's sync took longer than half of "
@@ -285,6 +290,7 @@ def _partition_part(partition: Partition, version: int, manifest: PartitionManif
             kept_deletes[url] = delete
         elif delete is not None:
             new_deletes.append(delete)
+        part.relatives.append(item.relative)
         if url in old_data:
             kept_data[url] = old_data[url]
         else:

@@ -5,7 +5,8 @@ synced its table gets a sync in the next round, so a snapshot that a compaction 
 not make (DeleteRecords under the horizon, a compaction whose own sync failed or died,
 the first round after a restart) follows within a round; a `compact,delete` topic is
 also synced every RETENTION_SYNC_S, since retention.ms takes records out of the state
-as time passes. What decides "changed" is read from the manifests this process holds
+as time passes. Every EXPIRY_INTERVAL_S (and at the first round) the table's old
+snapshots expire (expiry.py). What decides "changed" is read from the manifests this process holds
 (no I/O): each partition's run id, horizon, deleted_below within the ledger and ledger
 files with their deletion vectors. A failed sync is retried after FAILURE_BACKOFF_S.
 """
@@ -16,11 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from compactlog.iceberg import available, sync_state_table
+from compactlog.iceberg import available, expire_snapshots, sync_state_table
 from compactlog.storage.store import LogStore, Topic
 from compactlog.storage.view_rows import retention_ms
 
 RETENTION_SYNC_S = 60.0
+EXPIRY_INTERVAL_S = 300.0  # snapshot expiry (expiry.py), and at the first round
 FAILURE_BACKOFF_S = 10.0
 
 
@@ -46,6 +48,7 @@ class StateTableUpkeep:
         self.synced: dict[str, tuple[Any, ...]] = {}
         self.synced_at: dict[str, float] = {}
         self.retry_at: dict[str, float] = {}
+        self.expired_at: dict[str, float] = {}
 
     def run(self, name: str) -> bool:
         """Sync `name`'s state table if due (see the module); True when it synced."""
@@ -61,13 +64,16 @@ class StateTableUpkeep:
         key = state_key(topic)
         timed = retention_ms(topic.config) >= 0 and (
             now - self.synced_at.get(name, -1e18) >= RETENTION_SYNC_S)
-        if key == self.synced.get(name) and not timed:
-            return False
+        synced = key != self.synced.get(name) or timed
         try:
-            sync_state_table(self.store, name, cause="upkeep")
+            if synced:
+                sync_state_table(self.store, name, cause="upkeep")
+                self.synced[name] = key
+                self.synced_at[name] = now
+            if now - self.expired_at.get(name, -1e18) >= EXPIRY_INTERVAL_S:
+                expire_snapshots(self.store, name)
+                self.expired_at[name] = now
         except Exception:
             self.retry_at[name] = now + FAILURE_BACKOFF_S
             raise
-        self.synced[name] = key
-        self.synced_at[name] = now
-        return True
+        return synced
