@@ -142,3 +142,19 @@ def test_a_hold_within_the_grace_period_outlives_a_replace(tmp_path: Path) -> No
     assert holds.held() == {"ledger/a.parquet", "ledger/c.parquet"}
     holds.replace(HOLDER, [], now_ms=70_000, grace_ms=10_000)
     assert holds.held() == frozenset()
+
+
+def test_a_table_deleted_by_hand_releases_its_holds(store: LogStore, clock: FakeClock) -> None:
+    """docs/querying.md: a moved data directory needs its iceberg/ directories deleted;
+    the holds of the deleted table must not keep ledger files forever."""
+    import shutil
+
+    rounds(store, clock, 2)
+    shutil.rmtree(state_table_location(store, TOPIC))
+    clock.advance(10)
+    expire_snapshots(store, TOPIC)
+    assert all(not p.holds.held() for p in store.topic(TOPIC).partitions)
+    sweep_all(store)
+    listed = {partition.ledger_dir / info.file for partition in store.topic(TOPIC).partitions
+              for info in partition.manifest.ledger}
+    assert ledger_files(store) == listed

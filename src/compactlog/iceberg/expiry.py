@@ -68,7 +68,12 @@ def expire(store: LogStore, topic_name: str, now_ms: int | None = None) -> Expir
         topic = store.topic(topic_name)
         now = int(store.clock() * 1000) if now_ms is None else now_ms
         current = load_current(files)  # 1.
-        if current.body is None:
+        if current.body is None:  # no table (never made, or its directory deleted by
+            # hand to be made again): nothing references what the holds list
+            for partition in topic.partitions:
+                if partition.holds.exists():
+                    partition.holds.replace(HOLDER, [], now,
+                                            int(topic.config["file.delete.delay.ms"]))
             return result
         expired = expired_snapshots(current.body, now, int(topic.config[MAX_AGE]),
                                     int(topic.config[MIN_KEEP]))  # 2.
