@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from compactlog.iceberg import expire_snapshots, state_table_location
-from compactlog.iceberg.state import HOLDER
+from compactlog.iceberg.kinds import STATE
 from compactlog.storage.holds import Holds
 from compactlog.storage.store import LogStore
 from fakes import FakeClock
@@ -117,7 +117,7 @@ def test_expiry_holds_the_files_of_a_table_made_before_holds(
         partition.holds = Holds(partition.volume.document("holds"))
     assert expire_snapshots(store, TOPIC).expired == []
     for partition in store.topic(TOPIC).partitions:
-        assert partition.holds.entries(HOLDER)
+        assert partition.holds.entries(STATE.holder)
     produce(store, updates(900, 150, 70))
     compact(store)
     clock.advance(10)
@@ -135,12 +135,12 @@ def test_a_hold_within_the_grace_period_outlives_a_replace(tmp_path: Path) -> No
     from compactlog.storage.commit import LocalDocument
 
     holds = Holds(LocalDocument(tmp_path / "holds"))
-    holds.add(HOLDER, ["ledger/a.parquet", "ledger/b.parquet"], now_ms=1_000)
-    holds.add(HOLDER, ["ledger/c.parquet"], now_ms=50_000)  # the sync in flight
-    holds.replace(HOLDER, ["ledger/a.parquet"], now_ms=55_000, grace_ms=10_000)
-    assert holds.entries(HOLDER) == {"ledger/a.parquet": 1_000, "ledger/c.parquet": 50_000}
+    holds.add(STATE.holder, ["ledger/a.parquet", "ledger/b.parquet"], now_ms=1_000)
+    holds.add(STATE.holder, ["ledger/c.parquet"], now_ms=50_000)  # the sync in flight
+    holds.replace(STATE.holder, ["ledger/a.parquet"], now_ms=55_000, grace_ms=10_000)
+    assert holds.entries(STATE.holder) == {"ledger/a.parquet": 1_000, "ledger/c.parquet": 50_000}
     assert holds.held() == {"ledger/a.parquet", "ledger/c.parquet"}
-    holds.replace(HOLDER, [], now_ms=70_000, grace_ms=10_000)
+    holds.replace(STATE.holder, [], now_ms=70_000, grace_ms=10_000)
     assert holds.held() == frozenset()
 
 

@@ -333,6 +333,25 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "filters them. `false`: every run rewrites the whole ledger.",
     ),
     ConfigKey(
+        "iceberg.raw.enabled",
+        "boolean",
+        False,
+        "compactlog: keep the topic's sealed segments as an append-only Iceberg table too, "
+        "`<topic>/iceberg/raw` (docs/querying.md), synced by the server's upkeep. Off by "
+        "default, as Redpanda's Iceberg topics are: each snapshot costs a few writes per "
+        "changed partition.",
+    ),
+    ConfigKey(
+        "iceberg.raw.target.lag.ms",
+        "long",
+        60_000,
+        "compactlog: how long a sealed segment may wait before the raw Iceberg table lists "
+        "it (Redpanda's iceberg_target_lag_ms): the server syncs the table at most this "
+        "often, so a busy topic makes one snapshot per interval, not one per seal.",
+        minimum=0,
+        maximum=LONG_MAX,
+    ),
+    ConfigKey(
         "iceberg.history.expire.max-snapshot-age-ms",
         "long",
         432_000_000,

@@ -145,6 +145,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_TABLE = "state"
+RAW_TABLE = "raw"
 
 
 def available() -> bool:
@@ -175,20 +176,34 @@ def sync_state_table(store: LogStore, topic: str, cause: str = "sync", run_id: s
     return sync(store, topic, cause=cause, run_id=run_id, now_ms=now_ms)
 
 
-def expire_snapshots(store: LogStore, topic: str, now_ms: int | None = None) -> ExpiryResult:
-    """Expire the state table's snapshots past `iceberg.history.expire.max-snapshot-age-
-    ms`, then let the sweep delete the ledger files only they held (expiry.py)."""
+def sync_raw_table(store: LogStore, topic: str, cause: str = "sync",
+                   now_ms: int | None = None) -> SyncResult:
+    """Bring `topic`'s raw table (its sealed segments, iceberg/kinds.py) up to its
+    partitions' committed manifests; a snapshot only if they changed."""
+    from compactlog.iceberg.kinds import RAW
+    from compactlog.iceberg.state import sync
+
+    return sync(store, topic, cause=cause, now_ms=now_ms, kind=RAW)
+
+
+def expire_snapshots(store: LogStore, topic: str, now_ms: int | None = None,
+                     table: str = STATE_TABLE) -> ExpiryResult:
+    """Expire the snapshots of `topic`'s table `table` ("state" or "raw") past
+    `iceberg.history.expire.max-snapshot-age-ms`, then let the sweep delete the data
+    files only they held (expiry.py)."""
     from compactlog.iceberg.expiry import expire
+    from compactlog.iceberg.kinds import KINDS
 
-    return expire(store, topic, now_ms)
+    return expire(store, topic, now_ms, KINDS[table])
 
 
-def state_table_location(store: LogStore, topic: str) -> str:
-    """Where `topic`'s state table is: the directory (or s3:// URL) that DuckDB's
-    `iceberg_scan` and pyiceberg's `StaticTable.from_metadata` open."""
+def state_table_location(store: LogStore, topic: str, table: str = STATE_TABLE) -> str:
+    """Where `topic`'s state table (or its raw table, `table="raw"`) is: the directory
+    (or s3:// URL) that DuckDB's `iceberg_scan` and pyiceberg's
+    `StaticTable.from_metadata` open."""
     from compactlog.iceberg.files import table_files
 
-    return table_files(store, topic, STATE_TABLE).url("")
+    return table_files(store, topic, table).url("")
 
 
 def sync_after_compaction(store: LogStore, topic: str, run_id: str) -> SyncResult | None:

@@ -1,9 +1,10 @@
-"""Snapshot expiry, and the holds that keep a retained snapshot's ledger files.
+"""Snapshot expiry, and the holds that keep a retained snapshot's data files.
 
-Invariant: a ledger file that a retained snapshot of the state table references is
-never deleted. The sweep (storage/sweep.py) keeps every file the partition's hold
-document lists (storage/holds.py); this module keeps that document a superset of what
-the retained snapshots reference:
+Invariant: a data file (a ledger file of the state table, a sealed segment of the raw
+table) that a retained snapshot references is never deleted. The sweep
+(storage/sweep.py) keeps every file the partition's hold document lists
+(storage/holds.py); this module keeps that document a superset of what the retained
+snapshots reference:
   - a sync holds the data files of its new snapshot before committing it
     (state.py, step 4b, between its steps 4 and 5);
   - expiry releases files only after committing table metadata without the expired
@@ -40,10 +41,10 @@ from typing import Any
 from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadataUtil
 
-from compactlog.iceberg import STATE_TABLE
 from compactlog.iceberg.avro import TableIO, entries, read_list
 from compactlog.iceberg.files import TableFiles, relative_of, table_files
-from compactlog.iceberg.state import HINT, HOLDER, load_current, metadata_name
+from compactlog.iceberg.kinds import STATE, TableKind
+from compactlog.iceberg.state import HINT, load_current, metadata_name
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,9 @@ class ExpiryResult:
     table_files_removed: int = 0
 
 
-def expire(store: LogStore, topic_name: str, now_ms: int | None = None) -> ExpiryResult:
-    files = table_files(store, topic_name, STATE_TABLE)
+def expire(store: LogStore, topic_name: str, now_ms: int | None = None,
+           kind: TableKind = STATE) -> ExpiryResult:
+    files = table_files(store, topic_name, kind.name)
     result = ExpiryResult(topic_name)
     for _attempt in range(ATTEMPTS):
         topic = store.topic(topic_name)
@@ -71,8 +73,8 @@ def expire(store: LogStore, topic_name: str, now_ms: int | None = None) -> Expir
         if current.body is None:  # no table (never made, or its directory deleted by
             # hand to be made again): nothing references what the holds list
             for partition in topic.partitions:
-                if partition.holds.exists():
-                    partition.holds.replace(HOLDER, [], now,
+                if partition.holds.has(kind.holder):
+                    partition.holds.replace(kind.holder, [], now,
                                             int(topic.config["file.delete.delay.ms"]))
             return result
         expired = expired_snapshots(current.body, now, int(topic.config[MAX_AGE]),
@@ -89,16 +91,16 @@ def expire(store: LogStore, topic_name: str, now_ms: int | None = None) -> Expir
                 log.warning("%s: version-hint.text not updated to %d: %s", topic_name,
                             version, error)
             result.expired, result.version = expired, version
-            log.info("%s: expired %d snapshot(s) of the state table (metadata v%d)",
-                     topic_name, len(expired), version)
-        elif all(partition.holds.exists() for partition in topic.partitions):
+            log.info("%s: expired %d snapshot(s) of the %s table (metadata v%d)",
+                     topic_name, len(expired), kind.name, version)
+        elif all(partition.holds.has(kind.holder) for partition in topic.partitions):
             return result  # nothing expired, and every partition's hold is there
         grace_ms = int(topic.config["file.delete.delay.ms"])
         data_urls, table_urls = referenced(TableIO(files), body)
         for partition in topic.partitions:  # 4.
             relatives = [relative for url in data_urls
                          if (relative := relative_of(partition.volume, url)) is not None]
-            partition.holds.replace(HOLDER, relatives, now, grace_ms)
+            partition.holds.replace(kind.holder, relatives, now, grace_ms)
             if partition.writable:
                 partition.sweep_soon()
         if expired:

@@ -63,8 +63,10 @@ class Holds:
         return {str(path): int(since)
                 for path, since in body.get("holders", {}).get(holder, {}).items()}
 
-    def exists(self) -> bool:
-        return self.document.load() is not None
+    def has(self, holder: str) -> bool:
+        """Whether `holder` ever wrote its entry (an empty one counts)."""
+        snapshot = self.document.load()
+        return snapshot is not None and holder in snapshot.body.get("holders", {})
 
     def add(self, holder: str, paths: Iterable[str], now_ms: int) -> None:
         """Step 1: hold `paths` (those not held yet get `now_ms`)."""
@@ -98,7 +100,7 @@ class Holds:
             if only_if_new is not None and all(path in before for path in only_if_new):
                 return  # nothing to add: no commit
             after = change(before)
-            if after == before and snapshot is not None:
+            if after == before and holder in holders:
                 return
             holders[holder] = dict(sorted(after.items()))
             try:
