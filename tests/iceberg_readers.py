@@ -83,5 +83,6 @@ def snapshots(table: str) -> list[dict[str, Any]]:
     """The table's snapshots, oldest first: id, timestamp and summary."""
     metadata = StaticTable.from_metadata(table).metadata
     return [{"id": s.snapshot_id, "timestamp_ms": s.timestamp_ms,
+             "operation": s.summary.operation.value if s.summary else None,
              "summary": dict(s.summary.additional_properties) if s.summary else {}}
             for s in sorted(metadata.snapshots, key=lambda s: s.sequence_number or 0)]

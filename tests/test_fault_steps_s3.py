@@ -279,8 +279,8 @@ def run_with_kill(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) -
 # -- the cases ------------------------------------------------------------------------------
 
 # Requests each operation sends; test_request_counts_are_current keeps these in line.
-STEPS = {"append": 4, "append-seal": 8, "compact-1": 24, "compact-2": 41,
-         "compact-dv-1": 23, "retention": 14, "alter": 3, "merge": 10}
+STEPS = {"append": 4, "append-seal": 8, "compact-1": 26, "compact-2": 45,
+         "compact-dv-1": 25, "retention": 16, "alter": 3, "merge": 10}
 # Scenarios whose acknowledged records were all in the bucket before the operation: a
 # crash of theirs may be taken over from an empty local directory.
 IN_BUCKET = ("compact-1", "compact-2", "compact-dv-1", "retention", "alter", "merge")

@@ -26,8 +26,8 @@ from iceberg_readers import ENGINES, StateRow, data_files, read_state, snapshots
 from local_engine import LocalCompactionService
 
 TOPIC = "prices"
-# Retired ledger files stay for an hour: earlier snapshots stay readable (the sweep does
-# not yet keep what retained snapshots reference; see compactlog/iceberg).
+# Retired ledger files stay for an hour (retained snapshots keep theirs whatever the
+# delay: tests/test_iceberg_expiry.py).
 CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
           "compaction.deletion.vectors": "true",
           "compaction.ledger.rewrite.live.fraction": "0",

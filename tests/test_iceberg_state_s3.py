@@ -66,3 +66,46 @@ def test_the_state_table_in_the_bucket(s3: S3Server, monkeypatch: pytest.MonkeyP
         f"""SELECT partition, "offset", key, value, headers
             FROM iceberg_scan('{table}')""").fetchall())
     assert rows == expected
+
+
+def test_retained_snapshots_keep_their_files_in_the_bucket_until_they_expire(
+        s3: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Holds and expiry on S3 (iceberg/expiry.py): the first snapshot's ledger objects,
+    retired by the next run and past file.delete.delay.ms, stay while it is retained and
+    read in pyiceberg; once it expires, the sweep deletes them from the bucket."""
+    from compactlog.iceberg import expire_snapshots
+    from fakes import FakeClock
+
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    clock = FakeClock()
+    url = str(s3.location("expiry"))
+    properties = pyiceberg_properties(s3)
+    with LogStore.open(url, local_dir=tmp_path / "writer", clock=clock) as store:
+        store.create_topic("prices", 1, {"cleanup.policy": "compact",
+                                         "min.compaction.lag.ms": "0",
+                                         "compaction.deletion.vectors": "false",
+                                         "file.delete.delay.ms": "1000"})
+        partition = store.topic("prices").partition(0)
+        states, first_files = [], set()
+        for start, keys in ((0, 30), (200, 45), (400, 50)):
+            store.append("prices", updates(start, 200, keys, tombstone_every=6))
+            partition.roll()
+            LocalCompactionService(store, "prices", {"engine": "arrow"}).compact()
+            states.append(expected_state(store, "prices"))
+            first_files = first_files or {info.file for info in partition.manifest.ledger}
+            clock.advance(5)
+            partition.sweep()
+        table = state_table_location(store, "prices")
+        first = StaticTable.from_metadata(table, properties).metadata.snapshots[0]
+        scan = StaticTable.from_metadata(table, properties).scan(snapshot_id=first.snapshot_id)
+        found = scan.to_arrow().select(["partition", "offset", "key", "value", "headers"])
+        assert sorted(_row(**row) for row in found.to_pylist()) == states[0]
+        listed = {item.name for item in partition.volume.listing("ledger")}
+        assert first_files <= listed  # held past the delay and two sweeps
+        clock.advance(6 * 86400)
+        assert len(expire_snapshots(store, "prices").expired) == 2
+        partition.sweep()
+        listed = {item.name for item in partition.volume.listing("ledger")}
+        assert not first_files & listed
+        assert listed == {info.file for info in partition.manifest.ledger}

@@ -255,6 +255,45 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "filters them. `false`: every run rewrites the whole ledger.",
     ),
     ConfigKey(
+        "iceberg.raw.enabled",
+        "boolean",
+        False,
+        "compactlog: keep the topic's sealed segments as an append-only Iceberg table too, "
+        "`<topic>/iceberg/raw` (docs/querying.md), synced by the server's upkeep. Off by "
+        "default, as Redpanda's Iceberg topics are: each snapshot costs a few writes per "
+        "changed partition.",
+    ),
+    ConfigKey(
+        "iceberg.raw.target.lag.ms",
+        "long",
+        60_000,
+        "compactlog: how long a sealed segment may wait before the raw Iceberg table lists "
+        "it (Redpanda's iceberg_target_lag_ms): the server syncs the table at most this "
+        "often, so a busy topic makes one snapshot per interval, not one per seal.",
+        minimum=0,
+        maximum=LONG_MAX,
+    ),
+    ConfigKey(
+        "iceberg.history.expire.max-snapshot-age-ms",
+        "long",
+        432_000_000,
+        "compactlog: how long a snapshot of the topic's Iceberg state table is kept for "
+        "time travel (Iceberg's history.expire.max-snapshot-age-ms, 5 days); older ones "
+        "expire in the server's upkeep and after a compaction. The ledger files a kept "
+        "snapshot lists stay on disk whatever file.delete.delay.ms says.",
+        minimum=0,
+        maximum=LONG_MAX,
+    ),
+    ConfigKey(
+        "iceberg.history.expire.min-snapshots-to-keep",
+        "int",
+        1,
+        "compactlog: the newest snapshots of the Iceberg state table kept whatever their "
+        "age (Iceberg's history.expire.min-snapshots-to-keep); the current one always is.",
+        minimum=1,
+        maximum=2**31 - 1,
+    ),
+    ConfigKey(
         "compaction.inline.max.bytes",
         "long",
         256 * 1024 * 1024,

@@ -288,7 +288,7 @@ def _sweep(partition: Partition) -> None:
         partition.refresh()
         sweep(partition.volume, partition.manifest, partition.now_ms(),
               partition.config["file.delete.delay.ms"], orphan_dirs,
-              partition.files.retire, partition.name)
+              partition.files.retire, partition.name, partition.holds.held())
     except Exception as error:
         log.warning("%s: the ledger sweep failed (retried by the next run): %s",
                     partition.name, error)

@@ -76,6 +76,8 @@ Commit: `sync(topic)`, never ahead of the compaction commit
      partition must not be newer than the one loaded in 2 (else back to 1);
   4. if no partition changed, stop; else write the new delete files, manifests and the
      manifest list, under new names;
+  4b. hold, in each changed partition's hold document, the data files the snapshot
+     lists (storage/holds.py), so that no sweep deletes them while it is retained;
   5. create v<N+1>.metadata.json only if absent (a hard link locally, `If-None-Match:
      *` on S3): the table's commit point. Another sync that created it first makes
      this one start again from 1, a bounded number of times. A sync that took longer
@@ -111,18 +113,21 @@ gives partition p horizon H (docs/querying.md).
 
 Snapshot expiry and file deletion (DESIGN.md's reachability rule, widened)
   A ledger file is deleted only when no committed manifest lists it and no retained
-  snapshot references it. Snapshots older than `history.expire.max-snapshot-age-ms`
-  (Iceberg's name; its default, 5 days) are expired, keeping the current one; expiry
-  commits a new metadata version without them, and only after that commit may the
-  partition's sweep (storage/sweep.py) delete the ledger files that no manifest and no
-  retained snapshot holds, and the table's sweep its own unreferenced files. Until
-  that is built, an old snapshot whose ledger files were retired longer ago than
-  file.delete.delay.ms reads as missing files (see docs/querying.md).
+  snapshot references it: each partition's hold document (storage/holds.py) lists the
+  files that snapshots reference, a sync holds its snapshot's files before committing
+  it (step 4b), and the sweep keeps every held file. Snapshots older than the topic's
+  `iceberg.history.expire.max-snapshot-age-ms` (Iceberg's name and default, 5 days)
+  expire, keeping the current one and the newest
+  `iceberg.history.expire.min-snapshots-to-keep`; expiry (expiry.py) commits a new
+  metadata version without them, and only then releases the files no retained snapshot
+  references, and deletes the table's own files that none references. It runs in the
+  server's upkeep and after each compaction's sync.
 
 Modules: `schema.py` (schema, partition spec, name mapping), `deletes.py` (deleted
 positions from the view's definition, position-delete files), `files.py` (the table's
 files on a disk or a bucket), `avro.py` (manifests and manifest lists, through
-pyiceberg's writers), `state.py` (sync: steps 1 to 6). pyiceberg is an optional
+pyiceberg's writers), `state.py` (sync: steps 1 to 6), `expiry.py` (snapshot expiry and
+the holds). pyiceberg is an optional
 dependency (the `iceberg` extra): without it, nothing here runs and compaction goes on.
 """
 
@@ -134,11 +139,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from compactlog.iceberg.expiry import ExpiryResult
     from compactlog.storage.store import LogStore
 
 log = logging.getLogger(__name__)
 
 STATE_TABLE = "state"
+RAW_TABLE = "raw"
 
 
 def available() -> bool:
@@ -169,12 +176,34 @@ def sync_state_table(store: LogStore, topic: str, cause: str = "sync", run_id: s
     return sync(store, topic, cause=cause, run_id=run_id, now_ms=now_ms)
 
 
-def state_table_location(store: LogStore, topic: str) -> str:
-    """Where `topic`'s state table is: the directory (or s3:// URL) that DuckDB's
-    `iceberg_scan` and pyiceberg's `StaticTable.from_metadata` open."""
+def sync_raw_table(store: LogStore, topic: str, cause: str = "sync",
+                   now_ms: int | None = None) -> SyncResult:
+    """Bring `topic`'s raw table (its sealed segments, iceberg/kinds.py) up to its
+    partitions' committed manifests; a snapshot only if they changed."""
+    from compactlog.iceberg.kinds import RAW
+    from compactlog.iceberg.state import sync
+
+    return sync(store, topic, cause=cause, now_ms=now_ms, kind=RAW)
+
+
+def expire_snapshots(store: LogStore, topic: str, now_ms: int | None = None,
+                     table: str = STATE_TABLE) -> ExpiryResult:
+    """Expire the snapshots of `topic`'s table `table` ("state" or "raw") past
+    `iceberg.history.expire.max-snapshot-age-ms`, then let the sweep delete the data
+    files only they held (expiry.py)."""
+    from compactlog.iceberg.expiry import expire
+    from compactlog.iceberg.kinds import KINDS
+
+    return expire(store, topic, now_ms, KINDS[table])
+
+
+def state_table_location(store: LogStore, topic: str, table: str = STATE_TABLE) -> str:
+    """Where `topic`'s state table (or its raw table, `table="raw"`) is: the directory
+    (or s3:// URL) that DuckDB's `iceberg_scan` and pyiceberg's
+    `StaticTable.from_metadata` open."""
     from compactlog.iceberg.files import table_files
 
-    return table_files(store, topic, STATE_TABLE).url("")
+    return table_files(store, topic, table).url("")
 
 
 def sync_after_compaction(store: LogStore, topic: str, run_id: str) -> SyncResult | None:
@@ -183,8 +212,14 @@ def sync_after_compaction(store: LogStore, topic: str, run_id: str) -> SyncResul
     if not available():
         return None
     try:
-        return sync_state_table(store, topic, cause="compaction", run_id=run_id)
+        result = sync_state_table(store, topic, cause="compaction", run_id=run_id)
     except Exception as error:  # the next sync repairs it
         log.warning("%s: the Iceberg state table was not synced after compaction run %s "
                     "(the next sync catches it up): %s", topic, run_id, error)
         return None
+    try:
+        expire_snapshots(store, topic)
+    except Exception as error:  # expiry only frees space: the next one does it
+        log.warning("%s: the Iceberg state table's snapshots were not expired after "
+                    "compaction run %s (the next expiry does it): %s", topic, run_id, error)
+    return result

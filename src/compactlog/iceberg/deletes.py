@@ -39,7 +39,7 @@ from compactlog.compaction.verified import verify_input
 from compactlog.iceberg.schema import DELETE_SCHEMA
 from compactlog.storage.deletion import cached_deletion_vector, deleted_mask
 from compactlog.storage.manifest import PartitionManifest
-from compactlog.storage.view_rows import FileRows, TimeRules, partition_rows
+from compactlog.storage.view_rows import FileRows, TimeRules
 from compactlog.storage.volume import Volume
 
 # Positions computed in this process, by inputs (a ledger file never changes).
@@ -48,26 +48,18 @@ _cache: OrderedDict[str, np.ndarray] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def state_rows(manifest: PartitionManifest, rules: TimeRules) -> list[FileRows]:
-    """The ledger files with rows in the compacted view up to the horizon."""
-    horizon = manifest.horizon
-    if horizon is None:
-        return []
-    return list(partition_rows(manifest, rules, True, horizon + 1).ledger())
-
-
 def may_hold_tombstones(manifest: PartitionManifest, rules: TimeRules) -> bool:
     compaction = manifest.compaction
     return rules.empty_value_is_tombstone or (
         compaction is not None and compaction.oldest_tombstone_ms is not None)
 
 
-def inputs_of(url: str, rows: FileRows, rules: TimeRules) -> str:
+def inputs_of(url: str, rows: FileRows, rules: TimeRules, drop_tombstones: bool = True) -> str:
     """What decides `rows`' positions (the file at `url`, ...), hashed."""
     condition = rows.condition
     decided_by = [url, rows.info.dv_file, condition.min_offset,
                   condition.end_offset, condition.min_timestamp,
-                  rules.empty_value_is_tombstone]
+                  rules.empty_value_is_tombstone and drop_tombstones, drop_tombstones]
     return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()[:16]
 
 
@@ -80,10 +72,11 @@ def needs_no_read(rows: FileRows, tombstones: bool) -> bool:
 
 
 def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: str,
-                      null_keys: bool = False) -> np.ndarray:
-    """The positions of `rows`' file that the state leaves out (see the module).
+                      null_keys: bool = False, drop_tombstones: bool = True) -> np.ndarray:
+    """The positions of `rows`' file that the table leaves out (see the module).
     `null_keys`: the ledger may hold null-key records (null.key.policy=keep), which are
-    never tombstones; only then is the key column read."""
+    never tombstones; only then is the key column read. `drop_tombstones`: False for
+    the raw table, which shows them."""
     with _cache_lock:
         found = _cache.get(inputs)
         if found is not None:
@@ -91,8 +84,9 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: 
             return found
     info = rows.info
     path = volume.fetch(rows.relative)
+    what = "ledger file" if rows.is_ledger else "sealed segment"
     verify_input(path, info.size_bytes, info.crc32c,
-                 f"ledger file with offsets {info.base_offset}..{info.last_offset}")
+                 f"{what} with offsets {info.base_offset}..{info.last_offset}")
     # Every tombstone leaves the state: the view's tombstone retention adds nothing.
     condition = replace(rows.condition, tombstone_cutoff_ms=None)
     columns = ["offset", "value_size"] + (["key"] if null_keys else [])
@@ -106,7 +100,8 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: 
         deleted = cached_deletion_vector(volume.fetch(rows.dv_relative or ""),
                                          info.dv_size_bytes, info.dv_crc32c)
         gone |= deleted_mask(offsets, deleted)
-    gone |= tombstones(table, rules.empty_value_is_tombstone)
+    if drop_tombstones:
+        gone |= tombstones(table, rules.empty_value_is_tombstone)
     positions = np.flatnonzero(gone).astype(np.int64)
     positions.setflags(write=False)
     with _cache_lock:

@@ -214,3 +214,11 @@ def data_file_url(volume: Volume, relative: str) -> str:
     if isinstance(volume, LocalVolume):
         return str(volume.path_of(relative).resolve())
     raise StorageError(f"no Iceberg path for a file of {volume!r}")
+
+
+def relative_of(volume: Volume, url: str) -> str | None:
+    """The inverse of `data_file_url`: the relative path of a table's data file in
+    `volume`, or None when it is another partition's."""
+    probe = "ledger/x"
+    base = data_file_url(volume, probe)[:-len(probe)]
+    return url[len(base):] if url.startswith(base) else None

@@ -1,4 +1,5 @@
-"""`sync`: steps 1 to 6 of the state table's commit (the package's "Commit").
+"""`sync`: steps 1 to 6 of a table's commit (the package's "Commit"), for the compacted
+state table and the raw table alike (kinds.py says which files and rows each shows).
 
 Invariant: a snapshot is built only from partition manifests loaded, as committed,
 after the table version it follows was loaded; it is committed by creating the next
@@ -16,14 +17,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyiceberg.conversions import to_bytes
+from pyiceberg.conversions import from_bytes, to_bytes
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestFile
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType
 
 from compactlog.errors import ConflictError, CorruptionError
-from compactlog.iceberg import STATE_TABLE, SyncResult
+from compactlog.iceberg import SyncResult
 from compactlog.iceberg.avro import (
     TableIO,
     data_file,
@@ -41,9 +42,9 @@ from compactlog.iceberg.deletes import (
     may_hold_tombstones,
     name_hashes,
     needs_no_read,
-    state_rows,
 )
 from compactlog.iceberg.files import TableFiles, data_file_url, table_files
+from compactlog.iceberg.kinds import STATE, TableKind
 from compactlog.iceberg.schema import (
     DELETE_FILE_PATH_ID,
     DELETE_POS_ID,
@@ -129,12 +130,18 @@ class Partial:
     data_files: int = 0
     delete_files: int = 0
     position_deletes: int = 0
+    relatives: list[str] = field(default_factory=list)  # its data files, in its volume
+    removed_files: int = 0  # data files it no longer lists
+    delete_changes: bool = False  # delete files added or dropped
+    # (records, first offset, last offset) of the data files added and of those removed
+    added_rows: tuple[int, int, int] = (0, 0, 0)
+    removed_rows: tuple[int, int, int] = (0, 0, 0)
 
 
 def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = "",
-         now_ms: int | None = None) -> SyncResult:
+         now_ms: int | None = None, kind: TableKind = STATE) -> SyncResult:
     started = time.monotonic()
-    files = table_files(store, topic_name, STATE_TABLE)
+    files = table_files(store, topic_name, kind.name)
     result = SyncResult(topic_name)
     for _attempt in range(ATTEMPTS):
         topic = store.topic(topic_name)
@@ -151,18 +158,22 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
         previous = _previous_manifests(table_io, current)
         snapshot_id = uuid.uuid4().int >> 65
         written: list[tuple[str, bytes]] = []
-        parts = [_partition_part(topic.partitions[index], version, manifest, rules, current,
-                                 previous.get(index, []), table_io, files, snapshot_id,
-                                 written)
+        parts = [_partition_part(kind, topic.partitions[index], version, manifest, rules,
+                                 current, previous.get(index, []), table_io, files,
+                                 snapshot_id, written)
                  for index, (version, manifest) in enumerate(manifests)]  # 3.
         if not any(part.changed for part in parts):
             result.seconds = time.monotonic() - started
             return result
         body = _next_metadata(files, current, parts, snapshot_id, cause, run_id, instant,
-                              clock_ms, written)  # 4.
+                              clock_ms, written, kind)  # 4.
         for name, data in written:
             if not files.create(name, data):  # names are new: never taken
                 raise ConflictError(f"{files.url(name)}: the name is taken")
+        for part in parts:  # 4b. hold what the snapshot lists before it exists
+            if part.changed:
+                topic.partitions[part.index].holds.add(kind.holder, part.relatives,
+                                                       clock_ms)
         delay_ms = int(topic.config["file.delete.delay.ms"])
         if (time.monotonic() - loaded) * 1000 > delay_ms / 2:
             log.info("%s: the state table's sync took longer than half of "
@@ -209,38 +220,26 @@ def _previous_manifests(table_io: TableIO, current: Current) -> dict[int, list[M
     return found
 
 
-def _fingerprint(manifest: PartitionManifest, keys: list[str], rules: TimeRules) -> str:
-    compaction = manifest.compaction
-    decided_by = [None if compaction is None else compaction.run_id, manifest.horizon,
-                  _deleted_below(manifest), keys, rules.empty_value_is_tombstone]
+def _fingerprint(fields: dict[str, str], keys: list[str], rules: TimeRules) -> str:
+    decided_by = [sorted(fields.items()), keys, rules.empty_value_is_tombstone]
     return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()[:16]
 
 
-def _deleted_below(manifest: PartitionManifest) -> int:
-    """deleted_below as far as it reaches into the ledger."""
-    horizon = manifest.horizon
-    return manifest.deleted_below if horizon is None else min(manifest.deleted_below,
-                                                              horizon + 1)
-
-
-def _partition_part(partition: Partition, version: int, manifest: PartitionManifest,
+def _partition_part(kind: TableKind, partition: Partition, version: int,
+                    manifest: PartitionManifest,
                     rules: TimeRules, current: Current, previous: list[ManifestFile],
                     table_io: TableIO, files: TableFiles, snapshot_id: int,
                     written: list[tuple[str, bytes]]) -> Partial:
     """Step 3 for one partition: its manifests in the new snapshot, written (into
     `written`) only when its state changed."""
     index = partition.index
-    rows = state_rows(manifest, rules)
+    rows = kind.rows(manifest, rules)
     urls = [data_file_url(partition.volume, item.relative) for item in rows]
-    keys = [inputs_of(url, item, rules) for url, item in zip(urls, rows, strict=True)]
-    compaction = manifest.compaction
-    summary = {
-        "manifest-version": str(version),
-        "inputs": _fingerprint(manifest, keys, rules),
-    }
-    if compaction is not None:
-        summary |= {"horizon": str(compaction.horizon), "run-id": compaction.run_id,
-                    "deleted-below": str(_deleted_below(manifest))}
+    keys = [inputs_of(url, item, rules, kind.drop_tombstones)
+            for url, item in zip(urls, rows, strict=True)]
+    fields = kind.summary(manifest)
+    summary = {"manifest-version": str(version),
+               "inputs": _fingerprint(fields, keys, rules)} | fields
     before = current.summary_of(index)
     part = Partial(index, summary)
     if before.get("inputs") == summary["inputs"] and current.snapshot is not None:
@@ -255,7 +254,7 @@ def _partition_part(partition: Partition, version: int, manifest: PartitionManif
                 old_data[entry.data_file.file_path] = entry
             else:
                 old_deletes[_referenced(entry.data_file)] = entry
-    tombstones = may_hold_tombstones(manifest, rules)
+    tombstones = kind.drop_tombstones and may_hold_tombstones(manifest, rules)
     null_keys = partition.config["null.key.policy"] == "keep"
     new_data: list[DataFile] = []
     kept_data: dict[str, ManifestEntry] = {}
@@ -270,7 +269,7 @@ def _partition_part(partition: Partition, version: int, manifest: PartitionManif
                 delete = old
             else:
                 positions = deleted_positions(partition.volume, item, rules, key,
-                                              null_keys)
+                                              null_keys, kind.drop_tombstones)
                 if len(positions) == item.info.record_count:
                     continue  # no row of it in the state: not in the snapshot
                 content = content_hash(positions)
@@ -285,6 +284,7 @@ def _partition_part(partition: Partition, version: int, manifest: PartitionManif
             kept_deletes[url] = delete
         elif delete is not None:
             new_deletes.append(delete)
+        part.relatives.append(item.relative)
         if url in old_data:
             kept_data[url] = old_data[url]
         else:
@@ -294,7 +294,7 @@ def _partition_part(partition: Partition, version: int, manifest: PartitionManif
                     if kept_deletes.get(url) is not entry]
     changed_files = bool(new_data or new_deletes or gone_data or gone_deletes)
     part.changed = changed_files or any(before.get(name) != summary.get(name)
-                                        for name in ("horizon", "run-id", "deleted-below"))
+                                        for name in kind.decisive)
     if not changed_files:
         part.manifests = previous
         _count(part, previous)
@@ -312,6 +312,10 @@ def _partition_part(partition: Partition, version: int, manifest: PartitionManif
         written.append((f"{stem}-deletes.avro", data))
         part.manifests.append(written_file)
     part.added_data, part.added_deletes = len(new_data), len(new_deletes)
+    part.removed_files = len(gone_data)
+    part.delete_changes = bool(new_deletes or gone_deletes)
+    part.added_rows = _rows_of([f for f in new_data])
+    part.removed_rows = _rows_of([e.data_file for e in gone_data])
     part.data_files = len(new_data) + len(kept_data)
     part.records = (sum(f.record_count for f in new_data)
                     + sum(e.data_file.record_count for e in kept_data.values()))
@@ -368,7 +372,7 @@ def _delete_file(url: str, index: int, data_url: str, positions: Any, size: int)
 
 def _next_metadata(files: TableFiles, current: Current, parts: list[Partial],
                    snapshot_id: int, cause: str, run_id: str, instant: int, clock_ms: int,
-                   written: list[tuple[str, bytes]]) -> dict[str, Any]:
+                   written: list[tuple[str, bytes]], kind: TableKind) -> dict[str, Any]:
     """Step 4's last files: the manifest list, and the metadata of version N+1."""
     body = current.body or _new_table(files)
     sequence = int(body.get("last-sequence-number", 0)) + 1
@@ -379,7 +383,7 @@ def _next_metadata(files: TableFiles, current: Current, parts: list[Partial],
     written.append((list_name, write_list(files.url(list_name), snapshot_id, parent,
                                           sequence, manifests)))
     summary: dict[str, str] = {
-        "operation": "overwrite",
+        "operation": _operation(parts, kind),
         "added-data-files": str(sum(p.added_data for p in parts)),
         "added-delete-files": str(sum(p.added_deletes for p in parts)),
         "total-data-files": str(sum(p.data_files for p in parts)),
@@ -415,6 +419,30 @@ def _next_metadata(files: TableFiles, current: Current, parts: list[Partial],
     body["last-updated-ms"] = timestamp
     TableMetadataUtil.parse_obj(body)  # what readers will parse: refuse to write less
     return body
+
+
+def _rows_of(files: list[DataFile]) -> tuple[int, int, int]:
+    """Records, first and last offset of data files (from their offset bounds)."""
+    if not files:
+        return (0, 0, 0)
+    lower = min(from_bytes(LongType(), f.lower_bounds[OFFSET_ID]) for f in files)
+    upper = max(from_bytes(LongType(), f.upper_bounds[OFFSET_ID]) for f in files)
+    return (sum(f.record_count for f in files), int(lower), int(upper))
+
+
+def _operation(parts: list[Partial], kind: TableKind) -> str:
+    """Iceberg's snapshot operation: `append` when data files were only added (a seal),
+    `replace` when the raw table's files were rewritten with the same rows (a merge of
+    small segments: the same offsets and as many records left as came), else
+    `overwrite` (a compaction rewrites the state; retention takes rows out)."""
+    if any(p.delete_changes for p in parts):
+        return "overwrite"
+    if not any(p.removed_files for p in parts):
+        return "append"
+    if not kind.rewrites_keep_rows:  # the state table: rewritten files hold other rows
+        return "overwrite"
+    same = all(p.added_rows == p.removed_rows for p in parts)
+    return "replace" if same else "overwrite"
 
 
 def _new_table(files: TableFiles) -> dict[str, Any]:

@@ -1,13 +1,16 @@
-"""The server's upkeep of the state tables (the package's "Who syncs").
+"""The server's upkeep of a topic's Iceberg tables (the package's "Who syncs").
 
-Invariant: a compacted topic whose partitions' state changed since this process last
-synced its table gets a sync in the next round, so a snapshot that a compaction did
-not make (DeleteRecords under the horizon, a compaction whose own sync failed or died,
-the first round after a restart) follows within a round; a `compact,delete` topic is
-also synced every RETENTION_SYNC_S, since retention.ms takes records out of the state
-as time passes. What decides "changed" is read from the manifests this process holds
-(no I/O): each partition's run id, horizon, deleted_below within the ledger and ledger
-files with their deletion vectors. A failed sync is retried after FAILURE_BACKOFF_S.
+Invariant: a table whose partitions' files changed since this process last synced it
+gets a sync in the next round, so a snapshot that no compaction made follows within a
+round. The compacted state table of a compacted topic: DeleteRecords under the horizon,
+a compaction whose own sync failed or died, the first round after a restart, and on
+`compact,delete` every RETENTION_SYNC_S, since retention.ms takes records out of the
+state as time passes. The raw table of a topic with `iceberg.raw.enabled`: a seal, a
+merge of small segments, retention or DeleteRecords, at most once per
+`iceberg.raw.target.lag.ms`, so that a busy topic makes one snapshot per interval. What decides
+"changed" is read from the manifests this process holds (no I/O). Every
+EXPIRY_INTERVAL_S (and at the first round) each table's old snapshots expire
+(expiry.py). A failed round of a topic is retried after FAILURE_BACKOFF_S.
 """
 
 from __future__ import annotations
@@ -16,11 +19,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from compactlog.iceberg import available, sync_state_table
+from compactlog.iceberg import (
+    RAW_TABLE,
+    STATE_TABLE,
+    available,
+    expire_snapshots,
+    sync_raw_table,
+    sync_state_table,
+)
 from compactlog.storage.store import LogStore, Topic
 from compactlog.storage.view_rows import retention_ms
 
 RETENTION_SYNC_S = 60.0
+EXPIRY_INTERVAL_S = 300.0
 FAILURE_BACKOFF_S = 10.0
 
 
@@ -39,35 +50,67 @@ def state_key(topic: Topic) -> tuple[Any, ...]:
     return tuple(parts)
 
 
+def raw_key(topic: Topic) -> tuple[Any, ...]:
+    """What the topic's raw table is made from: each partition's sealed segments and
+    the start of its raw view."""
+    return tuple((partition.manifest.log_start_offset, partition.manifest.deleted_below,
+                  tuple(info.file for info in partition.manifest.segments))
+                 for partition in topic.partitions)
+
+
 class StateTableUpkeep:
     def __init__(self, store: LogStore, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.clock = clock
-        self.synced: dict[str, tuple[Any, ...]] = {}
-        self.synced_at: dict[str, float] = {}
+        self.synced: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self.synced_at: dict[tuple[str, str], float] = {}
+        self.expired_at: dict[tuple[str, str], float] = {}
         self.retry_at: dict[str, float] = {}
 
     def run(self, name: str) -> bool:
-        """Sync `name`'s state table if due (see the module); True when it synced."""
+        """Sync `name`'s tables where due (see the module); True when one synced."""
         if not available():
-            return False
-        topic = self.store.topic(name)
-        if not topic.config.compacted and not any(p.manifest.compaction
-                                                  for p in topic.partitions):
             return False
         now = self.clock()
         if now < self.retry_at.get(name, 0.0):
             return False
-        key = state_key(topic)
-        timed = retention_ms(topic.config) >= 0 and (
-            now - self.synced_at.get(name, -1e18) >= RETENTION_SYNC_S)
-        if key == self.synced.get(name) and not timed:
-            return False
+        topic = self.store.topic(name)
         try:
-            sync_state_table(self.store, name, cause="upkeep")
+            synced = self._raw(name, topic, now)
+            if topic.config.compacted or any(p.manifest.compaction for p in topic.partitions):
+                synced = self._state(name, topic, now) or synced
         except Exception:
             self.retry_at[name] = now + FAILURE_BACKOFF_S
             raise
-        self.synced[name] = key
-        self.synced_at[name] = now
-        return True
+        return synced
+
+    def _raw(self, name: str, topic: Topic, now: float) -> bool:
+        if not topic.config["iceberg.raw.enabled"]:
+            return False
+        key = raw_key(topic)
+        lag_s = int(topic.config["iceberg.raw.target.lag.ms"]) / 1000
+        synced = key != self.synced.get((name, RAW_TABLE)) and (
+            now - self.synced_at.get((name, RAW_TABLE), -1e18) >= lag_s)
+        if synced:
+            sync_raw_table(self.store, name, cause="upkeep")
+            self.synced[(name, RAW_TABLE)] = key
+            self.synced_at[(name, RAW_TABLE)] = now
+        self._expire(name, RAW_TABLE, now)
+        return synced
+
+    def _state(self, name: str, topic: Topic, now: float) -> bool:
+        key = state_key(topic)
+        timed = retention_ms(topic.config) >= 0 and (
+            now - self.synced_at.get((name, STATE_TABLE), -1e18) >= RETENTION_SYNC_S)
+        synced = key != self.synced.get((name, STATE_TABLE)) or timed
+        if synced:
+            sync_state_table(self.store, name, cause="upkeep")
+            self.synced[(name, STATE_TABLE)] = key
+            self.synced_at[(name, STATE_TABLE)] = now
+        self._expire(name, STATE_TABLE, now)
+        return synced
+
+    def _expire(self, name: str, table: str, now: float) -> None:
+        if now - self.expired_at.get((name, table), -1e18) >= EXPIRY_INTERVAL_S:
+            expire_snapshots(self.store, name, table=table)
+            self.expired_at[(name, table)] = now

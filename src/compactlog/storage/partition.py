@@ -56,6 +56,7 @@ from compactlog.storage.commit import (
 )
 from compactlog.storage.compacted import CompactedView
 from compactlog.storage.filecache import OpenFiles
+from compactlog.storage.holds import HOLDS, Holds
 from compactlog.storage.inflate import InflateTooLarge
 from compactlog.storage.lease import EPOCH_KEY, LeaseLostError
 from compactlog.storage.logfile import LogSegment, TornTail, log_file_name
@@ -136,6 +137,9 @@ class Partition:
         self.clock = clock
         self.files = files if files is not None else OpenFiles()
         self.document = self.volume.document("manifest")
+        # Files that readers outside the manifests hold (the Iceberg state table's
+        # retained snapshots): the sweep keeps them (holds.py).
+        self.holds = Holds(self.volume.document(HOLDS))
         self.log_dir = directory / "log"
         self.segment_dir = directory / SEGMENT_DIR
         self.ledger_dir = directory / LEDGER_DIR
@@ -344,6 +348,9 @@ class Partition:
         kept = {item.path for item in updated.retired}
         forgotten = [item.path for item in base.retired if item.path not in kept]
         try:
+            if forgotten:  # kept for the Iceberg table's retained snapshots (holds.py)
+                held = self.holds.held()
+                forgotten = [path for path in forgotten if path not in held]
             for relative in forgotten:
                 self.files.retire(self.volume.path_of(relative))
                 if self.volume.remove(relative):

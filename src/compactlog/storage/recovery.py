@@ -276,7 +276,7 @@ def _sweep_with_seal_lock(partition: Partition) -> SweepResult:
         partition.refresh()
         result = sweep(partition.volume, partition.manifest, partition.now_ms(),
                        partition.config["file.delete.delay.ms"], orphan_dirs,
-                       partition.files.retire, partition.name)
+                       partition.files.retire, partition.name, partition.holds.held())
     finally:
         if lock_fd is not None:
             os.close(lock_fd)

@@ -1,7 +1,8 @@
 """Deleting data files by reachability, never by guesswork.
 
 Invariant: a sealed segment or ledger file is deleted only when the current manifest
-does not list it, and either a committed manifest retired it at least file.delete.delay.ms ago
+does not list it, no hold (holds.py: the Iceberg state table's retained snapshots) lists
+it, and either a committed manifest retired it at least file.delete.delay.ms ago
 (so readers in other processes that loaded an older manifest have had that long to
 finish), or no manifest mentions it at all and no writer can still be about to commit
 it (an orphan: a seal or compaction that crashed or failed before its commit; on an
@@ -62,20 +63,27 @@ def sweep(
     orphan_dirs: Iterable[str] = (),
     release: Callable[[Path], None] = lambda path: None,
     name: str = "",
+    held: frozenset[str] = frozenset(),
 ) -> SweepResult:
     """Delete what `manifest` (the current one) makes unreachable.
 
     `orphan_dirs` are the directories (SEGMENT_DIR, LEDGER_DIR) whose writers the caller
     has excluded (see the module invariant); only there are orphans deleted. `release`
-    closes a path in the caller's open-file cache before it goes.
+    closes a path in the caller's open-file cache before it goes. `held` (holds.py) are
+    kept whatever the manifest says: retired or unlisted, a reader still needs them.
     """
     live = manifest.live_files()
-    mentioned = live | {item.path for item in manifest.retired}
+    mentioned = live | held | {item.path for item in manifest.retired}
     retired: list[str] = []
     done: list[str] = []
     touched: set[str] = set()
     for item in manifest.retired:
         if item.path in live or now_ms - item.retired_ms < delay_ms:
+            continue
+        if item.path in held:
+            # Kept for its holder; done until the holder releases it, which asks for a
+            # sweep again (iceberg/expiry.py), so an idle partition is not swept each round.
+            done.append(item.path)
             continue
         release(volume.path_of(item.path))
         if volume.remove(item.path):

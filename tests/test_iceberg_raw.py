@@ -1,0 +1,151 @@
+"""The raw topic as an append-only Iceberg table (issue 23, item 3; iceberg/kinds.py's
+RAW): every topic's sealed segments are its data files, byte for byte; DuckDB, pyiceberg
+and Polars read it equal to the raw view's sealed part as the Reader serves it,
+tombstones included; a seal appends, a merge of small segments replaces its inputs
+with rows unchanged, retention and DeleteRecords take records out; every snapshot reads
+as it was while it is retained (the holds keep a merge's inputs), and the server's
+upkeep syncs it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from compactlog.iceberg import state_table_location, sync_raw_table
+from compactlog.iceberg.upkeep import StateTableUpkeep
+from compactlog.storage.merging import merge_small_segments
+from compactlog.storage.records import ProducerRecord
+from compactlog.storage.sealed import file_crc32c
+from compactlog.storage.store import LogStore
+from fakes import FakeClock
+from iceberg_readers import ENGINES, StateRow, data_files, read_state, snapshots
+
+TOPIC = "events"
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: FakeClock) -> LogStore:
+    opened = LogStore.open(tmp_path / "data", clock=clock)
+    opened.create_topic(TOPIC, 2, {"cleanup.policy": "delete",
+                                   "file.delete.delay.ms": "1000"})
+    return opened
+
+
+def table(store: LogStore) -> str:
+    return state_table_location(store, TOPIC, "raw")
+
+
+def raw_rows(store: LogStore) -> list[StateRow]:
+    """The raw view's sealed part, as the Reader serves it."""
+    rows: list[StateRow] = []
+    for partition in store.topic(TOPIC).partitions:
+        end = partition.manifest.sealed_end_offset
+        for record in partition.read(0, 100_000, 1 << 30):
+            if record.offset < end:
+                rows.append((partition.index, record.offset, record.key, record.value,
+                             tuple(record.headers)))
+    return sorted(rows)
+
+
+def seal_batches(store: LogStore, clock: FakeClock, start: int, batches: int,
+                 size: int = 20) -> None:
+    for batch in range(batches):
+        store.append(TOPIC, [
+            ProducerRecord(b"k%d" % ((start + batch * size + i) % 13),
+                           None if i % 9 == 4 else b"v%d" % (start + batch * size + i),
+                           (("h", b"%d" % i),) if i % 5 == 0 else ())
+            for i in range(size)])
+        for partition in store.topic(TOPIC).partitions:
+            partition.roll()
+        clock.advance(1)
+
+
+def assert_read(store: LogStore, expected: list[StateRow],
+                snapshot_id: int | None = None) -> None:
+    for engine in ENGINES:
+        assert read_state(engine, table(store), snapshot_id) == expected, engine
+
+
+def test_the_raw_table_is_the_sealed_log_in_every_engine(
+        store: LogStore, clock: FakeClock) -> None:
+    seal_batches(store, clock, 0, 4)
+    result = sync_raw_table(store, TOPIC)
+    assert result.snapshot_id is not None
+    expected = raw_rows(store)
+    assert len(expected) == 80 and any(row[3] is None for row in expected)  # tombstones
+    assert_read(store, expected)
+    # Zero-copy: every data file is a sealed segment the manifest lists, byte for byte.
+    listed = {os.path.realpath(p.segment_dir / info.file): info
+              for p in store.topic(TOPIC).partitions for info in p.manifest.segments}
+    found = [(path, size) for path, content, size in data_files(table(store)) if content == 0]
+    assert len(found) == len(listed)
+    for path, size in found:
+        info = listed[os.path.realpath(path)]
+        assert size == info.size_bytes and file_crc32c(Path(path)) == info.crc32c
+    assert sync_raw_table(store, TOPIC).snapshot_id is None  # nothing new: no snapshot
+
+
+def test_seals_append_merges_replace_and_each_snapshot_reads_as_it_was(
+        store: LogStore, clock: FakeClock) -> None:
+    states: list[list[StateRow]] = []
+    seal_batches(store, clock, 0, 6, size=3)  # small segments
+    sync_raw_table(store, TOPIC)
+    states.append(raw_rows(store))
+    seal_batches(store, clock, 100, 2, size=3)
+    sync_raw_table(store, TOPIC)
+    states.append(raw_rows(store))
+    for partition in store.topic(TOPIC).partitions:
+        assert merge_small_segments(partition, min_run=4) is not None
+    sync_raw_table(store, TOPIC)
+    states.append(raw_rows(store))
+    assert states[2] == states[1]  # a merge moves rows between files, changes none
+    taken = snapshots(table(store))
+    assert [s["operation"] for s in taken] == ["append", "append", "replace"]
+    # The merge's inputs, retired past the delay and swept, stay for the snapshots.
+    clock.advance(10)
+    seal_batches(store, clock, 200, 1, size=3)  # a commit that forgets retired entries
+    for partition in store.topic(TOPIC).partitions:
+        partition.sweep()
+    for snapshot, state in zip(taken, states, strict=True):
+        assert_read(store, state, snapshot["id"])
+
+
+def test_delete_records_and_retention_take_records_out(
+        store: LogStore, clock: FakeClock) -> None:
+    seal_batches(store, clock, 0, 4)
+    sync_raw_table(store, TOPIC)
+    partition = store.topic(TOPIC).partition(0)
+    partition.delete_records(partition.manifest.segments[1].base_offset + 3)
+    sync_raw_table(store, TOPIC)
+    assert_read(store, raw_rows(store))  # a position delete inside a segment
+    store.alter_topic(TOPIC, {"retention.ms": "1000"})
+    clock.advance(3600)
+    seal_batches(store, clock, 500, 1)
+    for each in store.topic(TOPIC).partitions:
+        each.apply_retention()
+    sync_raw_table(store, TOPIC)
+    expected = raw_rows(store)
+    assert expected and min(row[1] for row in expected if row[0] == 0) > 0
+    assert_read(store, expected)
+
+
+def test_the_upkeep_syncs_the_raw_table_when_enabled_once_per_target_lag(
+        store: LogStore, clock: FakeClock) -> None:
+    now = [0.0]
+    upkeep = StateTableUpkeep(store, clock=lambda: now[0])
+    seal_batches(store, clock, 0, 2)
+    assert not upkeep.run(TOPIC)  # off by default
+    store.alter_topic(TOPIC, {"iceberg.raw.enabled": "true",
+                              "iceberg.raw.target.lag.ms": "60000"})
+    assert upkeep.run(TOPIC)
+    assert not upkeep.run(TOPIC)  # nothing sealed since
+    seal_batches(store, clock, 50, 1)
+    now[0] = 30.0
+    assert not upkeep.run(TOPIC)  # sealed, but within the target lag
+    now[0] = 61.0
+    assert upkeep.run(TOPIC)
+    assert_read(store, raw_rows(store))
+    assert len(snapshots(table(store))) == 2
