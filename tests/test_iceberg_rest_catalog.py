@@ -6,7 +6,8 @@ compacted view up to its horizons, with authentication off and on. docs/querying
 "The REST catalog" blocks run as written, each in a Python of its own without this
 checkout on its path, with only the port and the token changed (and, with no tokens
 file, the substitution the page gives). With the authorizer on, a principal without
-DESCRIBE on a topic does not see its table and cannot load it.
+DESCRIBE on a topic does not see its table and cannot load it. On S3 (moto's server on
+loopback) the engines read the s3:// files the metadata names with their own settings.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from compactlog.server.authorizer import AuthorizationConfig, Authorizer
 from compactlog.storage.store import LogStore
 from iceberg_readers import StateRow, _row, duckdb_connection, extension_path
 from kafka_server import LoggedServer, logged_server
+from s3_support import S3Server, s3_fixture  # noqa: F401  (the `s3` fixture)
 from test_iceberg_state import CONFIG, compact, expected_state, produce, updates
+from test_iceberg_state_s3 import pyiceberg_properties
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "querying.md"
 SECTION = "## The REST catalog"
@@ -279,3 +282,40 @@ def test_a_principal_sees_only_the_tables_it_may_describe(
         assert (status, body["error"]["type"]) == (401, "NotAuthorizedException")
         log = running.log()
         assert READER_TOKEN not in log and NOBODY_TOKEN not in log
+
+
+# -- on S3 ----------------------------------------------------------------------------------
+
+
+def test_the_catalog_of_a_server_on_s3(s3: S3Server, monkeypatch: pytest.MonkeyPatch,
+                                       tmp_path: Path) -> None:
+    """A server on an s3:// data location: the catalog's metadata points at s3:// URLs,
+    and the engines read them with their own S3 settings (the catalog vends none)."""
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    where = str(s3.location("catalog"))
+    with LogStore.open(where, local_dir=tmp_path / "writer") as store:
+        store.create_topic("prices", 2, CONFIG)
+        produce(store, updates(0, 300, 40, tombstone_every=9))
+        compact(store)
+        expected = expected_state(store)
+    env = {**s3.env, "COMPACTLOG_LOCAL_DIR": str(tmp_path / "server-local")}
+    with logged_server(where, tmp_path / "server.log", "--admin-listen", "127.0.0.1:0",
+                       env=env) as running:
+        catalog = load_catalog("c", type="rest", uri=catalog_url(running),
+                               auth={"type": "noop"}, **pyiceberg_properties(s3))
+        table = catalog.load_table(("state", "prices"))
+        assert table.metadata_location.startswith(f"{where}/topics/prices/")
+        found = table.scan().to_arrow().select(COLUMNS).to_pylist()
+        assert sorted(_row(**row) for row in found) == expected
+
+        con = duckdb_connection()
+        con.execute(f"LOAD '{extension_path(duckdb_extension_httpfs)}'")
+        host = s3.endpoint_url.removeprefix("http://")
+        con.execute(f"""CREATE SECRET moto (TYPE s3, KEY_ID '{s3.env["AWS_ACCESS_KEY_ID"]}',
+                        SECRET '{s3.env["AWS_SECRET_ACCESS_KEY"]}',
+                        SESSION_TOKEN '{s3.env["AWS_SESSION_TOKEN"]}', REGION 'us-east-1',
+                        ENDPOINT '{host}', URL_STYLE 'path', USE_SSL false)""")
+        con.execute(f"ATTACH 'compactlog' AS c (TYPE iceberg, "
+                    f"ENDPOINT '{catalog_url(running)}', AUTHORIZATION_TYPE 'none')")
+        assert duckdb_rows(con, "prices") == expected

@@ -20,7 +20,8 @@ open-api/rest-catalog-open-api.yaml): ConfigResponse with its `endpoints`,
 ListNamespacesResponse, GetNamespaceResponse, ListTablesResponse, LoadTableResult and
 the ErrorModel `{"error": {"message", "type", "code"}}`. LoadTableResult's `config` is
 empty: the table's files are read with the client's own storage settings (a local path,
-or s3:// URLs with the client's S3 credentials), the catalog vends none.
+or s3:// URLs with the client's S3 credentials), the catalog vends none, so a reader
+gets at the bucket by its own S3 identity and never by the server's.
 """
 
 from __future__ import annotations
