@@ -15,6 +15,12 @@ Layout, as a user sees it (docs/querying.md, "The REST catalog"):
   "a.b" as two), while a table name is one identifier. The raw log's append-only
   table (issue 23, item 3) will get its own namespace, `raw`, under the same names.
 
+What the clients call (seen through a logging proxy): pyiceberg 0.12's RestCatalog and
+DuckDB 1.5.5's ATTACH (TYPE iceberg) both GET /v1/config (DuckDB with ?warehouse=<the
+ATTACH path>, which is ignored: there is one), /v1/namespaces, .../tables and
+.../tables/{table}, the last with `X-Iceberg-Access-Delegation: vended-credentials`,
+which gets none (below); both then read the files themselves.
+
 The answers follow the Iceberg REST catalog's OpenAPI spec (apache/iceberg,
 open-api/rest-catalog-open-api.yaml): ConfigResponse with its `endpoints`,
 ListNamespacesResponse, GetNamespaceResponse, ListTablesResponse, LoadTableResult and
