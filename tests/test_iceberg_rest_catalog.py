@@ -68,22 +68,29 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list
         store.create_topic("plain", 1, {})
     Authorizer(data_dir, AuthorizationConfig(enabled=True)).create([
         AclBinding(Kind.TOPIC, "prices", PatternType.LITERAL, "User:reader", "*",
+                   Operation.DESCRIBE, Permission.ALLOW),
+        AclBinding(Kind.TOPIC, "secret", PatternType.LITERAL, "User:ANONYMOUS", "*",
                    Operation.DESCRIBE, Permission.ALLOW)])
     return root, expected
 
 
 @contextmanager
-def server(root: Path, authenticated: bool) -> Iterator[LoggedServer]:
-    extra: list[str] = []
+def server(root: Path, authenticated: bool, authorizer: bool | None = None
+           ) -> Iterator[LoggedServer]:
+    """`authenticated`: a tokens file (a principal required) and the authorizer on;
+    `authorizer` alone: the authorizer on, requests without a token User:ANONYMOUS."""
+    settings = "[authorization]\n"
+    if authorizer if authorizer is not None else authenticated:
+        settings += "enabled = true\n"
     if authenticated:
         tokens = root / "admin-tokens"
         tokens.write_text(f"User:reader {READER_TOKEN}\nUser:nobody {NOBODY_TOKEN}\n")
         tokens.chmod(0o600)
-        config = root / "server.toml"
-        config.write_text("[authorization]\nenabled = true\n"
-                          f"admin_tokens_file = {json.dumps(str(tokens))}\n")
-        extra = ["--config", str(config)]
-    log = root / f"server-{'auth' if authenticated else 'open'}.log"
+        settings += f"admin_tokens_file = {json.dumps(str(tokens))}\n"
+    config = root / "server.toml"
+    config.write_text(settings)
+    extra = ["--config", str(config)]
+    log = root / f"server-{'auth' if authenticated else 'open'}-{authorizer}.log"
     with logged_server(root / "data", log, "--admin-listen", "127.0.0.1:0", *extra) as running:
         yield running
 
@@ -282,6 +289,22 @@ def test_a_principal_sees_only_the_tables_it_may_describe(
         assert (status, body["error"]["type"]) == (401, "NotAuthorizedException")
         log = running.log()
         assert READER_TOKEN not in log and NOBODY_TOKEN not in log
+
+
+def test_anonymous_sees_what_its_acls_allow(
+        data: tuple[Path, dict[str, list[StateRow]]]) -> None:
+    """The authorizer on and no tokens file: a client without a token is
+    User:ANONYMOUS, which may DESCRIBE `secret` only."""
+    root, expected = data
+    with server(root, authenticated=False, authorizer=True) as running:
+        catalog = pyiceberg_catalog(running, None)
+        assert catalog.list_tables("state") == [("state", "secret")]
+        assert pyiceberg_rows(catalog, "secret") == expected["secret"]
+        with pytest.raises(ForbiddenError, match="User:ANONYMOUS"):
+            catalog.load_table(("state", "prices"))
+        con = duckdb_catalog(running, None)
+        assert duckdb_tables(con) == [("state", "secret")]
+        assert duckdb_rows(con, "secret") == expected["secret"]
 
 
 # -- on S3 ----------------------------------------------------------------------------------
