@@ -33,7 +33,8 @@ topic to see it, its compaction status or its runs (listings show only those), a
 DESCRIBE_CONFIGS to see its config, ALTER on the topic to start a compaction or roll
 its segments (as
 CreatePartitions needs ALTER on the topic: it changes how the topic is stored, not its
-records), and DESCRIBE on the cluster for /metrics and /v1/health unless they are open.
+records), DESCRIBE on a topic to list or load its table in the Iceberg catalog, and
+DESCRIBE on the cluster for /metrics and /v1/health unless they are open.
 With the authorizer on, /metrics, open or not, shows a topic's or a group's samples only
 to a principal that may DESCRIBE it (an open scrape without a token is User:ANONYMOUS);
 server-wide figures are shown to every scrape that may reach it.
