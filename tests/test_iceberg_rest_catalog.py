@@ -211,6 +211,9 @@ def test_pyiceberg_and_duckdb_attach_without_authentication(
 
         catalog = pyiceberg_catalog(running, None)
         assert catalog.list_namespaces() == [("state",)]
+        assert catalog.list_namespaces(("state",)) == []
+        assert catalog.namespace_exists("state") and not catalog.namespace_exists("raw")
+        assert catalog.load_namespace_properties("state") == {}
         assert catalog.list_tables("state") == [("state", "prices"), ("state", "secret")]
         for topic in ("prices", "secret"):
             assert pyiceberg_rows(catalog, topic) == expected[topic]
