@@ -127,7 +127,8 @@ Modules: `schema.py` (schema, partition spec, name mapping), `deletes.py` (delet
 positions from the view's definition, position-delete files), `files.py` (the table's
 files on a disk or a bucket), `avro.py` (manifests and manifest lists, through
 pyiceberg's writers), `state.py` (sync: steps 1 to 6), `expiry.py` (snapshot expiry and
-the holds). pyiceberg is an optional
+the holds), `catalog.py` (what the read-only REST catalog on the admin listener answers:
+namespace `state`, one table per compacted topic). pyiceberg is an optional
 dependency (the `iceberg` extra): without it, nothing here runs and compaction goes on.
 """
 

@@ -17,12 +17,15 @@
                                          `compactlog compact --local` asks of the server)
   GET  /v1/compactions                   recent runs, newest first
   GET  /v1/compactions/{id}              one run, with its report once finished
+  /iceberg/v1/...                        the read-only Iceberg REST catalog of the
+                                         topics' state tables (server/admin_catalog.py)
 
 Errors are JSON, {"error": "..."}, with 400 (bad request), 401 (no valid principal),
 403 (the principal may not), 404 (unknown topic, partition or run), 409 (a compaction
 of those partitions is already running) or 429 (the server runs as many compactions as
-max_concurrent_runs allows; with "runs", the ones going, and Retry-After). Store reads
-run off the event loop.
+max_concurrent_runs allows; with "runs", the ones going, and Retry-After); under
+/iceberg they have the Iceberg REST spec's shape, {"error": {"message", "type", "code"}}.
+Store reads run off the event loop.
 
 Authorization (server/admin_auth.py establishes the principal): with the authorizer on,
 each route needs what the Kafka listener would need for the same thing: DESCRIBE on a
@@ -30,7 +33,8 @@ topic to see it, its compaction status or its runs (listings show only those), a
 DESCRIBE_CONFIGS to see its config, ALTER on the topic to start a compaction or roll
 its segments (as
 CreatePartitions needs ALTER on the topic: it changes how the topic is stored, not its
-records), and DESCRIBE on the cluster for /metrics and /v1/health unless they are open.
+records), DESCRIBE on a topic to list or load its table in the Iceberg catalog, and
+DESCRIBE on the cluster for /metrics and /v1/health unless they are open.
 With the authorizer on, /metrics, open or not, shows a topic's or a group's samples only
 to a principal that may DESCRIBE it (an open scrape without a token is User:ANONYMOUS);
 server-wide figures are shown to every scrape that may reach it.
@@ -55,8 +59,10 @@ from compactlog.errors import (
     UnknownTopicError,
     UserError,
 )
+from compactlog.iceberg.catalog import CatalogError, error_body
 from compactlog.server.acl import CLUSTER_NAME, Operation, ResourceType
 from compactlog.server.admin_auth import AdminAuth, Forbidden, TokenFile, Unauthenticated
+from compactlog.server.admin_catalog import CatalogRoutes, is_catalog_path
 from compactlog.server.cleaner import RunsFullError
 from compactlog.server.metrics import CONTENT_TYPE, Visible
 
@@ -94,6 +100,7 @@ class AdminServer:
             web.post("/v1/topics/{topic}/roll", self.roll),
             web.get("/v1/compactions", self.compactions),
             web.get("/v1/compactions/{id}", self.compaction),
+            *CatalogRoutes(self).routes(),
         ])
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -122,7 +129,7 @@ class AdminServer:
         response: web.StreamResponse = await handler(request)
         return response
 
-    def _allowed(self, request: web.Request, operation: Operation,
+    def allowed(self, request: web.Request, operation: Operation,
                  resource_type: ResourceType, name: str, audit: bool = False) -> bool:
         """`audit`: the authorizer logs a denial too (`_require` logs its own line,
         with the route)."""
@@ -135,7 +142,7 @@ class AdminServer:
 
     def _require(self, request: web.Request, operation: Operation,
                  resource_type: ResourceType, name: str) -> None:
-        if not self._allowed(request, operation, resource_type, name):
+        if not self.allowed(request, operation, resource_type, name):
             log.info("admin: %s may not %s %s (%s on %s %r)", request["principal"],
                      request.method, request.path, operation.name, resource_type.name, name)
             raise Forbidden(f"{request['principal']} is not allowed {operation.name} on "
@@ -173,13 +180,13 @@ class AdminServer:
     async def topics(self, request: web.Request) -> web.Response:
         store = self.server.store
         names = [name for name in await self.server.run_io(store.list_topics)
-                 if self._allowed(request, Operation.DESCRIBE, ResourceType.TOPIC, name)]
+                 if self.allowed(request, Operation.DESCRIBE, ResourceType.TOPIC, name)]
         bodies = [await self.server.run_io(self._topic_body, name) for name in names]
         return _json({"topics": bodies})
 
     async def topic(self, request: web.Request) -> web.Response:
         name = self._require_topic(request, Operation.DESCRIBE)
-        with_config = self._allowed(request, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC,
+        with_config = self.allowed(request, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC,
                                     name)
         return _json(await self.server.run_io(self._topic_body, name, with_config))
 
@@ -247,7 +254,7 @@ class AdminServer:
 
     async def compactions(self, request: web.Request) -> web.Response:
         runs = [r for r in reversed(self.server.cleaner.runs.values())
-                if self._allowed(request, Operation.DESCRIBE, ResourceType.TOPIC, r.job.topic)]
+                if self.allowed(request, Operation.DESCRIBE, ResourceType.TOPIC, r.job.topic)]
         return _json({"runs": [r.to_json() for r in runs]})
 
     async def compaction(self, request: web.Request) -> web.Response:
@@ -307,24 +314,36 @@ async def _errors_as_json(request: web.Request, handler: Any) -> web.StreamRespo
         response: web.StreamResponse = await handler(request)
         return response
     except web.HTTPException as error:
-        return _json({"error": error.reason}, status=error.status)
+        return _error(request, error.status, error.reason)
+    except CatalogError as error:
+        return _error(request, error.status, str(error), kind=error.kind)
     except Unauthenticated as error:
         log.info("admin: %s %s from %s refused: %s", request.method, request.path,
                  request.remote, error)
-        return _json({"error": str(error)}, status=401,
-                     headers={"WWW-Authenticate": 'Bearer realm="compactlog"'})
+        return _error(request, 401, str(error),
+                      headers={"WWW-Authenticate": 'Bearer realm="compactlog"'})
     except Forbidden as error:
-        return _json({"error": str(error)}, status=403)
+        return _error(request, 403, str(error))
     except (BusyError, ConflictError) as error:
-        return _json({"error": str(error)}, status=409)
+        return _error(request, 409, str(error))
     except (UnknownTopicError, UnknownPartitionError) as error:
-        return _json({"error": str(error)}, status=404)
+        return _error(request, 404, str(error))
     except UserError as error:
-        return _json({"error": str(error)}, status=400)
+        return _error(request, 400, str(error))
     except CompactlogError as error:
         log.warning("admin request %s %s failed: %s", request.method, request.path, error)
-        return _json({"error": str(error)}, status=500)
+        return _error(request, 500, str(error))
     except Exception as error:
         log.exception("admin request %s %s failed", request.method, request.path)
-        return _json({"error": f"internal error: {type(error).__name__}: {error}"},
-                     status=500)
+        return _error(request, 500, f"internal error: {type(error).__name__}: {error}")
+
+
+def _error(request: web.Request, status: int, message: str, kind: str | None = None,
+           headers: dict[str, str] | None = None) -> web.Response:
+    """The admin API's {"error": "..."}, or under /iceberg the REST spec's ErrorModel,
+    which Iceberg's clients turn into their exceptions."""
+    if is_catalog_path(request.path):
+        if request.method == "HEAD":  # no body: the status says it
+            return web.Response(status=status, headers=headers)
+        return _json(error_body(status, message, kind), status=status, headers=headers)
+    return _json({"error": message}, status=status, headers=headers)
