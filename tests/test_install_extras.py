@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
-USER_EXTRAS = ("query", "clients", "iceberg")
+USER_EXTRAS = ("query", "clients")  # `iceberg` is kept empty: pyiceberg is core
 # `pip install '.[query]'`, `'/path/to/compactlog[query,clients]'`, `'compactlog[iceberg]'`
 NAMED_EXTRA = re.compile(r"pip install '[^'\s]*\[([a-z,]+)\]'")
 
@@ -80,7 +80,7 @@ def test_the_pages_that_import_outside_compactlog_are_the_ones_checked() -> None
     """The test above reads real imports: the query and client examples are found."""
     needed = {dist for page in PAGES for block in python_blocks(page)
               for dist in third_party(imported_modules(block)).values()} - set(CORE)
-    assert {"duckdb", "polars", "pyiceberg", "confluent-kafka", "kafka-python"} <= needed
+    assert {"duckdb", "polars", "confluent-kafka", "kafka-python"} <= needed
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
