@@ -11,8 +11,9 @@ reproduced by running again with FUZZ_SEED=<the seed printed>.
 What counts as a server fault (`Findings.faults`): a well-formed request answered with
 a frame that is not that API's response at that version (or with another correlation
 id), and a request the server neither answers nor closes within `answer_timeout_s`
-(HUGE_TIMEOUT_S for a huge one: its cost grows with its size, but is bounded) unless the request may legitimately wait (a long-polling Fetch, a JoinGroup or
-SyncGroup waiting for its group, a Produce with acks=0 that has no response).
+(HUGE_TIMEOUT_S for a huge one: its cost grows with its size, but is bounded) unless
+the request may legitimately wait (a long-polling Fetch, a JoinGroup or SyncGroup
+waiting for its group, a Produce with acks=0 that has no response).
 """
 
 from __future__ import annotations
