@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -131,12 +132,13 @@ async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
 async def create_partitions(broker: Broker, request: Request) -> dict[str, Any]:
     """Kafka's checks and answers (ReplicationControlManager.createPartitions), except
     that an increase is refused: the store cannot add partitions to a topic yet."""
-    names = [spec.name for spec in request.body.topics]
+    # Counted once: a count per entry made a request of many names quadratic.
+    named = Counter(spec.name for spec in request.body.topics)
     results = []
     for spec in request.body.topics:
         code: ErrorCode
         message: str | None
-        if names.count(spec.name) > 1:
+        if named[spec.name] > 1:
             code, message = ErrorCode.invalid_request, "Duplicate topic in request."
         elif not authz.topic(broker, request, Operation.ALTER, spec.name):
             code, message = authz.TOPIC_DENIED, authz.TOPIC_MESSAGE
