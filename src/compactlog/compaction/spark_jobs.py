@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 SPARK_TASKS = "spark tasks"
 POLL_INTERVAL_S = 0.2
 SETTLE_S = 2.0
+SETTLE_NO_JOB_S = 0.25
 
 
 class RunJobs:
@@ -56,16 +57,19 @@ class RunJobs:
             self.context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
 
     def _settle(self) -> None:
-        """Wait (up to SETTLE_S) until the status tracker has seen the block's jobs end:
+        """Wait (up to SETTLE_S) until the status tracker has seen the group's jobs end:
         Spark's listener bus updates it after the job's result is back, so without this
-        the last progress report and the summary could miss the last tasks."""
+        the last progress report and the summary could miss the last tasks. A block that
+        started no job (nothing to do) is waited for SETTLE_NO_JOB_S at most."""
         tracker = self.context.statusTracker()
-        deadline = time.monotonic() + SETTLE_S
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+        while time.monotonic() < started + SETTLE_S:
             jobs = [tracker.getJobInfo(job_id)
                     for job_id in tracker.getJobIdsForGroup(self.group)]
             if jobs and all(job is not None and job.status in ("SUCCEEDED", "FAILED")
                             for job in jobs):
+                return
+            if not jobs and time.monotonic() >= started + SETTLE_NO_JOB_S:
                 return
             time.sleep(0.01)
 

@@ -61,7 +61,8 @@ class SparkEngine:
         return session, self._jobs
 
     def find_survivors(self, plans: list[PartitionPlan]) -> None:
-        sql = [plan for plan in plans if not uses_arrow(plan)]
+        # Only plans with input: phase 1 of the others starts no job.
+        sql = [plan for plan in plans if not uses_arrow(plan) and plan.inputs]
         if sql:
             session, jobs = self._spark()
             with jobs.job("compaction phase 1: find survivors"):
