@@ -1,9 +1,10 @@
 """A warm Spark job's fixed cost on the project's session, and where it goes.
 
 In one warm SparkSession started as the product starts it (compaction/spark_session.py,
-`--master`, local[2] by default), each job shape runs `--runs` times after two warm-up
-runs; the table gives the median and the minimum wall time, the engine that ran it, and
-the ratio to the baseline (an empty 4-task RDD job):
+`--master`, local[2] by default), the job shapes run in turn, `--runs` rounds after five
+warm-up rounds (so that the JVM's warming up and the machine's load fall on all alike);
+the table gives the median and the minimum wall time, the engine that ran it, and the
+ratio to the baseline (an empty 4-task RDD job):
 
 - `rdd`: `sc.parallelize(range(4), 4).map(probe).collect()`, the baseline;
 - `range.mapInArrow`: `spark.range(0, 4, 1, 4).mapInArrow(probe)`, the shape the issue
@@ -101,15 +102,21 @@ class Shape:
             self.cold_workers += sum(not p["pyarrow"] for p in probes)
 
 
-def run_shape(shape: Shape, runs: int, job: Callable[[], tuple[float, list[dict[str, Any]]]],
-              ) -> Shape:
-    for index in range(runs + 2):  # two warm-up runs, not counted
-        began = time.time()
-        plan_s, probes = job()
-        done = time.time()
-        if index >= 2:
-            shape.add(done - began, plan_s, began + plan_s, done, probes)
-    return shape
+Job = Callable[[], tuple[float, list[dict[str, Any]]]]
+WARM_UP_ROUNDS = 5
+
+
+def run_shapes(shapes: list[tuple[Shape, Job]], runs: int) -> list[Shape]:
+    """Every shape once per round, in turn, so that the JVM's warming up (its JIT) and the
+    machine's load fall on all shapes alike; the first WARM_UP_ROUNDS rounds not counted."""
+    for index in range(runs + WARM_UP_ROUNDS):
+        for shape, job in shapes:
+            began = time.time()
+            plan_s, probes = job()
+            done = time.time()
+            if index >= WARM_UP_ROUNDS:
+                shape.add(done - began, plan_s, began + plan_s, done, probes)
+    return [shape for shape, _ in shapes]
 
 
 def generate(data: Path, records: int) -> None:
@@ -129,7 +136,7 @@ def compaction_shape(factory: SparkCompactionServiceFactory, session: Any, templ
                      scratch: Path, runs: int) -> Shape:
     shape = Shape("product compaction", "")
     engines: set[str] = set()
-    for index in range(runs + 2):
+    for index in range(runs + 2):  # two warm-up runs, not counted
         data = scratch / f"run-{index}"
         shutil.copytree(template, data)
         with LogStore.open(data) as store:
@@ -228,12 +235,12 @@ def main() -> None:
     def product_job() -> tuple[float, list[dict[str, Any]]]:
         return 0.0, task_job(session, [{} for _ in range(4)], probe_task)
 
-    shapes = [
-        run_shape(Shape("rdd (baseline)", "Spark RDD job"), args.runs, rdd),
-        run_shape(Shape("range.mapInArrow", "Spark SQL job"), args.runs, range_map_in_arrow),
-        run_shape(Shape("product job, empty tasks", "Spark job (arrow_pipeline.task_job)"),
-                  args.runs, product_job),
-    ]
+    shapes = run_shapes([
+        (Shape("rdd (baseline)", "Spark RDD job"), rdd),
+        (Shape("range.mapInArrow", "Spark SQL job"), range_map_in_arrow),
+        (Shape("product job, empty tasks", "Spark job (arrow_pipeline.task_job)"),
+         product_job),
+    ], args.runs)
     scratch = Path(tempfile.mkdtemp(prefix="spark-fixed-cost-"))
     try:
         template = scratch / "template"
