@@ -690,7 +690,7 @@ def print_table(rows: list[Row]) -> None:
 
 def print_run(run: Run) -> None:
     t = run.totals()
-    print(f"{run.name}: {run.seconds:.2f} s on {run.report.engine or 'an unnamed engine'}; "
+    print(f"{run.name}: {run.seconds:.2f} s (engine: {run.report.engine or 'unnamed'}); "
           f"{t['records_in']:,} records "
           f"({t['bytes_in'] / 1e6:,.1f} MB) in, {t['records_out']:,} out "
           f"({t['bytes_out'] / 1e6:,.1f} MB), {t['keys']:,} keys, tombstones kept "
@@ -910,9 +910,9 @@ class Bench:
         if isinstance(service, SparkCompactionService) and not all_on_spark(both):
             # The service is Spark's: a ratio of a run that was not a Spark job would be
             # printed as Spark's. Refused, with what did run.
-            print(f"incremental after {percent:g}%: no ratio, not both Spark runs (this run "
-                  f"ran on {run.report.engine or 'an unnamed engine'}, the full run on "
-                  f"{full.report.engine or 'an unnamed engine'}); "
+            print(f"incremental after {percent:g}%: no ratio, not both Spark runs (engine of "
+                  f"this run: {run.report.engine or 'unnamed'}; of the full run: "
+                  f"{full.report.engine or 'unnamed'}); "
                   "--topic-config compaction.inline.max.bytes=0 makes every run a Spark job",
                   flush=True)
             return {**run.to_json(), "appended": asdict(appended), "ratio_vs_full": None,
