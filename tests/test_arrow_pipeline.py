@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import random
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,12 @@ from compactlog.compaction.arrow_pipeline import (
     _task,
     compact_one,
     full_read_bytes,
+    pack_tasks,
     run_inline,
     uses_arrow,
 )
 from compactlog.compaction.plan import plan_partition
+from compactlog.compaction.spark_jobs import SPARK_TASKS
 from compactlog.compaction.spark_service import SparkCompactionService, local_master_cores
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
@@ -55,6 +58,7 @@ def compact_twice(tmp: Path, spark: SparkSession, config: dict[str, str]) -> lis
     with LogStore.open(tmp, clock=clock) as store:
         store.create_topic(TOPIC, 2, config)
         rng = random.Random(7)
+        heard: list[tuple[str, int, int]] = []  # the progress callback's calls
         for _ in range(2):
             for _ in range(300):
                 key = rng.choice([None, b"", *(b"k%d" % i for i in range(40))])
@@ -65,8 +69,10 @@ def compact_twice(tmp: Path, spark: SparkSession, config: dict[str, str]) -> lis
                              partition=rng.randint(0, 1))
             for partition in store.topic(TOPIC).partitions:
                 partition.roll()
-            service = SparkCompactionService(store, TOPIC, {"spark.session": spark,
-                                                            "clock": clock})
+            heard.clear()
+            service = SparkCompactionService(store, TOPIC, {
+                "spark.session": spark, "clock": clock,
+                "progress": lambda *call: heard.append(call)})
             report = service.compact()
             assert report.total("records_out") > 0
             arrow = config.get("compaction.phase1.engine") != "sql"
@@ -74,6 +80,15 @@ def compact_twice(tmp: Path, spark: SparkSession, config: dict[str, str]) -> lis
             # Where the time went, and where it ran: a Spark job or this process.
             assert ("tasks: group" in report.stages) is (arrow and not inline)
             assert ("inline: group" in report.stages) is inline
+            if inline:
+                assert report.engine == "in this process, no Spark job: 2 partitions"
+                assert not [call for call in heard if call[0] == SPARK_TASKS]
+            elif arrow:  # both partitions' tasks in one Spark task per core
+                assert re.fullmatch(r"Spark local\[2\]: job \d+ \(1 stage, 2 tasks\)",
+                                    report.engine), report.engine
+                assert (SPARK_TASKS, 2, 2) in heard  # the progress followed the tasks
+            else:
+                assert re.fullmatch(r"Spark local\[2\]: job \d+ .*", report.engine)
             assert report.total("keys") > 0
         return view(store)
 
@@ -110,6 +125,7 @@ def test_a_small_run_on_a_local_master_starts_no_spark(tmp_path: Path) -> None:
         report = service.compact()
         assert service.started_session is None
         assert report.total("keys") == 40 and "inline: write" in report.stages
+        assert report.engine == "in this process, no Spark job: 2 partitions"
         assert all(len({r.key for r in p}) == len(p) for p in view(store))
 
 
@@ -192,6 +208,15 @@ def test_local_master_cores() -> None:
     assert local_master_cores("local[*]") >= 1
     for remote in ("spark://host:7077", "yarn", "local-cluster[2,1,1024]", "k8s://x"):
         assert local_master_cores(remote) == 0
+
+
+def test_a_job_packs_its_partitions_into_one_spark_task_per_core() -> None:
+    # Longest processing time first: each partition, heaviest first, joins the lightest
+    # task so far; never more tasks than cores, never an empty task.
+    assert pack_tasks(["a", "b", "c", "d"], [10, 10, 10, 10], 2) == [["a", "c"], ["b", "d"]]
+    assert pack_tasks(["a", "b", "c"], [1, 8, 5], 2) == [["b"], ["c", "a"]]
+    assert pack_tasks(["a", "b"], [1, 1], 8) == [["a"], ["b"]]
+    assert pack_tasks(["a", "b", "c"], [3, 2, 1], 1) == [["a", "b", "c"]]
 
 
 def test_inline_only_below_the_limit_and_on_a_local_master(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -45,10 +46,22 @@ def test_compact_with_spark_then_status_view_and_describe(tmp_path: Path) -> Non
     expected = make_topic(tmp_path, 2, "-c", "compaction.inline.max.bytes=0")
     spark_conf = [arg for key, value in SPARK_TEST_CONF.items()
                   for arg in ("--spark-conf", f"{key}={value}")]
-    result = run(tmp_path, "compact", "t", "--spark-master", "local[1]", *spark_conf,
-                 "--json", env=ENV, timeout=300)
+    result = run(tmp_path, "--debug", "compact", "t", "--spark-master", "local[1]",
+                 *spark_conf, "--json", env=ENV, timeout=300)
     report = json.loads(ok(result))
     assert report["topic"] == "t"
+    assert re.fullmatch(r"Spark local\[1\]: job \d+ \(1 stage, 1 task\)", report["engine"])
+    # Spark's JVM, its Python workers and py4j wrote into the file --debug names, and
+    # nothing of theirs reached the terminal.
+    named = re.search(r"Spark's output .*: (\S+\.log)$", result.stderr, re.MULTILINE)
+    assert named is not None, result.stderr
+    spark_log = Path(named.group(1))
+    assert "Setting default log level" in spark_log.read_text()
+    jvm_lines = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|ERROR|INFO) |"
+                           r"Setting default log level|sc\.setLogLevel|jdk\.incubator|py4j\.\w",
+                           re.MULTILINE)
+    assert not jvm_lines.search(result.stderr + result.stdout), result.stderr
+    spark_log.unlink()
     assert sum(p["records_in"] for p in report["partitions"]) == 201
     assert sum(p["records_out"] for p in report["partitions"]) == 19
     assert sum(p["tombstones_removed"] for p in report["partitions"]) == 1

@@ -218,9 +218,10 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "compaction.phase1.engine",
         "string",
         "auto",
-        "compactlog: how the Spark service finds each key's survivor. `arrow`: one Spark task "
-        "per partition reads key, offset and tombstone flag with pyarrow, groups the keys "
-        "exactly (byte for byte) and writes that partition's ledger files in the same task, "
+        "compactlog: how the Spark service finds each key's survivor. `arrow`: one task per "
+        "partition (the partitions' tasks packed into one Spark task per core) reads key, "
+        "offset and tombstone flag with pyarrow, groups the keys exactly (byte for byte) "
+        "and writes that partition's ledger files in the same task, "
         "so no survivor list passes through the driver. `sql`: a Spark SQL aggregation over "
         "all partitions, whose surviving offsets are collected to the driver and sent to the "
         "phase-2 tasks. `auto`: `arrow`, except for the strategies it does not run "
@@ -302,7 +303,8 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "compaction.deletion.vectors is off, as such a run rewrites it) runs those tasks in "
         "the compacting process itself, as many partitions at once as the master has cores, "
         "instead of as a Spark job: the same task function, files and commit, without the "
-        "Spark job's fixed cost (about 0.5 s on local[2]) and without starting a JVM. Only "
+        "Spark job's fixed cost (about 0.1-0.2 s on a warm local[2] session, "
+        "bench/spark_fixed_cost.py) and without starting a JVM. Only "
         "with a local master (`local`, `local[N]`, `local[*]`); on a cluster every run is a "
         "Spark job. The "
         "report's stages then say `inline: read`, `inline: group` and `inline: write` "

@@ -84,4 +84,5 @@ def report_from_json(body: dict[str, Any]) -> CompactionReport:
                     for p in body["partitions"]],
         stages=dict(body.get("stages", {})),
         startup_s=body.get("startup_s", 0.0),
+        engine=body.get("engine", ""),
     )

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -29,6 +32,7 @@ from compactlog.compaction import (
 from compactlog.compaction.daemon import WorkerGone, WorkerInfo, ask, running_worker
 from compactlog.compaction.rolled import RollThrough
 from compactlog.compaction.runner import chosen_partitions
+from compactlog.compaction.spark_jobs import SPARK_TASKS
 from compactlog.compaction.status import CompactionStatus, is_locked, read_status
 from compactlog.compaction.worker import CompactionWorker, protocol_stdout
 from compactlog.compaction.worker import serve as serve_requests
@@ -107,7 +111,9 @@ def compact(
     When `compactlog serve` runs on the data directory with an admin API, the run goes
     to the server's warm compaction worker (no Spark start-up here); else, when a
     worker left by `compactlog worker start` runs there, to that one; unless --local or
-    a Spark option (--spark-master, --spark-conf, --service) is given.
+    a Spark option (--spark-master, --spark-conf, --service) is given. A run here
+    writes Spark's own output (its JVM's log, its Python workers' output) to a file in
+    the temporary directory, not to the terminal; --debug names the file.
 
     \b
     Examples:
@@ -148,7 +154,13 @@ def compact(
     settings: dict[str, Any] = {
         "spark.master": spark_master,
         "spark.conf": parse_assignments(spark_conf),
+        # Spark's JVM, its Python workers and py4j print into a file, not over the
+        # progress bar and the summary (created only if the run starts Spark).
+        "spark.log.file": spark_log_path(),
     }
+    if ctx.debug:
+        console.print(f"Spark's output (JVM, Python workers, py4j), if this run starts "
+                      f"Spark: {settings['spark.log.file']}")
     with LogStore.open(ctx.target, read_only=True) as store:
         # Fail fast on a bad topic or partition, before Spark starts.
         chosen = chosen_partitions(store, topic, list(partitions) if partitions else None)
@@ -308,7 +320,13 @@ def compact_with_progress(
     ) as progress:
         task = progress.add_task("plan", total=len(STAGES) - 1)
 
+        current = ["plan"]
+
         def report_progress(stage: str, done: int, total: int) -> None:
+            if stage == SPARK_TASKS:  # from the engine's thread, while its jobs run
+                progress.update(task, description=f"{current[0]} · Spark tasks {done}/{total}")
+                return
+            current[0] = stage
             position = STAGES.index(stage) if stage in STAGES else 0
             progress.update(task, description=stage, completed=position)
 
@@ -323,12 +341,20 @@ def compact_with_progress(
                 stop()
 
 
+def spark_log_path() -> Path:
+    """Where this command's Spark writes its output: a new file name in the temporary
+    directory, the process id and time in it."""
+    return Path(tempfile.gettempdir()) / (
+        f"compactlog-spark-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+
+
 def report_json(report: CompactionReport) -> dict[str, Any]:
     return {
         "topic": report.topic,
         "run_id": report.run_id,
         "duration_s": round(report.duration_s, 3),
         "startup_s": round(report.startup_s, 3),
+        "engine": report.engine,
         "stages": {name: round(seconds, 3) for name, seconds in report.stages.items()},
         "mb_per_s": round(report.mb_per_s, 2),
         "partitions": [
@@ -376,6 +402,8 @@ def summary_table(report: CompactionReport) -> RenderableType:
             f"tombstone{'' if tombstones == 1 else 's'}) · "
             + " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report.stages.items())
             + f" · {report.mb_per_s:.1f} MB/s after start-up", style="dim"))
+        if report.engine:
+            notes.append(Text(f"ran on: {report.engine}", style="dim"))
     reasons: dict[str, list[str]] = {}
     for p in report.partitions:
         if p.skipped is not None:

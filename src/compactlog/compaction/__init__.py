@@ -67,6 +67,9 @@ class CompactionReport:
     # plus the engine's start-up (for Spark: the JVM and the session) when it had one.
     stages: dict[str, float] = field(default_factory=dict)
     startup_s: float = 0.0
+    # What ran the run's tasks, as the engine says: for Spark, the master and the run's
+    # job ids with their stage and task counts, or that they ran in this process.
+    engine: str = ""
 
     def total(self, name: str) -> int:
         return sum(getattr(p, name) for p in self.partitions)

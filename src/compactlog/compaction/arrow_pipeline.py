@@ -1,7 +1,8 @@
-"""Phases 1 and 2 fused in one Spark task per partition, in pyarrow (or, for a small
-run on a local master, the same task function called in the compacting process, on as
-many threads as the master has cores: `run_inline`, `compact_inline`; everything below
-holds for both).
+"""Phases 1 and 2 fused in one task per partition (compact_one), in pyarrow: run in a
+Spark job that packs the partitions' tasks into one Spark task per core (task_job), or,
+for a small run on a local master, called in the compacting process on as many threads
+as the master has cores (`run_inline`, `compact_inline`; everything below holds for
+both).
 
 Invariant: each task writes only files of its own partition's ledger directory, named
 by the run id, the piece's sequence and its first input's base offset, through a
@@ -25,9 +26,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +58,6 @@ from compactlog.storage.manifest import SegmentInfo
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-RESULT_SCHEMA = "result string"
 # Seconds summed over the tasks, per stage, as reported (CompactionReport.stages).
 TASK_STAGES = ("tasks: read", "tasks: group", "tasks: write")
 # The same, for tasks run in the compacting process (compact_inline).
@@ -87,20 +88,63 @@ def run_inline(plans: list[PartitionPlan], local_master: bool) -> bool:
 
 def compact_partitions(
     spark: SparkSession, plans: list[PartitionPlan], run_id: str,
-    stages: dict[str, float] | None = None,
+    stages: dict[str, float] | None = None, slots: int | None = None,
 ) -> dict[int, list[PieceResult]]:
     """Run one task per plan; set each plan's survivor_count and return its pieces, in
-    order. `stages`, when given, gets the tasks' seconds per stage added to it."""
+    order. `stages`, when given, gets the tasks' seconds per stage added to it; `slots`:
+    as task_job's."""
     if not plans:
         return {}
-    tasks = [json.dumps(_task(plan, run_id)) for plan in _largest_first(plans)]
-    # One Spark task per partition: a range of one number per Spark partition, each
-    # number the index of its task in the function's closure. (A DataFrame made from a
-    # Python RDD of the tasks costs one more Python evaluation per task: measured about
-    # 0.15 s more per run on local[2].)
-    frame = spark.range(0, len(tasks), 1, len(tasks))
-    collected = frame.mapInArrow(_task_runner(tasks), RESULT_SCHEMA).collect()
-    return _results(plans, [json.loads(row["result"]) for row in collected], stages)
+    ordered = _largest_first(plans)
+    tasks = [_task(plan, run_id) for plan in ordered]
+    weights = [sum(item.info.size_bytes for item in plan.inputs) for plan in ordered]
+    return _results(plans, task_job(spark, tasks, weights=weights, slots=slots), stages)
+
+
+def task_job(spark: SparkSession, tasks: list[dict[str, Any]],
+             body: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+             weights: list[int] | None = None,
+             slots: int | None = None) -> list[dict[str, Any]]:
+    """One Spark job that runs `body` (compact_one unless given: bench/spark_fixed_cost.py
+    times this job with an empty body) on every item of `tasks`; the results, in any
+    order. The items are packed into at most `slots` Spark tasks (pack_tasks, by
+    `weights`), each running its items one after the other: by default as many as the
+    application's default parallelism, which for a local master its caller sets to the
+    master's cores.
+
+    The job is a plain RDD job, not a DataFrame's mapInArrow: it skips SQL planning and
+    the Arrow streams between the JVM and the Python worker, and a task's items travel
+    in the task itself. On local[2] a warm job of empty tasks took a median of 0.15 s
+    this way against 0.49 s as mapInArrow over spark.range with a task per item
+    (bench/spark_fixed_cost.py, docs/benchmarks.md)."""
+    run = compact_one if body is None else body
+    slots = max(1, slots or spark.sparkContext.defaultParallelism)
+    # Through JSON, as compact_inline sends them, so both paths see the same values.
+    texts = [json.dumps(task) for task in tasks]
+    groups = pack_tasks(texts, weights or [1] * len(texts), slots)
+    rdd = spark.sparkContext.parallelize(groups, len(groups))
+    return rdd.flatMap(partial(_run_group, run)).collect()
+
+
+def pack_tasks(items: list[str], weights: list[int], slots: int) -> list[list[str]]:
+    """`items` in at most `slots` groups of about equal weight: each item, heaviest first,
+    joins the lightest group so far (longest processing time first). Spark runs as many
+    tasks at once as it has cores, so more tasks than cores only add each task's fixed
+    cost (about 0.05 s on local[2]) and waves of tasks."""
+    count = max(1, min(slots, len(items)))
+    groups: list[list[str]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for index in sorted(range(len(items)), key=lambda i: -weights[i]):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(items[index])
+        loads[lightest] += weights[index]
+    return [group for group in groups if group]
+
+
+def _run_group(body: Callable[[dict[str, Any]], dict[str, Any]],
+               texts: list[str]) -> list[dict[str, Any]]:
+    """The Spark task body, run by Spark's Python workers: its items, in order."""
+    return [body(json.loads(text)) for text in texts]
 
 
 def compact_inline(plans: list[PartitionPlan], run_id: str,
@@ -163,26 +207,6 @@ def _task(plan: PartitionPlan, run_id: str) -> dict[str, Any]:
         "volume": plan.volume_spec,
         "relative": [item.relative for item in plan.inputs],
     }
-
-
-def _task_runner(
-    tasks: list[str],
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return run_partition_tasks(tasks, batches)
-
-    return run
-
-
-def run_partition_tasks(
-    tasks: list[str], batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    """The task body, run by Spark's Python workers: the tasks whose indexes come in."""
-    for batch in batches:
-        results = [json.dumps(compact_one(json.loads(tasks[index])))
-                   for index in batch.column(0).to_pylist()]
-        yield pa.RecordBatch.from_pydict({"result": results}, schema=pa.schema(
-            [("result", pa.string())]))
 
 
 def _use_task_cpus() -> None:

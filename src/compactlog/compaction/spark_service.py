@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from compactlog.compaction import CompactionReport, TopicCompactionService
@@ -25,12 +25,12 @@ from compactlog.compaction.ledger import PieceResult
 from compactlog.compaction.plan import PartitionPlan
 from compactlog.compaction.reads import LedgerReads
 from compactlog.compaction.runner import Progress, run_compaction
+from compactlog.compaction.spark_jobs import RunJobs
 from compactlog.compaction.spark_pipeline import find_survivors, write_ledgers
 from compactlog.compaction.spark_session import DEFAULT_MASTER, start_session
 from compactlog.storage.store import LogStore
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 
@@ -40,18 +40,33 @@ class SparkEngine:
     the run is small and the master local (arrow_pipeline.run_inline; then no session
     is started for them, and the tasks run on as many threads as the master has cores:
     `local_cores`, 0 for a master that is not local). The others take the SQL
-    pipeline's two phases. `stages` collects the Arrow tasks' seconds per stage."""
+    pipeline's two phases. `stages` collects the Arrow tasks' seconds per stage;
+    `ran` says what ran them (`description`), and `progress` hears of the Spark jobs'
+    tasks while they run (spark_jobs.SPARK_TASKS)."""
 
     def __init__(self, session: Callable[[], SparkSession],
-                 local_cores: Callable[[], int] = lambda: 0) -> None:
+                 local_cores: Callable[[], int] = lambda: 0,
+                 progress: Progress | None = None) -> None:
         self._session = session
         self._local_cores = local_cores
+        self._progress = progress
+        self._jobs: RunJobs | None = None
         self.stages: dict[str, float] = {}
+        self.inline_tasks = 0
+
+    def _spark(self) -> tuple[SparkSession, RunJobs]:
+        session = self._session()
+        if self._jobs is None:
+            self._jobs = RunJobs(session.sparkContext, self._progress)
+        return session, self._jobs
 
     def find_survivors(self, plans: list[PartitionPlan]) -> None:
-        sql = [plan for plan in plans if not uses_arrow(plan)]
+        # Only plans with input: phase 1 of the others starts no job.
+        sql = [plan for plan in plans if not uses_arrow(plan) and plan.inputs]
         if sql:
-            find_survivors(self._session(), sql)
+            session, jobs = self._spark()
+            with jobs.job("compaction phase 1: find survivors"):
+                find_survivors(session, sql)
 
     def write_ledgers(
         self, plans: list[PartitionPlan], run_id: str
@@ -60,18 +75,38 @@ class SparkEngine:
         sql = [plan for plan in plans if not uses_arrow(plan)]
         arrow = [plan for plan in plans if uses_arrow(plan)]
         if sql:
-            results.update(write_ledgers(self._session(), sql, run_id))
+            session, jobs = self._spark()
+            with jobs.job(f"compaction run {run_id}, phase 2: write ledgers"):
+                results.update(write_ledgers(session, sql, run_id))
         cores = self._local_cores() if arrow else 0
         if arrow and run_inline(arrow, cores > 0):
+            self.inline_tasks += len(arrow)
             results.update(compact_inline(arrow, run_id, self.stages, threads=cores))
         elif arrow:
-            results.update(compact_partitions(self._session(), arrow, run_id, self.stages))
+            session, jobs = self._spark()
+            with jobs.job(f"compaction run {run_id}: {len(arrow)} partition(s)"):
+                # One Spark task per core: on a local master, its cores.
+                results.update(compact_partitions(session, arrow, run_id, self.stages,
+                                                  slots=cores or None))
         return results
+
+    def description(self) -> str:
+        """What ran the run's tasks: its Spark jobs (master, job ids, stages and tasks),
+        and the partitions run in this process instead; "none" if nothing ran."""
+        ran = []
+        if self._jobs is not None and (jobs := self._jobs.summary()):
+            ran.append(f"Spark {self._jobs.context.master}: {jobs}")
+        if self.inline_tasks:
+            ran.append(f"in this process, no Spark job: {self.inline_tasks} "
+                       f"partition{'' if self.inline_tasks == 1 else 's'}")
+        return "; ".join(ran) or "none"
 
 
 class SparkCompactionService(LedgerReads, TopicCompactionService):
     """Settings: `spark.master` (default local[*]), `spark.conf` (a mapping of Spark
-    settings), `spark.session` (an existing SparkSession to use), `clock`, `progress`."""
+    settings), `spark.session` (an existing SparkSession to use), `spark.log.file` (a
+    Path: where the JVM this service starts, its Python workers and py4j write their
+    output; by default this process' stdout and stderr), `clock`, `progress`."""
 
     def __init__(self, store: LogStore, topic: str, settings: Mapping[str, Any]) -> None:
         super().__init__(store, topic)
@@ -87,6 +122,7 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
             self._spark = start_session(
                 self.settings.get("spark.master") or DEFAULT_MASTER,
                 self.settings.get("spark.conf") or {},
+                log_file=self.settings.get("spark.log.file"),
             )
             self._startup_s += time.monotonic() - started
         return self._spark
@@ -101,7 +137,7 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
         return local_master_cores(str(master))
 
     def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
-        engine = SparkEngine(self.session, self.local_cores)
+        engine = SparkEngine(self.session, self.local_cores, self.progress)
         self._startup_s = 0.0
         if self.progress is None:
             report = run_compaction(self.store, self.topic, engine, partitions, self.clock)
@@ -121,6 +157,7 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
         # The Arrow tasks' own seconds (summed over tasks, so over the cores): what the
         # rest of phase 2's wall time is not is Spark's scheduling and fixed costs.
         report.stages.update(engine.stages)
+        report.engine = engine.description()
         return report
 
     @property
@@ -163,14 +200,13 @@ class SparkCompactionServiceFactory:
         session = start_session(settings.get("spark.master") or DEFAULT_MASTER,
                                 settings.get("spark.conf") or {})
         # One task per core imports the Arrow pipeline's modules (pyarrow, Parquet,
-        # numpy) in Spark's Python workers, which local mode reuses between tasks.
+        # numpy) in Spark's Python workers, which Spark reuses between tasks
+        # (spark.python.worker.reuse). An RDD job, as arrow_pipeline.task_job's: Spark
+        # keeps the workers of RDD jobs and of SQL's Arrow UDFs in separate pools.
         slots = max(1, session.sparkContext.defaultParallelism)
-        session.range(0, slots, 1, slots).mapInArrow(_preload_python_worker,
-                                                     "id long").collect()
+        session.sparkContext.parallelize(range(slots), slots).foreach(_preload_python_worker)
         return session
 
 
-def _preload_python_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _preload_python_worker(_: int) -> None:
     import compactlog.compaction.arrow_pipeline  # noqa: F401  (imported for its cost)
-
-    yield from batches

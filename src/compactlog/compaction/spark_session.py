@@ -8,7 +8,9 @@ machines (shared/notes/spark.md): few shuffle partitions, no UI, 127.0.0.1.
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,7 +53,10 @@ def start_session(
     master: str = DEFAULT_MASTER,
     conf: Mapping[str, str] | None = None,
     app_name: str = "compactlog-compaction",
+    log_file: Path | None = None,
 ) -> SparkSession:
+    """The session; with `log_file`, everything Spark's side prints goes there instead of
+    this process' stdout and stderr (see launch_jvm_logging_to)."""
     spark_environment()
     from pyspark.sql import SparkSession
 
@@ -64,6 +69,46 @@ def start_session(
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
+    if log_file is not None:
+        launch_jvm_logging_to(log_file, {"spark.master": master, "spark.app.name": app_name,
+                                         **settings})
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    # In a log file of their own, Spark's warnings trouble no one; on the console, only
+    # its errors are shown.
+    session.sparkContext.setLogLevel("WARN" if log_file is not None else "ERROR")
     return session
+
+
+def launch_jvm_logging_to(log_file: Path, settings: Mapping[str, str]) -> None:
+    """Start Spark's JVM with its stdout and stderr on `log_file` (appended to), and send
+    py4j's Python logging there too; nothing if this process has a JVM already.
+
+    The JVM's log4j lines go to its stderr (spark-conf/log4j2.properties), and the
+    Python workers it forks inherit its stdout and stderr, so all of Spark's output
+    lands in the file, and none on a terminal where a progress bar is drawn. PySpark
+    starts the JVM with the Popen arguments given to launch_gateway (its documented
+    way to capture the JVM's output); the SparkContext made here on that gateway is the
+    one the session builder then finds and uses."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    # Readable by this user only, as the data directory's own files.
+    os.close(os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    py4j = logging.getLogger("py4j")
+    # py4j's debug lines are every command sent to the JVM, the gateway's secret among
+    # them: never written, whatever the root logger's level (--debug).
+    py4j.setLevel(logging.INFO)
+    if not any(isinstance(handler, logging.FileHandler) for handler in py4j.handlers):
+        handler = logging.FileHandler(log_file)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        py4j.addHandler(handler)
+        py4j.propagate = False
+    # PySpark keeps its gateway (the JVM) in a class attribute, and has no public
+    # way to ask whether one runs.
+    if getattr(SparkContext, "_gateway", None) is not None:
+        return
+    spark_conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
+    with open(log_file, "ab") as log:
+        gateway = launch_gateway(  # type: ignore[no-untyped-call]
+            spark_conf, {"stdout": log, "stderr": subprocess.STDOUT})
+    SparkContext(conf=spark_conf, gateway=gateway)
