@@ -31,7 +31,7 @@ from hostile_support import (
 from process_usage import MIB, Usage
 from test_server_bad_input import Wire, request_frame
 
-DESCRIBE_GROUPS, CREATE_PARTITIONS = 15, 37
+DESCRIBE_GROUPS, CREATE_PARTITIONS, FIND_COORDINATOR = 15, 37, 10
 
 AUTHORIZER_ON = "[authorization]\nenabled = true\n"
 
@@ -204,6 +204,25 @@ def test_a_response_of_many_entries_is_encoded_off_the_event_loop(tmp_path: Path
     assert len(body.groups) == 131_072
     assert {group.group_id for group in body.groups} == {"g"}
     assert longest < 0.6 * elapsed
+
+
+def test_a_request_of_many_entries_gives_other_clients_their_turns(tmp_path: Path) -> None:
+    """The per-entry work of a handler (server/cooperative.py): a 1.6 MiB FindCoordinator
+    v4 naming 200,000 group keys, each checked by the authorizer, is answered in slices
+    of 256 keys with the event loop's turns between them. Before, the handler built all
+    200,000 answers in one turn of the loop (the fuzzer's "1-3 s per 1 MiB request"):
+    another client waited 0.97 s of the request's 7.27 s (13 %) at once; now 0.23 s of
+    7.89 s (3 %), the rest being the decoding thread's hold on the interpreter lock."""
+    keys = [f"group-{number:06d}" for number in range(200_000)]
+    frame = request_frame(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": keys})
+    with hostile_server(tmp_path, AUTHORIZER_ON + 'super_users = ["User:ANONYMOUS"]\n') \
+            as hostile:
+        body, elapsed, longest, answers = waits_of_another_client(
+            hostile, frame, FIND_COORDINATOR, 4)
+    print(f"while FindCoordinator of 200,000 keys took {elapsed:.2f} s: {answers} answers "
+          f"to another client, the longest wait {longest:.2f} s")
+    assert len(body.coordinators) == 200_000
+    assert longest < 0.07 * elapsed
 
 
 # -- item 10: group session timeouts ---------------------------------------------------

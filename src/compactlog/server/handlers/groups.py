@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -11,6 +12,7 @@ from compactlog.errors import UnknownPartitionError, UnknownTopicError
 from compactlog.server import authz
 from compactlog.server.acl import Operation, ResourceType
 from compactlog.server.broker import Broker
+from compactlog.server.cooperative import mapped
 from compactlog.server.groups import GroupError, subscribed_topics
 from compactlog.server.handlers.transactions import (
     NOT_SUPPORTED,
@@ -62,8 +64,9 @@ def _coordinator(broker: Broker, request: Request, key: str, key_type: int) -> d
 async def find_coordinator(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     if request.api_version >= 4:  # batched keys
-        return {"coordinators": [_coordinator(broker, request, key, body.key_type)
-                                 for key in body.coordinator_keys]}
+        return {"coordinators": await mapped(
+            body.coordinator_keys, lambda key: _coordinator(broker, request, key,
+                                                            body.key_type))}
     return _coordinator(broker, request, body.key, getattr(body, "key_type", GROUP_KEY))
 
 
@@ -181,8 +184,8 @@ def _partition_exists(broker: Broker, topic: str, partition: int) -> bool:
         return False
 
 
-def _fetched_topics(broker: Broker, request: Request, group_id: str,
-                    topics: Any) -> list[dict[str, Any]]:
+async def _fetched_topics(broker: Broker, request: Request, group_id: str,
+                          topics: Any) -> list[dict[str, Any]]:
     committed = broker.groups.fetch_offsets(group_id)
     if topics is None:  # null: every partition the group committed
         wanted: dict[str, list[int]] = {}
@@ -195,37 +198,35 @@ def _fetched_topics(broker: Broker, request: Request, group_id: str,
                                  audit=topics is not None)
     if topics is None:
         wanted = {name: indexes for name, indexes in wanted.items() if name not in denied}
-    answer = []
-    for name, indexes in wanted.items():
-        partitions = []
-        for index in indexes:
-            if name in denied:
-                partitions.append({"partition_index": index, "committed_offset": -1,
-                                   "committed_leader_epoch": -1, "metadata": "",
-                                   "error_code": authz.TOPIC_DENIED})
-                continue
-            found = committed.get((name, index))
-            partitions.append({
-                "partition_index": index,
+    def entry(name: str, index: int) -> dict[str, Any]:
+        if name in denied:
+            return {"partition_index": index, "committed_offset": -1,
+                    "committed_leader_epoch": -1, "metadata": "",
+                    "error_code": authz.TOPIC_DENIED}
+        found = committed.get((name, index))
+        return {"partition_index": index,
                 "committed_offset": found.offset if found else -1,
                 "committed_leader_epoch": found.leader_epoch if found else -1,
                 "metadata": found.metadata if found else "",
-                "error_code": ErrorCode.none,
-            })
-        answer.append({"name": name, "partitions": partitions})
-    return answer
+                "error_code": ErrorCode.none}
+
+    return [{"name": name, "partitions": await mapped(indexes, functools.partial(entry, name))}
+            for name, indexes in wanted.items()]
 
 
 async def offset_fetch(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     if request.api_version >= 8:  # batched groups
-        return {"groups": [
-            {"group_id": g.group_id, "topics": [], "error_code": authz.GROUP_DENIED}
-            if not authz.group(broker, request, Operation.READ, g.group_id) else
-            {"group_id": g.group_id,
-             "topics": _fetched_topics(broker, request, g.group_id, g.topics),
-             "error_code": ErrorCode.none}
-            for g in body.groups]}
+        groups = []
+        for g in body.groups:
+            if not authz.group(broker, request, Operation.READ, g.group_id):
+                groups.append({"group_id": g.group_id, "topics": [],
+                               "error_code": authz.GROUP_DENIED})
+                continue
+            groups.append({"group_id": g.group_id, "error_code": ErrorCode.none,
+                           "topics": await _fetched_topics(broker, request, g.group_id,
+                                                           g.topics)})
+        return {"groups": groups}
     if not authz.group(broker, request, Operation.READ, body.group_id):
         # Kafka: the top-level error (v2+); v1 has none, so each partition gets it.
         return {"error_code": authz.GROUP_DENIED, "topics": [
@@ -234,7 +235,7 @@ async def offset_fetch(broker: Broker, request: Request) -> dict[str, Any]:
                  "committed_leader_epoch": -1, "metadata": "",
                  "error_code": authz.GROUP_DENIED} for index in t.partition_indexes]}
             for t in body.topics or ()]}
-    return {"topics": _fetched_topics(broker, request, body.group_id, body.topics),
+    return {"topics": await _fetched_topics(broker, request, body.group_id, body.topics),
             "error_code": ErrorCode.none}
 
 
@@ -256,15 +257,17 @@ async def list_groups(broker: Broker, request: Request) -> dict[str, Any]:
 
 async def describe_groups(broker: Broker, request: Request) -> dict[str, Any]:
     with_operations = getattr(request.body, "include_authorized_operations", False)
-    return {"groups": [
-        {**broker.groups.describe(group_id), "authorized_operations": (
+
+    def described(group_id: str) -> dict[str, Any]:
+        if not authz.group(broker, request, Operation.DESCRIBE, group_id):
+            return {"group_id": group_id, "error_code": authz.GROUP_DENIED,
+                    "group_state": "", "protocol_type": "", "protocol_data": "",
+                    "members": [], "authorized_operations": -2147483648}
+        return {**broker.groups.describe(group_id), "authorized_operations": (
             authz.operations(broker, request, ResourceType.GROUP, group_id)
             if with_operations else authz.NOT_REQUESTED)}
-        if authz.group(broker, request, Operation.DESCRIBE, group_id) else
-        {"group_id": group_id, "error_code": authz.GROUP_DENIED, "group_state": "",
-         "protocol_type": "", "protocol_data": "", "members": [],
-         "authorized_operations": -2147483648}
-        for group_id in request.body.groups]}
+
+    return {"groups": await mapped(request.body.groups, described)}
 
 
 async def delete_groups(broker: Broker, request: Request) -> dict[str, Any]:
