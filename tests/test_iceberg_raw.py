@@ -38,10 +38,10 @@ def table(store: LogStore) -> str:
     return state_table_location(store, TOPIC, "raw")
 
 
-def raw_rows(store: LogStore) -> list[StateRow]:
+def raw_rows(store: LogStore, topic: str = TOPIC) -> list[StateRow]:
     """The raw view's sealed part, as the Reader serves it."""
     rows: list[StateRow] = []
-    for partition in store.topic(TOPIC).partitions:
+    for partition in store.topic(topic).partitions:
         end = partition.manifest.sealed_end_offset
         for record in partition.read(0, 100_000, 1 << 30):
             if record.offset < end:

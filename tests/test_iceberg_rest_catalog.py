@@ -210,9 +210,9 @@ def test_pyiceberg_and_duckdb_attach_without_authentication(
                          [("state", "prices"), ("state", "secret")])
 
         catalog = pyiceberg_catalog(running, None)
-        assert catalog.list_namespaces() == [("state",)]
+        assert catalog.list_namespaces() == [("raw",), ("state",)]
         assert catalog.list_namespaces(("state",)) == []
-        assert catalog.namespace_exists("state") and not catalog.namespace_exists("raw")
+        assert catalog.namespace_exists("state") and not catalog.namespace_exists("nope")
         assert catalog.load_namespace_properties("state") == {}
         assert catalog.list_tables("state") == [("state", "prices"), ("state", "secret")]
         for topic in ("prices", "secret"):
@@ -237,7 +237,7 @@ def test_pyiceberg_and_duckdb_attach_without_authentication(
         assert body["error"]["type"] == "UnsupportedOperationException"
         assert body["error"]["code"] == 405 and "read-only" in body["error"]["message"]
         assert http("DELETE", f"{url}/v1/namespaces/state")[0] == 405
-        status, body = http("GET", f"{url}/v1/namespaces/raw")
+        status, body = http("GET", f"{url}/v1/namespaces/nope")
         assert (status, body["error"]["type"]) == (404, "NoSuchNamespaceException")
         status, body = http("GET", f"{url}/v1/namespaces/state/tables/plain")
         assert (status, body["error"]["type"]) == (404, "NoSuchTableException")
@@ -270,7 +270,7 @@ def test_a_principal_sees_only_the_tables_it_may_describe(
                 reader.load_table(("state", hidden))
 
         nobody = pyiceberg_catalog(running, NOBODY_TOKEN)
-        assert nobody.list_namespaces() == [("state",)]
+        assert nobody.list_namespaces() == [("raw",), ("state",)]
         assert nobody.list_tables("state") == []
         with pytest.raises(ForbiddenError):
             nobody.load_table(("state", "prices"))
@@ -345,3 +345,32 @@ def test_the_catalog_of_a_server_on_s3(s3: S3Server, monkeypatch: pytest.MonkeyP
         con.execute(f"ATTACH 'compactlog' AS c (TYPE iceberg, "
                     f"ENDPOINT '{catalog_url(running)}', AUTHORIZATION_TYPE 'none')")
         assert duckdb_rows(con, "prices") == expected
+
+
+def test_the_raw_namespace_serves_the_raw_tables(tmp_path: Path) -> None:
+    """Namespace `raw`: a topic with iceberg.raw.enabled, its sealed log read through the
+    catalog by pyiceberg and DuckDB, tombstones included; a topic without it has none."""
+    from compactlog.iceberg import sync_raw_table
+    from test_iceberg_raw import raw_rows
+
+    with LogStore.open(tmp_path / "data") as store:
+        store.create_topic("events", 2, {"iceberg.raw.enabled": "true"})
+        store.create_topic("quiet", 1, {})
+        store.append("events", updates(0, 200, 30, tombstone_every=7))
+        for partition in store.topic("events").partitions:
+            partition.roll()
+        sync_raw_table(store, "events")
+        expected = raw_rows(store, "events")
+    assert len(expected) == 200 and any(row[3] is None for row in expected)
+    with server(tmp_path, authenticated=False) as running:
+        catalog = pyiceberg_catalog(running, None)
+        assert catalog.list_tables("raw") == [("raw", "events")]
+        assert catalog.list_tables("state") == []
+        rows = catalog.load_table(("raw", "events")).scan().to_arrow().select(COLUMNS)
+        assert sorted(_row(**row) for row in rows.to_pylist()) == expected
+        with pytest.raises(NoSuchTableError, match=r"iceberg\.raw\.enabled"):
+            catalog.load_table(("raw", "quiet"))
+        con = duckdb_catalog(running, None)
+        found = con.execute('SELECT partition, "offset", key, value, headers '
+                            "FROM c.raw.events").fetchall()
+        assert sorted(_row(*row) for row in found) == expected

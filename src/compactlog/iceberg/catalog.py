@@ -1,8 +1,9 @@
 """The read-only Iceberg REST catalog's answers: which tables there are, and each one's
 current metadata (the routes are server/admin_catalog.py's, on the admin listener).
 
-Invariant: the catalog only reads. A table it names is a compacted topic's state table
-whose metadata a sync has committed, and the metadata it returns for one is the version
+Invariant: the catalog only reads. A table it names is a compacted topic's state table,
+or a topic's raw table (iceberg.raw.enabled), whose metadata a sync has committed, and
+the metadata it returns for one is the version
 that `load_current` finds (the hint, then every newer version that exists), never
 anything the catalog wrote or changed: tables change only by compaction and upkeep
 (the package's "Commit").
@@ -10,10 +11,11 @@ anything the catalog wrote or changed: tables change only by compaction and upke
 Layout, as a user sees it (docs/querying.md, "The REST catalog"):
   namespace `state`   one table per compacted topic, named as the topic: its compacted
                       state (`SELECT * FROM c.state.prices` in DuckDB).
+  namespace `raw`     one table per topic with iceberg.raw.enabled: its sealed log,
+                      append-only (`SELECT * FROM c.raw.prices`).
   The namespace says which table of a topic it is, the table name which topic: a topic
   name may hold dots, which would split a namespace into levels (pyiceberg reads
-  "a.b" as two), while a table name is one identifier. The raw log's append-only
-  table (issue 23, item 3) will get its own namespace, `raw`, under the same names.
+  "a.b" as two), while a table name is one identifier.
 
 What the clients call (seen through a logging proxy): pyiceberg 0.12's RestCatalog and
 DuckDB 1.5.5's ATTACH (TYPE iceberg) both GET /v1/config (DuckDB with ?warehouse=<the
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from compactlog.errors import UnknownTopicError
-from compactlog.iceberg import STATE_TABLE
+from compactlog.iceberg import RAW_TABLE, STATE_TABLE
 from compactlog.iceberg.files import table_files
 from compactlog.iceberg.state import HINT, load_current, metadata_name
 
@@ -44,7 +46,9 @@ if TYPE_CHECKING:
     from compactlog.storage.store import LogStore
 
 STATE_NAMESPACE = "state"
-NAMESPACES = {STATE_NAMESPACE: STATE_TABLE}  # namespace -> which table of each topic
+RAW_NAMESPACE = "raw"
+# namespace -> which table of each topic
+NAMESPACES = {STATE_NAMESPACE: STATE_TABLE, RAW_NAMESPACE: RAW_TABLE}
 # Where the catalog is on the admin listener: its clients' `uri` / ENDPOINT. Its own
 # root keeps its /v1/... apart from the admin API's.
 BASE = "/iceberg"
@@ -130,11 +134,20 @@ class Table:
     metadata: dict[str, Any]
 
 
+def _kept(store: LogStore, namespace: str, topic: str) -> bool:
+    """Whether `topic` keeps the table of `namespace`: its state table if compacted,
+    its raw table if iceberg.raw.enabled (UnknownTopicError if there is no topic)."""
+    config = store.topic(topic).config
+    if namespace == RAW_NAMESPACE:
+        return bool(config["iceberg.raw.enabled"])
+    return bool(config.compacted)
+
+
 def has_table(store: LogStore, namespace: str, topic: str) -> bool:
-    """Whether `topic` is compacted and its table has been committed (the hint exists
+    """Whether `topic` keeps the table and it has been committed (the hint exists
     after the first sync's step 6): what a listing shows."""
     try:
-        if not store.topic(topic).config.compacted:
+        if not _kept(store, namespace, topic):
             return False
     except UnknownTopicError:
         return False  # deleted since it was listed
@@ -151,22 +164,26 @@ def load_table(store: LogStore, namespace: str, topic: str) -> Table:
     """The table's current metadata, or NoSuchTable naming why there is none."""
     namespace_of(namespace)
     try:
-        compacted = store.topic(topic).config.compacted
+        kept = _kept(store, namespace, topic)
     except UnknownTopicError:
         raise CatalogError(404, "NoSuchTableException",
                            f"table {namespace}.{topic} does not exist: there is no topic "
                            f"{topic!r}") from None
-    if not compacted:
+    if not kept:
+        why = ("keeps no raw table (iceberg.raw.enabled is false)"
+               if namespace == RAW_NAMESPACE
+               else "is not compacted (cleanup.policy has no 'compact')")
         raise CatalogError(404, "NoSuchTableException",
-                           f"table {namespace}.{topic} does not exist: topic {topic!r} is "
-                           "not compacted (cleanup.policy has no 'compact')")
+                           f"table {namespace}.{topic} does not exist: topic {topic!r} "
+                           f"{why}")
     files = table_files(store, topic, NAMESPACES[namespace])
     current = load_current(files)
     if current.body is None:
+        made_by = ("the server's upkeep makes it once a segment is sealed"
+                   if namespace == RAW_NAMESPACE else
+                   "the first compaction or the server's upkeep creates it")
         raise CatalogError(404, "NoSuchTableException",
-                           f"table {namespace}.{topic} does not exist yet: topic {topic!r} "
-                           "has not been compacted since it was made (the first "
-                           "compaction or the server's upkeep creates it)")
+                           f"table {namespace}.{topic} does not exist yet ({made_by})")
     return Table(topic, files.url(""), files.url(metadata_name(current.version)),
                  current.body)
 
