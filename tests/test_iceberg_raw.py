@@ -149,3 +149,26 @@ def test_the_upkeep_syncs_the_raw_table_when_enabled_once_per_target_lag(
     assert upkeep.run(TOPIC)
     assert_read(store, raw_rows(store))
     assert len(snapshots(table(store))) == 2
+
+
+def test_the_querying_pages_raw_table_example(tmp_path: Path, clock: FakeClock) -> None:
+    """docs/querying.md's raw table block, as written, in a Python without this checkout
+    on its path, in a directory holding compactlog-data with topic `events`."""
+    import re
+    import subprocess
+    import sys
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "querying.md").read_text()
+    section = page.split("## The raw log as an Iceberg table", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    with LogStore.open(tmp_path / "compactlog-data", clock=clock) as opened:
+        opened.create_topic(TOPIC, 2, {"iceberg.raw.enabled": "true"})
+        seal_batches(opened, clock, 0, 3)
+        sync_raw_table(opened, TOPIC)
+        expected = raw_rows(opened)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env, text=True,
+                          capture_output=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    tombstones = sum(1 for row in expected if row[3] is None)
+    assert done.stdout.strip() == f"{len(expected)} records, {tombstones} tombstones"

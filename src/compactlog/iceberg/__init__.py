@@ -123,13 +123,22 @@ Snapshot expiry and file deletion (DESIGN.md's reachability rule, widened)
   references, and deletes the table's own files that none references. It runs in the
   server's upkeep and after each compaction's sync.
 
+The raw table (kinds.RAW, `<topic>/iceberg/raw`, for topics with iceberg.raw.enabled):
+the sealed segments of the raw view as an append-only table, tombstones included,
+made by the same steps 1 to 6 (a seal appends, a merge of small segments replaces,
+retention and DeleteRecords overwrite with position deletes), synced by the server's
+upkeep at most once per iceberg.raw.target.lag.ms; its snapshots hold their segments
+and expire as the state table's do.
+
 Modules: `schema.py` (schema, partition spec, name mapping), `deletes.py` (deleted
 positions from the view's definition, position-delete files), `files.py` (the table's
 files on a disk or a bucket), `avro.py` (manifests and manifest lists, through
-pyiceberg's writers), `state.py` (sync: steps 1 to 6), `expiry.py` (snapshot expiry and
-the holds), `catalog.py` (what the read-only REST catalog on the admin listener answers:
-namespace `state`, one table per compacted topic). pyiceberg is an optional
-dependency (the `iceberg` extra): without it, nothing here runs and compaction goes on.
+pyiceberg's writers), `kinds.py` (the state table and the raw table: which files and
+rows each shows), `state.py` (sync: steps 1 to 6, for either kind), `expiry.py`
+(snapshot expiry and the holds), `catalog.py` (what the read-only REST catalog on the
+admin listener answers: namespace `state`, one table per compacted topic, and `raw`).
+pyiceberg is a dependency; in an install that left it out nothing here runs and
+compaction goes on.
 """
 
 from __future__ import annotations
