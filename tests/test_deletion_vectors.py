@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 
 from compactlog.client.reader import Reader
 from compactlog.compaction import load_factory
+from compactlog.iceberg import expire_snapshots
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
 from fakes import FakeClock
@@ -97,7 +98,10 @@ def test_a_file_is_rewritten_below_the_threshold_and_old_dvs_are_swept(
         tmp_path: Path) -> None:
     clock = FakeClock()
     with LogStore.open(tmp_path / "data", clock=clock) as store:
-        store.create_topic(TOPIC, 1, config(0.5, **{"file.delete.delay.ms": "1000"}))
+        store.create_topic(TOPIC, 1, config(0.5, **{
+            "file.delete.delay.ms": "1000",
+            # no snapshot keeps the replaced ledger (tests/test_iceberg_expiry.py)
+            "iceberg.history.expire.max-snapshot-age-ms": "0"}))
         partition = store.topic(TOPIC).partition(0)
         compactor = service(store, clock)
         store.append(TOPIC, [ProducerRecord(b"k%03d" % k, b"a") for k in range(100)])
@@ -122,6 +126,9 @@ def test_a_file_is_rewritten_below_the_threshold_and_old_dvs_are_swept(
         # Without a DV the manifest has no DV fields: builds before DVs read it as before.
         assert "dv_" not in (partition.directory / "manifest" / "current.json").read_text()
         clock.advance_ms(2000)
+        # The server's upkeep expires snapshots too: the replaced file's hold (taken
+        # less than file.delete.delay.ms before the last run) is released now.
+        expire_snapshots(store, TOPIC)
         partition.sweep()
         on_disk = {p.name for p in partition.ledger_dir.glob("*.parquet")}
         assert on_disk == {Path(p).name for p in partition.manifest.live_files()

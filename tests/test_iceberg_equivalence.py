@@ -88,7 +88,10 @@ def run_schedule(root: Path, strategy: str, compact_delete: bool,
               "retention.ms": str(retention_ms), "min.compaction.lag.ms": "0",
               "compaction.strategy": strategy, "delete.retention.ms": "60000",
               "compaction.ledger.rewrite.live.fraction": "0.3",
-              "segment.bytes": "2000", "file.delete.delay.ms": str(10**9)}
+              # Replaced files are deleted at once, but every snapshot is retained: the
+              # holds (storage/holds.py) must keep each one readable.
+              "segment.bytes": "2000", "file.delete.delay.ms": "0",
+              "iceberg.history.expire.max-snapshot-age-ms": str(10**12)}
     model = Model()
     taken: list[tuple[int, list[StateRow]]] = []
     with LogStore.open(root, clock=clock) as store:
@@ -138,6 +141,8 @@ def run_schedule(root: Path, strategy: str, compact_delete: bool,
                 clock.advance(op[1])
             elif name == "sync":
                 note(sync_state_table(store, TOPIC, cause="upkeep").snapshot_id)
+            for partition in store.topic(TOPIC).partitions:  # delete what nothing holds
+                partition.sweep()
         note(sync_state_table(store, TOPIC).snapshot_id)
         event(f"snapshots: {min(len(taken), 5)}{'+' if len(taken) >= 5 else ''}")
         if not taken:

@@ -277,11 +277,13 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "iceberg.history.expire.max-snapshot-age-ms",
         "long",
-        432_000_000,
-        "compactlog: how long a snapshot of the topic's Iceberg state table is kept for "
-        "time travel (Iceberg's history.expire.max-snapshot-age-ms, 5 days); older ones "
-        "expire in the server's upkeep and after a compaction. The ledger files a kept "
-        "snapshot lists stay on disk whatever file.delete.delay.ms says.",
+        3_600_000,
+        "compactlog: how long a snapshot of the topic's Iceberg tables is kept for time "
+        "travel (Iceberg's history.expire.max-snapshot-age-ms); older ones expire in the "
+        "server's upkeep and after a compaction. The files a kept snapshot lists stay on "
+        "disk whatever file.delete.delay.ms says, so every ledger a compaction replaced "
+        "stays this long: one hour by default, not Iceberg's 5 days, so that compaction "
+        "still gives space back soon; raise it for longer time travel.",
         minimum=0,
         maximum=LONG_MAX,
     ),

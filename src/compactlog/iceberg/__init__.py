@@ -78,11 +78,13 @@ Commit: `sync(topic)`, never ahead of the compaction commit
      manifest list, under new names;
   4b. hold, in each changed partition's hold document, the data files the snapshot
      lists (storage/holds.py), so that no sweep deletes them while it is retained;
+  4c. load the changed partitions' committed manifests again: a data file of the
+     snapshot that a commit retired since step 2 may have been deleted before its hold
+     (file.delete.delay.ms may be 0), so the sync starts again from 1; a file read in
+     step 3 that is already gone does the same;
   5. create v<N+1>.metadata.json only if absent (a hard link locally, `If-None-Match:
      *` on S3): the table's commit point. Another sync that created it first makes
-     this one start again from 1, a bounded number of times. A sync that took longer
-     than file.delete.delay.ms / 2 since step 2 starts again too: the files it lists
-     might have been retired and deleted meanwhile, as a slow reader's are;
+     this one start again from 1, a bounded number of times;
   6. replace version-hint.text with N+1. A stale hint only shows an older snapshot.
   A snapshot is made only from manifests loaded after they committed, so it never shows
   a state ahead of them; each sync loads them after the table version it builds on, and
@@ -116,7 +118,8 @@ Snapshot expiry and file deletion (DESIGN.md's reachability rule, widened)
   snapshot references it: each partition's hold document (storage/holds.py) lists the
   files that snapshots reference, a sync holds its snapshot's files before committing
   it (step 4b), and the sweep keeps every held file. Snapshots older than the topic's
-  `iceberg.history.expire.max-snapshot-age-ms` (Iceberg's name and default, 5 days)
+  `iceberg.history.expire.max-snapshot-age-ms` (Iceberg's name; one hour, not its 5 days,
+  since a kept snapshot keeps the ledger files compaction replaced)
   expire, keeping the current one and the newest
   `iceberg.history.expire.min-snapshots-to-keep`; expiry (expiry.py) commits a new
   metadata version without them, and only then releases the files no retained snapshot

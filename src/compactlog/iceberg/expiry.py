@@ -16,8 +16,9 @@ snapshots reference:
   1. load the table's current version N (state.py's step 1);
   2. retain the current snapshot, the newest `iceberg.history.expire.min-snapshots-to-
      keep`, and every snapshot younger than `iceberg.history.expire.max-snapshot-age-ms`
-     (Iceberg's history.expire.max-snapshot-age-ms and min-snapshots-to-keep, with
-     Iceberg's defaults: 5 days, 1); the others expire;
+     (Iceberg's history.expire.max-snapshot-age-ms and min-snapshots-to-keep; one hour,
+     not Iceberg's 5 days, since a kept snapshot keeps the ledger files compaction
+     replaced, and 1); the others expire (0: all but those);
   3. if any expire, create v<N+1>.metadata.json without them only if absent (another
      commit first: back to 1), then the hint;
   4. per partition, replace the hold with the data files the retained snapshots
@@ -123,7 +124,7 @@ def expired_snapshots(body: dict[str, Any], now_ms: int, max_age_ms: int,
     if current is not None:
         keep.add(current)
     return [s["snapshot-id"] for s in snapshots
-            if s["snapshot-id"] not in keep and now_ms - s["timestamp-ms"] > max_age_ms]
+            if s["snapshot-id"] not in keep and now_ms - s["timestamp-ms"] >= max_age_ms]
 
 
 def without(body: dict[str, Any], expired: set[int]) -> dict[str, Any]:

@@ -146,7 +146,6 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
     for _attempt in range(ATTEMPTS):
         topic = store.topic(topic_name)
         current = load_current(files)  # 1.
-        loaded = time.monotonic()
         manifests = [_committed(partition) for partition in topic.partitions]  # 2.
         clock_ms = int(store.clock() * 1000)
         instant = clock_ms if now_ms is None else now_ms
@@ -158,10 +157,13 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
         previous = _previous_manifests(table_io, current)
         snapshot_id = uuid.uuid4().int >> 65
         written: list[tuple[str, bytes]] = []
-        parts = [_partition_part(kind, topic.partitions[index], version, manifest, rules,
-                                 current, previous.get(index, []), table_io, files,
-                                 snapshot_id, written)
-                 for index, (version, manifest) in enumerate(manifests)]  # 3.
+        try:
+            parts = [_partition_part(kind, topic.partitions[index], version, manifest, rules,
+                                     current, previous.get(index, []), table_io, files,
+                                     snapshot_id, written)
+                     for index, (version, manifest) in enumerate(manifests)]  # 3.
+        except FileNotFoundError:  # retired and deleted since step 2: load again
+            continue
         if not any(part.changed for part in parts):
             result.seconds = time.monotonic() - started
             return result
@@ -174,10 +176,9 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
             if part.changed:
                 topic.partitions[part.index].holds.add(kind.holder, part.relatives,
                                                        clock_ms)
-        delay_ms = int(topic.config["file.delete.delay.ms"])
-        if (time.monotonic() - loaded) * 1000 > delay_ms / 2:
-            log.info("%s: the state table's sync took longer than half of "
-                     "file.delete.delay.ms; it starts again", topic_name)
+        if not _still_listed(topic.partitions, parts):  # 4c.
+            log.info("%s: a commit retired a file of the %s table's next snapshot while "
+                     "it was made; it starts again", topic_name, kind.name)
             continue
         version = current.version + 1
         if not files.create(metadata_name(version), json.dumps(body).encode()):  # 5.
@@ -196,6 +197,18 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
         return result
     raise ConflictError(f"{topic_name}: the Iceberg state table changed under {ATTEMPTS} "
                         "syncs in a row; the next sync tries again")
+
+
+def _still_listed(partitions: list[Partition], parts: list[Partial]) -> bool:
+    """Step 4c: every data file of the changed partitions' parts is still listed by the
+    partition's manifest as committed now, so none was retired (and maybe deleted)
+    between step 2 and its hold in 4b; from 4b on, the hold keeps it."""
+    for part in parts:
+        if part.changed:
+            live = _committed(partitions[part.index])[1].live_files()
+            if any(relative not in live for relative in part.relatives):
+                return False
+    return True
 
 
 def _committed(partition: Partition) -> tuple[int, PartitionManifest]:

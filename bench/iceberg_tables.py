@@ -1,0 +1,162 @@
+"""What the Iceberg state table costs (issue 23, "Cost"): the share of a compaction run
+that its snapshot takes, and DuckDB reading the state table against DuckDB reading the
+same ledger files as plain Parquet.
+
+1. A topic of N records over K keys (100-byte values, 1% tombstones) is written with the
+   store API and sealed, then compacted with the product's compaction service (the
+   default settings: the report says which engine ran each run); then 1% and 10% more
+   records, each sealed and compacted incrementally. For each run: its time, the
+   "iceberg" stage's (step 5b: the sync and the expiry check), their ratio, and the
+   files the snapshot wrote (on S3, one PUT each, plus the hint's and the holds').
+2. The same query (`count(*)`, `sum(octet_length(value))`, `max("offset")`) by DuckDB 1.5.5,
+   from the state table (`iceberg_scan`, its position deletes applied) and from the
+   ledger files the manifests list (`read_parquet` of that list: the baseline, which
+   counts the rows the deletes take out, so its answer differs), median of --repeat.
+
+    .venv/bin/python bench/iceberg_tables.py
+    .venv/bin/python bench/iceberg_tables.py --records 200000 --keys 20000   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import duckdb_extension_avro  # type: ignore[import-untyped]
+import duckdb_extension_iceberg  # type: ignore[import-untyped]
+
+from compactlog.compaction import load_factory
+from compactlog.iceberg import state_table_location
+from compactlog.iceberg.files import table_files
+from compactlog.iceberg.state import load_current
+from compactlog.storage.records import ProducerRecord
+from compactlog.storage.store import LogStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_info import machine_info
+
+TOPIC = "t"
+QUERY = 'SELECT count(*), sum(octet_length(value)), max("offset") FROM {source}'
+
+
+def produce(store: LogStore, start: int, count: int, keys: int) -> None:
+    for first in range(start, start + count, 5000):
+        store.append(TOPIC, [
+            ProducerRecord(b"k%08d" % (i * 7919 % keys), None if i % 100 == 7 else b"x" * 100)
+            for i in range(first, min(first + 5000, start + count))])
+    for partition in store.topic(TOPIC).partitions:
+        partition.roll()
+
+
+def table_file_count(store: LogStore) -> int:
+    return sum(1 for path in Path(state_table_location(store, TOPIC)).rglob("*")
+               if path.is_file())
+
+
+def compact(store: LogStore, master: str) -> dict[str, Any]:
+    files = table_files(store, TOPIC, "state")
+    before, count_before = load_current(files).version, table_file_count(store)
+    service = load_factory().new_service(store, TOPIC, {"spark.master": master})
+    started = time.perf_counter()
+    try:
+        report = service.compact()
+    finally:
+        stop = getattr(service, "stop", None)  # the Spark service's session
+        if stop is not None:
+            stop()
+    wall = time.perf_counter() - started
+    return {"seconds": wall, "iceberg": report.stages.get("iceberg", 0.0),
+            "engine": getattr(report, "engine", "?"),
+            "snapshots": load_current(files).version - before,
+            "files_written": table_file_count(store) - count_before,
+            "records_in": report.total("records_in")}
+
+
+def extension(module: Any) -> str:
+    folder = os.path.join(os.path.dirname(module.__file__), "extensions")
+    return glob.glob(os.path.join(folder, "**", "*.duckdb_extension"), recursive=True)[0]
+
+
+def duckdb_times(store: LogStore, repeat: int) -> dict[str, Any]:
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true",
+                                 "autoinstall_known_extensions": "false"})
+    con.execute(f"LOAD '{extension(duckdb_extension_avro)}'")
+    con.execute(f"LOAD '{extension(duckdb_extension_iceberg)}'")
+    table = state_table_location(store, TOPIC)
+    ledger = [str(p.ledger_dir / info.file) for p in store.topic(TOPIC).partitions
+              for info in p.manifest.ledger]
+    sources = {"state table (iceberg_scan)": f"iceberg_scan('{table}')",
+               "ledger files (read_parquet)": f"read_parquet({json.dumps(ledger)})"}
+    found: dict[str, Any] = {}
+    for name, source in sources.items():
+        con.execute(QUERY.format(source=source)).fetchall()  # warm the page cache
+        times = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            answer = con.execute(QUERY.format(source=source)).fetchall()
+            times.append(time.perf_counter() - started)
+        found[name] = {"median_s": statistics.median(times), "min_s": min(times),
+                       "answer": answer[0]}
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--spark-master", default="local[2]")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="iceberg-bench-") as scratch:
+        data = Path(scratch) / "data"
+        with LogStore.open(data) as store:
+            store.create_topic(TOPIC, args.partitions, {
+                "cleanup.policy": "compact", "min.compaction.lag.ms": "0",
+                "segment.bytes": str(8 << 20)})
+            produce(store, 0, args.records, args.keys)
+        runs = []
+        done = args.records
+        for label, percent in (("full", 100), ("incremental 1%", 1), ("incremental 10%", 10)):
+            if label != "full":
+                count = args.records * percent // 100
+                with LogStore.open(data) as store:
+                    produce(store, done, count, args.keys)
+                done += count
+            with LogStore.open(data, read_only=True) as store:
+                runs.append({"run": label, **compact(store, args.spark_master)})
+        with LogStore.open(data, read_only=True) as store:
+            reads = duckdb_times(store, args.repeat)
+
+    print(f"{args.records:,} records, {args.keys:,} keys, {args.partitions} partitions")
+    print(f"{'run':<17}{'engine':<40}{'run s':>7}{'snapshot s':>11}{'share':>7}{'files':>6}")
+    for run in runs:
+        share = run["iceberg"] / run["seconds"] if run["seconds"] else 0.0
+        print(f"{run['run']:<17}{str(run['engine'])[:39]:<40}{run['seconds']:>7.2f}"
+              f"{run['iceberg']:>11.3f}{share:>7.1%}{run['files_written']:>6}")
+    base = reads["ledger files (read_parquet)"]["median_s"]
+    print(f"\n{'DuckDB 1.5.5 reads':<30}{'median s':>10}{'min s':>8}{'ratio':>8}  answer")
+    for name, found in reads.items():
+        print(f"{name:<30}{found['median_s']:>10.4f}{found['min_s']:>8.4f}"
+              f"{found['median_s'] / base:>8.2f}  {found['answer']}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "date": datetime.datetime.now(datetime.UTC).isoformat(), "args": vars(args) | {
+                "json": str(args.json)}, "machine": machine_info(), "runs": runs,
+            "reads": reads}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
