@@ -170,7 +170,7 @@ def test_a_stalled_manifest_commit_loses_to_the_commits_that_landed_meanwhile(
 
     landing = threading.Thread(target=nine_seals)
 
-    def stall_then_write(path: Path, data_bytes: bytes) -> None:
+    def stall_then_write(path: Path, data_bytes: bytes, *rest: Any, **named: Any) -> None:
         if stalled[0] and is_manifest_write(path):
             stalled[0] = False
             # While `other` is between comparing versions and publishing its commit,
@@ -179,7 +179,7 @@ def test_a_stalled_manifest_commit_loses_to_the_commits_that_landed_meanwhile(
             # ends when they are done or after three seconds.
             landing.start()
             landing.join(timeout=3)
-        original(path, data_bytes)
+        original(path, data_bytes, *rest, **named)
 
     monkeypatch.setattr(fsutil, "write_file_durably", stall_then_write)
     with contextlib.suppress(CompactlogError):

@@ -212,7 +212,10 @@ def test_a_request_of_many_entries_gives_other_clients_their_turns(tmp_path: Pat
     of 256 keys with the event loop's turns between them. Before, the handler built all
     200,000 answers in one turn of the loop (the fuzzer's "1-3 s per 1 MiB request"):
     another client waited 0.97 s of the request's 7.27 s (13 %) at once; now 0.23 s of
-    7.89 s (3 %), the rest being the decoding thread's hold on the interpreter lock."""
+    7.89 s (3 %), the rest being the decoding thread's hold on the interpreter lock.
+    Measured, not asserted to that precision (a loaded machine stretches the decode's
+    share): the assertion is a guard, and the slicing itself is tested by the count of
+    the loop's turns below."""
     keys = [f"group-{number:06d}" for number in range(200_000)]
     frame = request_frame(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": keys})
     with hostile_server(tmp_path, AUTHORIZER_ON + 'super_users = ["User:ANONYMOUS"]\n') \
@@ -222,7 +225,36 @@ def test_a_request_of_many_entries_gives_other_clients_their_turns(tmp_path: Pat
     print(f"while FindCoordinator of 200,000 keys took {elapsed:.2f} s: {answers} answers "
           f"to another client, the longest wait {longest:.2f} s")
     assert len(body.coordinators) == 200_000
-    assert longest < 0.07 * elapsed
+    assert longest < 0.6 * elapsed  # a guard: the slices' own test is below
+
+
+def test_per_entry_work_yields_to_the_event_loop_every_slice() -> None:
+    """server/cooperative.py's `mapped`, as the handlers above use it: while it builds
+    10,000 answers, another task on the loop gets a turn after every SLICE of them
+    (deterministic: it counts the loop's turns, not time)."""
+    import asyncio
+
+    from compactlog.server.cooperative import SLICE, mapped
+
+    async def run() -> tuple[list[int], int]:
+        turns = 0
+
+        async def other() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other())
+        await asyncio.sleep(0)  # the other task starts
+        started = turns
+        answers = await mapped(range(10_000), lambda n: n * 2)
+        task.cancel()
+        return answers, turns - started
+
+    answers, turns = asyncio.run(run())
+    assert answers == [n * 2 for n in range(10_000)]
+    assert turns >= 10_000 // SLICE
 
 
 # -- item 10: group session timeouts ---------------------------------------------------
