@@ -553,8 +553,10 @@ def test_random_histories(tmp_path: Path, clock: FakeClock, row_groups: str) -> 
 def test_a_file_deleted_under_the_read_is_retried_on_the_new_manifest(
     store: LogStore, clock: FakeClock, tmp_path: Path
 ) -> None:
-    # No delay: the compaction's own sweep deletes the files it retires at once.
-    store.create_topic("t", config={**COMPACT, "file.delete.delay.ms": "0"})
+    # No delay, and no Iceberg snapshot kept to hold them: the compaction's own sweep
+    # deletes the files it retires at once.
+    store.create_topic("t", config={**COMPACT, "file.delete.delay.ms": "0",
+                                    "iceberg.history.expire.max-snapshot-age-ms": "0"})
     produce_batches(store, "t", [[(b"k%d" % (i % 4), b"v%d" % i)] for i in range(12)], clock)
     partition = store.topic("t").partitions[0]
     partition.roll()
