@@ -38,7 +38,7 @@ from iceberg_readers import StateRow, _row, duckdb_connection, extension_path
 from kafka_server import LoggedServer, logged_server
 from s3_support import S3Server, s3_fixture  # noqa: F401  (the `s3` fixture)
 from test_iceberg_state import CONFIG, compact, expected_state, produce, updates
-from test_iceberg_state_s3 import pyiceberg_properties
+from test_iceberg_state_s3 import duckdb_on_s3, pyiceberg_properties
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "querying.md"
 SECTION = "## The REST catalog"
@@ -335,13 +335,7 @@ def test_the_catalog_of_a_server_on_s3(s3: S3Server, monkeypatch: pytest.MonkeyP
         found = table.scan().to_arrow().select(COLUMNS).to_pylist()
         assert sorted(_row(**row) for row in found) == expected
 
-        con = duckdb_connection()
-        con.execute(f"LOAD '{extension_path(duckdb_extension_httpfs)}'")
-        host = s3.endpoint_url.removeprefix("http://")
-        con.execute(f"""CREATE SECRET moto (TYPE s3, KEY_ID '{s3.env["AWS_ACCESS_KEY_ID"]}',
-                        SECRET '{s3.env["AWS_SECRET_ACCESS_KEY"]}',
-                        SESSION_TOKEN '{s3.env["AWS_SESSION_TOKEN"]}', REGION 'us-east-1',
-                        ENDPOINT '{host}', URL_STYLE 'path', USE_SSL false)""")
+        con = duckdb_on_s3(s3)
         con.execute(f"ATTACH 'compactlog' AS c (TYPE iceberg, "
                     f"ENDPOINT '{catalog_url(running)}', AUTHORIZATION_TYPE 'none')")
         assert duckdb_rows(con, "prices") == expected
