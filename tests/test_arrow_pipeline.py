@@ -1,8 +1,8 @@
 """The Arrow compaction tasks (compaction/arrow_pipeline.py) end to end, on real Spark.
 
 The same topic compacted with compaction.phase1.engine=arrow (unbucketed, and with a
-budget that forces buckets; as a Spark job, and run in the compacting process below
-compaction.inline.max.bytes) and with =sql gives the same compacted view; a task run
+budget that forces buckets; as a Spark job, and run in the compacting process with
+compaction.without.spark) and with =sql gives the same compacted view; a task run
 twice (a Spark retry) leaves exactly one set of ledger files and commits.
 """
 
@@ -23,18 +23,20 @@ from compactlog.compaction import arrow_pipeline
 from compactlog.compaction.arrow_pipeline import (
     _task,
     compact_one,
-    full_read_bytes,
     pack_tasks,
-    run_inline,
+    runs_without_spark,
     uses_arrow,
 )
 from compactlog.compaction.plan import plan_partition
 from compactlog.compaction.spark_jobs import SPARK_TASKS
 from compactlog.compaction.spark_service import SparkCompactionService, local_master_cores
+from compactlog.errors import UserError
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
 from fakes import FakeClock
 
+# The topic config that runs a compaction's tasks in this process, without Spark.
+WITHOUT_SPARK = {"compaction.without.spark": "true"}
 TOPIC = "t"
 BASE = {"cleanup.policy": "compact", "segment.bytes": "4096", "min.compaction.lag.ms": "0",
         "null.key.policy": "keep", "delete.retention.ms": "86400000"}
@@ -76,7 +78,7 @@ def compact_twice(tmp: Path, spark: SparkSession, config: dict[str, str]) -> lis
             report = service.compact()
             assert report.total("records_out") > 0
             arrow = config.get("compaction.phase1.engine") != "sql"
-            inline = arrow and config.get("compaction.inline.max.bytes") != "0"
+            inline = arrow and config.get("compaction.without.spark") == "true"
             # Where the time went, and where it ran: a Spark job or this process.
             assert ("tasks: group" in report.stages) is (arrow and not inline)
             assert ("inline: group" in report.stages) is inline
@@ -99,28 +101,29 @@ def test_arrow_tasks_and_spark_sql_write_the_same_view(
 ) -> None:
     common = BASE | {"compaction.strategy": strategy}
     sql = compact_twice(tmp_path / "sql", spark, common | {"compaction.phase1.engine": "sql"})
-    job = {"compaction.phase1.engine": "arrow", "compaction.inline.max.bytes": "0"}
+    job = {"compaction.phase1.engine": "arrow"}
     arrow = compact_twice(tmp_path / "arrow", spark, common | job)
     bucketed = compact_twice(tmp_path / "bucketed", spark, common | job | {
         "compaction.task.memory.bytes": "1024"})
     inline = compact_twice(tmp_path / "inline", spark, common | {
-        "compaction.phase1.engine": "arrow", "compaction.task.memory.bytes": "1024"})
+        "compaction.phase1.engine": "arrow", "compaction.task.memory.bytes": "1024",
+        "compaction.without.spark": "true"})
     assert arrow == sql
     assert bucketed == sql
     assert inline == sql
 
 
-def test_a_small_run_on_a_local_master_starts_no_spark(tmp_path: Path) -> None:
+def test_a_run_without_spark_starts_no_spark(tmp_path: Path) -> None:
     clock = FakeClock()
     with LogStore.open(tmp_path, clock=clock) as store:
-        store.create_topic(TOPIC, 2, BASE)
+        store.create_topic(TOPIC, 2, BASE | WITHOUT_SPARK)
         for i in range(300):
             store.append(TOPIC, [ProducerRecord(b"k%d" % (i % 40), b"v%d" % i, (), clock.ms)],
                          partition=i % 2)
         for partition in store.topic(TOPIC).partitions:
             partition.roll()
         # A master no session could reach: the run must not need one.
-        service = SparkCompactionService(store, TOPIC, {"spark.master": "local[1]",
+        service = SparkCompactionService(store, TOPIC, {"spark.master": "spark://nowhere:1",
                                                         "clock": clock})
         report = service.compact()
         assert service.started_session is None
@@ -144,7 +147,7 @@ def test_inline_tasks_run_on_as_many_threads_as_the_master_has_cores(
     for master in ("local[1]", "local[2]"):
         clock = FakeClock()
         with LogStore.open(tmp_path / master, clock=clock) as store:
-            store.create_topic(TOPIC, 4, BASE)
+            store.create_topic(TOPIC, 4, BASE | WITHOUT_SPARK)
             for i in range(800):
                 store.append(TOPIC, [ProducerRecord(b"k%d" % (i % 90), b"v%d" % i, (),
                                                     clock.ms)], partition=i % 4)
@@ -180,7 +183,7 @@ def test_a_task_failing_on_its_thread_commits_nothing_and_the_next_run_goes_on(
 
     clock = FakeClock()
     with LogStore.open(tmp_path, clock=clock) as store:
-        store.create_topic(TOPIC, 4, BASE)
+        store.create_topic(TOPIC, 4, BASE | WITHOUT_SPARK)
         for i in range(800):
             store.append(TOPIC, [ProducerRecord(b"k%d" % (i % 90), b"v%d" % i, (), clock.ms)],
                          partition=i % 4)
@@ -219,24 +222,38 @@ def test_a_job_packs_its_partitions_into_one_spark_task_per_core() -> None:
     assert pack_tasks(["a", "b", "c"], [3, 2, 1], 1) == [["a", "b", "c"]]
 
 
-def test_inline_only_below_the_limit_and_on_a_local_master(tmp_path: Path) -> None:
+def test_without_spark_only_when_asked_and_never_for_a_spark_sql_plan(tmp_path: Path) -> None:
     clock = FakeClock()
     with LogStore.open(tmp_path, clock=clock) as store:
-        store.create_topic(TOPIC, 1, BASE | {"compaction.inline.max.bytes": "2000"})
-        for i in range(300):
-            store.append(TOPIC, [ProducerRecord(b"k%d" % (i % 40), b"v%d" % i, (), clock.ms)],
-                         partition=0)
-        partition = store.topic(TOPIC).partition(0)
-        partition.roll()
-        plan = plan_partition(TOPIC, 0, partition.directory, partition.manifest,
-                              partition.manifest_version, store.topic(TOPIC).config, clock.ms)
-        assert full_read_bytes(plan) > 2000
-        assert not run_inline([plan], local_master=True)
-        plan.inline_max_bytes = full_read_bytes(plan)
-        assert run_inline([plan], local_master=True)
-        assert not run_inline([plan], local_master=False)
-        plan.inline_max_bytes = 0
-        assert not run_inline([plan], local_master=True)
+        for name, config in [("plain", BASE), ("asked", BASE | WITHOUT_SPARK),
+                             ("sql", BASE | WITHOUT_SPARK | {"compaction.phase1.engine": "sql"}),
+                             ("long", BASE | WITHOUT_SPARK | {
+                                 "compaction.strategy": "order:header:h:long"})]:
+            store.create_topic(name, 1, config)
+            store.append(name, [ProducerRecord(b"k", b"v", (("h", b"1"),), clock.ms)])
+            partition = store.topic(name).partition(0)
+            partition.roll()
+            plan = plan_partition(name, 0, partition.directory, partition.manifest,
+                                  partition.manifest_version, store.topic(name).config,
+                                  clock.ms)
+            if name == "plain":
+                # Every run is a Spark job, however small, unless asked by name.
+                assert not runs_without_spark([plan])
+                assert runs_without_spark([plan], asked=True)
+            elif name == "asked":
+                assert runs_without_spark([plan])
+            else:
+                reason = ("compaction.phase1.engine=sql" if name == "sql"
+                          else "strategy 'order:header:h:long' runs only in Spark SQL")
+                with pytest.raises(UserError, match=re.escape(
+                        f"partition 0: compaction.without.spark=true, but {reason}")):
+                    runs_without_spark([plan])
+                # The service fails before any work, and starts no Spark.
+                service = SparkCompactionService(store, name, {
+                    "spark.master": "spark://nowhere:1", "clock": clock})
+                with pytest.raises(UserError, match="compaction.without.spark"):
+                    service.compact()
+                assert service.started_session is None
 
 
 def test_auto_runs_long_headers_and_functions_in_sql(tmp_path: Path) -> None:

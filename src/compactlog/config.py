@@ -18,7 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from compactlog.config_key import INT_MAX, LONG_MAX, ConfigKey
-from compactlog.errors import UnknownConfigError, UserError
+from compactlog.errors import RetiredConfigError, UnknownConfigError, UserError
 from compactlog.kafka_topic_configs import (
     FORMAT_KEYS,
     KAFKA_SOURCE,
@@ -297,22 +297,18 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         maximum=2**31 - 1,
     ),
     ConfigKey(
-        "compaction.inline.max.bytes",
-        "long",
-        256 * 1024 * 1024,
-        "compactlog: a run of the Spark service whose Arrow tasks would read at most this "
-        "many bytes in full (the dirty segments, plus the previous ledger when "
-        "compaction.deletion.vectors is off, as such a run rewrites it) runs those tasks in "
-        "the compacting process itself, as many partitions at once as the master has cores, "
-        "instead of as a Spark job: the same task function, files and commit, without the "
-        "Spark job's fixed cost (about 0.1-0.2 s on a warm local[2] session, "
-        "bench/spark_fixed_cost.py) and without starting a JVM. Only "
-        "with a local master (`local`, `local[N]`, `local[*]`); on a cluster every run is a "
-        "Spark job. The "
-        "report's stages then say `inline: read`, `inline: group` and `inline: write` "
-        "instead of `tasks: ...`. 0: always a Spark job.",
-        minimum=0,
-        maximum=LONG_MAX,
+        "compaction.without.spark",
+        "boolean",
+        False,
+        "compactlog: run this topic's compactions without Spark: the Spark service calls "
+        "the same Arrow task function in the compacting process, as many partitions at once "
+        "as the master has cores (this machine's for a master that is not local), with the "
+        "same files and commit, and starts no JVM. For tests and embedded use; by default "
+        "every compaction is a Spark job. The report's engine then says `in this process, "
+        "no Spark job` and its stages `inline: read`, `inline: group` and `inline: write`. "
+        "A strategy that only the SQL pipeline runs (`function:...`, "
+        "`order:header:NAME:long`) or compaction.phase1.engine=sql cannot run without "
+        "Spark: such a run fails and says so.",
     ),
     ConfigKey(
         "compaction.ledger.rewrite.live.fraction",
@@ -437,6 +433,13 @@ class TopicConfig:
     def from_strings(cls, raw: Mapping[str, object]) -> TopicConfig:
         return cls(validate_overrides(raw))
 
+    @classmethod
+    def from_stored(cls, raw: Mapping[str, object]) -> TopicConfig:
+        """A topic's stored overrides, less any key retired since they were written
+        (RETIRED_TOPIC_KEYS), so that a topic created by an earlier build still opens."""
+        return cls.from_strings({name: value for name, value in raw.items()
+                                 if name not in RETIRED_TOPIC_KEYS})
+
     def altered(self, set_values: Mapping[str, object], delete: Iterable[str] = ()) -> TopicConfig:
         merged = dict(self.overrides)
         for name in delete:
@@ -446,9 +449,21 @@ class TopicConfig:
         return TopicConfig(merged)
 
 
+# Topic configs that earlier builds accepted and this one does not: what replaced each.
+# A topic stored with one still opens (TopicConfig.from_stored drops it); setting one
+# anew is refused with this reason.
+RETIRED_TOPIC_KEYS: dict[str, str] = {
+    "compaction.inline.max.bytes":
+        "every compaction is a Spark job now; to run one without Spark, set "
+        "compaction.without.spark=true",
+}
+
+
 def lookup(name: str) -> ConfigKey:
     key = TOPIC_KEYS_BY_NAME.get(name)
     if key is None:
+        if name in RETIRED_TOPIC_KEYS:
+            raise RetiredConfigError(name, RETIRED_TOPIC_KEYS[name])
         raise UnknownConfigError(name, list(TOPIC_KEYS_BY_NAME))
     return key
 

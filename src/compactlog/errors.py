@@ -43,6 +43,14 @@ class UnknownConfigError(UserError):
         super().__init__(f"unknown config key {key!r}; known keys: {', '.join(sorted(known))}")
 
 
+class RetiredConfigError(UnknownConfigError):
+    """A topic config key an earlier build accepted: unknown now, with what replaced it."""
+
+    def __init__(self, key: str, replacement: str) -> None:
+        self.key = key
+        UserError.__init__(self, f"config key {key!r} was removed: {replacement}")
+
+
 class InvalidTopicNameError(UserError):
     pass
 

@@ -74,6 +74,11 @@ STAGES = ["plan", "phase 1: find survivors", "phase 2: write ledgers", "commit",
 @click.option("--local", "local", is_flag=True,
               help="Compact in this process (Spark starts here) even when a server with an "
                    "admin API runs on the data directory.")
+@click.option("--without-spark", is_flag=True,
+              help="Run the compaction's tasks in this process without Spark (no JVM): "
+                   "the same task code, files and commit as a Spark job, for tests and "
+                   "embedded use (as the topic config compaction.without.spark=true). "
+                   "Implies --local.")
 @click.option("--no-wait", is_flag=True,
               help="On a server (--server, or the one running on the data directory): print "
                    "the run's id and return without waiting for it.")
@@ -92,6 +97,7 @@ def compact(
     service: str | None,
     server_url: str | None,
     local: bool,
+    without_spark: bool,
     no_wait: bool,
     roll: bool,
     as_json: bool,
@@ -111,8 +117,9 @@ def compact(
     When `compactlog serve` runs on the data directory with an admin API, the run goes
     to the server's warm compaction worker (no Spark start-up here); else, when a
     worker left by `compactlog worker start` runs there, to that one; unless --local or
-    a Spark option (--spark-master, --spark-conf, --service) is given. A run here
-    writes Spark's own output (its JVM's log, its Python workers' output) to a file in
+    a Spark option (--spark-master, --spark-conf, --service) or --without-spark is
+    given. Every run is a Spark job unless --without-spark (or the topic's
+    compaction.without.spark) says otherwise. A run here writes Spark's own output (its JVM's log, its Python workers' output) to a file in
     the temporary directory, not to the terminal; --debug names the file.
 
     \b
@@ -123,13 +130,14 @@ def compact(
           --spark-conf spark.executor.memory=4g
       compactlog compact prices --server http://127.0.0.1:9093
       compactlog compact prices --local     # here, even beside a running server
+      compactlog compact prices --without-spark   # here, in this process, no JVM
     """
-    spark_options = _spark_options_given(spark_conf, service)
+    spark_options = _spark_options_given(spark_conf, service) or without_spark
     if server_url is not None:
         if spark_options or local:
-            raise click.UsageError("--spark-master, --spark-conf, --service and --local do "
-                                   "not go with --server: the server's compaction settings "
-                                   "apply")
+            raise click.UsageError("--spark-master, --spark-conf, --service, --without-spark "
+                                   "and --local do not go with --server: the server's "
+                                   "compaction settings apply")
         _compact_on_server(AdminClient(server_url), topic, list(partitions) or None,
                            no_wait, as_json, roll)
         return
@@ -157,6 +165,7 @@ def compact(
         # Spark's JVM, its Python workers and py4j print into a file, not over the
         # progress bar and the summary (created only if the run starts Spark).
         "spark.log.file": spark_log_path(),
+        "without.spark": without_spark,
     }
     if ctx.debug:
         console.print(f"Spark's output (JVM, Python workers, py4j), if this run starts "

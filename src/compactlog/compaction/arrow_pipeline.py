@@ -1,8 +1,8 @@
 """Phases 1 and 2 fused in one task per partition (compact_one), in pyarrow: run in a
 Spark job that packs the partitions' tasks into one Spark task per core (task_job), or,
-for a small run on a local master, called in the compacting process on as many threads
-as the master has cores (`run_inline`, `compact_inline`; everything below holds for
-both).
+when the topic asks for a run without Spark (compaction.without.spark), called in the
+compacting process on as many threads as the master has cores (`runs_without_spark`,
+`compact_inline`; everything below holds for both).
 
 Invariant: each task writes only files of its own partition's ledger directory, named
 by the run id, the piece's sequence and its first input's base offset, through a
@@ -53,6 +53,7 @@ from compactlog.compaction.ledger import (
 from compactlog.compaction.plan import InputFile, PartitionPlan, load_deleted, split_inputs
 from compactlog.compaction.remote_files import compact_on_volume
 from compactlog.compaction.strategies import parse_strategy
+from compactlog.errors import UserError
 from compactlog.storage.manifest import SegmentInfo
 
 if TYPE_CHECKING:
@@ -69,21 +70,21 @@ def uses_arrow(plan: PartitionPlan) -> bool:
     return plan.phase1_engine != "sql" and supports(plan.strategy)
 
 
-def full_read_bytes(plan: PartitionPlan) -> int:
-    """The bytes `plan`'s task reads in full: its dirty segments, and the previous
-    ledger unless deletion vectors spare it (then only its key and offset columns)."""
-    dirty = sum(item.info.size_bytes for item in plan.dirty)
-    return dirty if plan.deletion_vectors else dirty + sum(
-        item.info.size_bytes for item in plan.clean)
-
-
-def run_inline(plans: list[PartitionPlan], local_master: bool) -> bool:
-    """Whether `plans` (one run's Arrow partitions) run in this process rather than as a
-    Spark job (compaction.inline.max.bytes): small enough, and on a local master."""
-    if not plans or not local_master:
+def runs_without_spark(plans: list[PartitionPlan], asked: bool = False) -> bool:
+    """Whether `plans` (one run's partitions) run in this process rather than as a Spark
+    job: only when asked for by name, by the topic (compaction.without.spark) or by the
+    caller (`asked`: the service's `without.spark` setting, `compact --without-spark`).
+    Such a run cannot take a plan whose phase 1 is Spark SQL's: it fails, naming the
+    partition and why, before any work."""
+    if not asked and not any(plan.without_spark for plan in plans):
         return False
-    limit = min(plan.inline_max_bytes for plan in plans)
-    return limit > 0 and sum(full_read_bytes(plan) for plan in plans) <= limit
+    for plan in plans:
+        if not uses_arrow(plan):
+            reason = ("compaction.phase1.engine=sql" if plan.phase1_engine == "sql"
+                      else f"strategy {plan.strategy.spec!r} runs only in Spark SQL")
+            raise UserError(f"partition {plan.partition}: compaction.without.spark=true, "
+                            f"but {reason}; unset compaction.without.spark")
+    return True
 
 
 def compact_partitions(

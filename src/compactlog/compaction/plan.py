@@ -80,8 +80,8 @@ class PartitionPlan:
     # The partition's volume when it is not its local directory (an S3 prefix): tasks
     # fetch their inputs from it and publish their outputs to it (remote_files.py).
     volume_spec: dict[str, str] | None = None
-    # compaction.inline.max.bytes (arrow_pipeline.run_inline).
-    inline_max_bytes: int = 0
+    # compaction.without.spark (arrow_pipeline.runs_without_spark).
+    without_spark: bool = False
     # Filled by phase 1: the sorted surviving offsets (tombstones included).
     survivors: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     # Set instead by an engine whose tasks keep the survivors to themselves: how many.
@@ -226,7 +226,7 @@ def plan_partition(
         deletion_vectors=config["compaction.deletion.vectors"],
         rewrite_live_fraction=config["compaction.ledger.rewrite.live.fraction"],
         volume_spec=None if volume.is_local else volume.spec,
-        inline_max_bytes=config["compaction.inline.max.bytes"],
+        without_spark=config["compaction.without.spark"],
     )
 
 

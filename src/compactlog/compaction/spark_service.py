@@ -18,7 +18,7 @@ from compactlog.compaction import CompactionReport, TopicCompactionService
 from compactlog.compaction.arrow_pipeline import (
     compact_inline,
     compact_partitions,
-    run_inline,
+    runs_without_spark,
     uses_arrow,
 )
 from compactlog.compaction.ledger import PieceResult
@@ -37,17 +37,18 @@ if TYPE_CHECKING:
 class SparkEngine:
     """Partitions whose phase 1 runs in Arrow tasks (arrow_pipeline.uses_arrow) are done
     whole in `write_ledgers`, one task each: as one Spark job, or in this process when
-    the run is small and the master local (arrow_pipeline.run_inline; then no session
-    is started for them, and the tasks run on as many threads as the master has cores:
-    `local_cores`, 0 for a master that is not local). The others take the SQL
+    the topic asks for a run without Spark (arrow_pipeline.runs_without_spark; then no
+    session is started, and the tasks run on as many threads as the master has cores:
+    `local_cores`, 0 for a master that is not local, then this machine's). The others take the SQL
     pipeline's two phases. `stages` collects the Arrow tasks' seconds per stage;
     `ran` says what ran them (`description`), and `progress` hears of the Spark jobs'
     tasks while they run (spark_jobs.SPARK_TASKS)."""
 
     def __init__(self, session: Callable[[], SparkSession],
                  local_cores: Callable[[], int] = lambda: 0,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, without_spark: bool = False) -> None:
         self._session = session
+        self._without_spark = without_spark
         self._local_cores = local_cores
         self._progress = progress
         self._jobs: RunJobs | None = None
@@ -61,6 +62,8 @@ class SparkEngine:
         return session, self._jobs
 
     def find_survivors(self, plans: list[PartitionPlan]) -> None:
+        # A run asked to go without Spark fails here, before any work, if it cannot.
+        runs_without_spark(plans, self._without_spark)
         # Only plans with input: phase 1 of the others starts no job.
         sql = [plan for plan in plans if not uses_arrow(plan) and plan.inputs]
         if sql:
@@ -79,9 +82,10 @@ class SparkEngine:
             with jobs.job(f"compaction run {run_id}, phase 2: write ledgers"):
                 results.update(write_ledgers(session, sql, run_id))
         cores = self._local_cores() if arrow else 0
-        if arrow and run_inline(arrow, cores > 0):
+        if arrow and runs_without_spark(plans, self._without_spark):
             self.inline_tasks += len(arrow)
-            results.update(compact_inline(arrow, run_id, self.stages, threads=cores))
+            results.update(compact_inline(arrow, run_id, self.stages,
+                                          threads=cores or os.cpu_count() or 1))
         elif arrow:
             session, jobs = self._spark()
             with jobs.job(f"compaction run {run_id}: {len(arrow)} partition(s)"):
@@ -104,7 +108,9 @@ class SparkEngine:
 
 class SparkCompactionService(LedgerReads, TopicCompactionService):
     """Settings: `spark.master` (default local[*]), `spark.conf` (a mapping of Spark
-    settings), `spark.session` (an existing SparkSession to use), `spark.log.file` (a
+    settings), `spark.session` (an existing SparkSession to use), `without.spark` (true:
+    run every topic's tasks in this process, as compaction.without.spark does for one
+    topic), `spark.log.file` (a
     Path: where the JVM this service starts, its Python workers and py4j write their
     output; by default this process' stdout and stderr), `clock`, `progress`."""
 
@@ -137,7 +143,8 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
         return local_master_cores(str(master))
 
     def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
-        engine = SparkEngine(self.session, self.local_cores, self.progress)
+        engine = SparkEngine(self.session, self.local_cores, self.progress,
+                             bool(self.settings.get("without.spark")))
         self._startup_s = 0.0
         if self.progress is None:
             report = run_compaction(self.store, self.topic, engine, partitions, self.clock)

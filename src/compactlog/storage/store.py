@@ -104,7 +104,7 @@ class TopicMeta:
             name=str(body["name"]),
             topic_id=str(body["topic_id"]),
             partitions=int(body["partitions"]),
-            config=TopicConfig.from_strings(body.get("config") or {}),
+            config=TopicConfig.from_stored(body.get("config") or {}),
             created_ms=int(body["created_ms"]),
         )
 
