@@ -683,8 +683,8 @@ def print_table(rows: list[Row]) -> None:
               f"{row.mb_per_s:8.1f} {ratio}  {row.ran_on}")
     print("(x DuckDB: seconds / DuckDB's seconds; records/s and MB/s count the sealed "
           "input; ran on: what each row's runs' reports say ran them. A row labelled "
-          "Spark whose runs did not all run as Spark jobs gets no ratio: set "
-          "--topic-config compaction.inline.max.bytes=0 to make every run a Spark job)",
+          "Spark whose runs did not all run as Spark jobs gets no ratio: every run is one "
+          "unless --topic-config compaction.without.spark=true)",
           flush=True)
 
 
@@ -913,7 +913,7 @@ class Bench:
             print(f"incremental after {percent:g}%: no ratio, not both Spark runs (engine of "
                   f"this run: {run.report.engine or 'unnamed'}; of the full run: "
                   f"{full.report.engine or 'unnamed'}); "
-                  "--topic-config compaction.inline.max.bytes=0 makes every run a Spark job",
+                  "every run is a Spark job unless --topic-config compaction.without.spark=true",
                   flush=True)
             return {**run.to_json(), "appended": asdict(appended), "ratio_vs_full": None,
                     "ratio_vs_first_run": None}

@@ -12,9 +12,8 @@ ratio to the baseline (an empty 4-task RDD job):
 - `product job, empty tasks`: the product's own job (arrow_pipeline.task_job), four
   tasks whose body does nothing but report when and where it ran;
 - `product compaction`: one real compaction run through SparkCompactionService, on a
-  fresh copy of a topic of `--records` records in 4 partitions, with
-  `compaction.inline.max.bytes=0` so that it must be a Spark job (the row says which
-  engine ran, from the run's report).
+  fresh copy of a topic of `--records` records in 4 partitions: a Spark job, as every
+  run is by default (the row says which engine ran, from the run's report).
 
 The breakdown comes from the tasks themselves (each returns its wall-clock start and end,
 its Python worker's pid, and whether pyarrow was already imported in that worker) and
@@ -122,8 +121,7 @@ def run_shapes(shapes: list[tuple[Shape, Job]], runs: int) -> list[Shape]:
 def generate(data: Path, records: int) -> None:
     with LogStore.open(data) as store:
         store.create_topic(TOPIC, partitions=PARTITIONS, config={
-            "cleanup.policy": "compact", "min.compaction.lag.ms": "0",
-            "compaction.inline.max.bytes": "0"})
+            "cleanup.policy": "compact", "min.compaction.lag.ms": "0"})
         keys = max(1, records // 4)
         for start in range(0, records, 1000):
             store.append(TOPIC, [ProducerRecord(b"k%08d" % ((start + i) % keys), b"x" * 100)

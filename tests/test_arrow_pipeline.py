@@ -251,7 +251,7 @@ def test_without_spark_only_when_asked_and_never_for_a_spark_sql_plan(tmp_path: 
                 # The service fails before any work, and starts no Spark.
                 service = SparkCompactionService(store, name, {
                     "spark.master": "spark://nowhere:1", "clock": clock})
-                with pytest.raises(UserError, match="compaction.without.spark"):
+                with pytest.raises(UserError, match=r"compaction\.without\.spark"):
                     service.compact()
                 assert service.started_session is None
 

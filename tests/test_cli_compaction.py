@@ -42,8 +42,8 @@ def compacted_view(data: Path) -> dict[str, str | None]:
 
 
 def test_compact_with_spark_then_status_view_and_describe(tmp_path: Path) -> None:
-    # A Spark job even for this small topic (else it runs in process: the test below).
-    expected = make_topic(tmp_path, 2, "-c", "compaction.inline.max.bytes=0")
+    # A Spark job by default, however small the topic (--without-spark: the test below).
+    expected = make_topic(tmp_path, 2)
     spark_conf = [arg for key, value in SPARK_TEST_CONF.items()
                   for arg in ("--spark-conf", f"{key}={value}")]
     result = run(tmp_path, "--debug", "compact", "t", "--spark-master", "local[1]",
@@ -76,13 +76,27 @@ def test_compact_with_spark_then_status_view_and_describe(tmp_path: Path) -> Non
     assert "dirty" in described and "removed" in described
 
 
-def test_a_small_compaction_starts_no_spark(tmp_path: Path) -> None:
+def test_compact_without_spark_starts_no_jvm(tmp_path: Path) -> None:
     expected = make_topic(tmp_path)
-    result = run(tmp_path, "compact", "t", "--spark-master", "local[1]", "--json", env=ENV,
-                 timeout=300)
+    # A master no JVM could reach: the run must not start one.
+    result = run(tmp_path, "compact", "t", "--without-spark", "--spark-master",
+                 "spark://nowhere:1", "--json", env=ENV, timeout=300)
     report = json.loads(ok(result))
     assert report["startup_s"] == 0 and "inline: write" in report["stages"]
+    assert report["engine"] == "in this process, no Spark job: 2 partitions"
     assert compacted_view(tmp_path) == expected
+    # --without-spark is a run here: it does not go with --server.
+    refused = run(tmp_path, "compact", "t", "--without-spark", "--server", "http://x:1")
+    assert refused.returncode == 2 and "--without-spark" in refused.stderr
+
+
+def test_the_retired_inline_limit_is_refused_with_what_replaced_it(tmp_path: Path) -> None:
+    result = run(tmp_path, "topics", "create", "r", "-c", "cleanup.policy=compact",
+                 "-c", "compaction.inline.max.bytes=0")
+    assert result.returncode != 0
+    assert ("config key 'compaction.inline.max.bytes' was removed: every compaction is a "
+            "Spark job now; to run one without Spark, set compaction.without.spark=true"
+            in result.stderr), result.stderr
 
 
 def test_compact_prints_a_summary_table(tmp_path: Path) -> None:

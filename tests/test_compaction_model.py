@@ -343,8 +343,9 @@ TestArrowDeletionVectorModel.settings = settings(
 @pytest.fixture(params=["job", "inline"])
 def spark_model(spark: SparkSession, request: pytest.FixtureRequest) -> type[CompactionModel]:
     class SparkCompactionModel(AnyStrategyModel):
-        # A Spark job for every run, or (the default limit) the tasks in this process.
-        extra_config = {"compaction.inline.max.bytes": "0"} if request.param == "job" else {}
+        # A Spark job for every run (the default), or the tasks in this process.
+        extra_config = ({} if request.param == "job"
+                        else {"compaction.without.spark": "true"})
 
         def make_service(self, store: LogStore, topic: str,
                          clock: Clock) -> TopicCompactionService:

@@ -31,11 +31,10 @@ from s3_support import (
     s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
-# compaction.inline.max.bytes=0: the Spark service runs a Spark job even for these small
-# runs, so its executors' fetch and publish are what is tested.
+# The Spark service runs a Spark job even for these small runs (every run is one), so its
+# executors' fetch and publish are what is tested.
 COMPACT = {"cleanup.policy": "compact", "segment.bytes": "4096",
-           "delete.retention.ms": "0", "min.cleanable.dirty.ratio": "0",
-           "compaction.inline.max.bytes": "0"}
+           "delete.retention.ms": "0", "min.cleanable.dirty.ratio": "0"}
 Compactor = Callable[[LogStore, str], TopicCompactionService]
 COMPACTLOG = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "compactlog")
 

@@ -32,7 +32,7 @@ from compactlog.compaction import (
 from compactlog.compaction.daemon import WorkerGone, WorkerInfo, ask, running_worker
 from compactlog.compaction.rolled import RollThrough
 from compactlog.compaction.runner import chosen_partitions
-from compactlog.compaction.spark_jobs import SPARK_TASKS
+from compactlog.compaction.spark_jobs import SPARK_START, SPARK_TASKS
 from compactlog.compaction.status import CompactionStatus, is_locked, read_status
 from compactlog.compaction.worker import CompactionWorker, protocol_stdout
 from compactlog.compaction.worker import serve as serve_requests
@@ -119,8 +119,10 @@ def compact(
     worker left by `compactlog worker start` runs there, to that one; unless --local or
     a Spark option (--spark-master, --spark-conf, --service) or --without-spark is
     given. Every run is a Spark job unless --without-spark (or the topic's
-    compaction.without.spark) says otherwise. A run here writes Spark's own output (its JVM's log, its Python workers' output) to a file in
-    the temporary directory, not to the terminal; --debug names the file.
+    compaction.without.spark) says otherwise. A run here writes Spark's own output (its
+    JVM's log, its Python workers' output) to a file in the temporary directory, not to
+    the terminal; --debug names the file. Starting Spark's JVM is shown apart from the
+    run.
 
     \b
     Examples:
@@ -205,6 +207,10 @@ def _print_report(report: CompactionReport, as_json: bool) -> None:
         click.echo(json.dumps(report_json(report), indent=2))
         return
     stdout_console().print(summary_table(report))
+    if report.startup_s:
+        console.print(f"started Spark (its JVM and session) in {report.startup_s:.1f}s, apart "
+                      "from the run; `compactlog worker start` keeps one warm for the next "
+                      "runs", markup=False)
     kept = [str(p.partition) for p in report.partitions if p.active_not_rolled]
     if kept:
         console.print(f"partition(s) {', '.join(kept)}: the active segment was not rolled "
@@ -334,6 +340,9 @@ def compact_with_progress(
         def report_progress(stage: str, done: int, total: int) -> None:
             if stage == SPARK_TASKS:  # from the engine's thread, while its jobs run
                 progress.update(task, description=f"{current[0]} · Spark tasks {done}/{total}")
+                return
+            if stage == SPARK_START:
+                progress.update(task, description=f"{current[0]} · starting Spark (a JVM)")
                 return
             current[0] = stage
             position = STAGES.index(stage) if stage in STAGES else 0

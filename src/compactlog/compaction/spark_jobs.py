@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 # The progress stage under which the engine reports (completed tasks, tasks) of the run's
 # Spark jobs so far; the runner's own stages name the phase they belong to.
 SPARK_TASKS = "spark tasks"
+# The progress stage heard while the service starts a Spark session (a JVM): (stage, 0, 0).
+SPARK_START = "spark start-up"
 POLL_INTERVAL_S = 0.2
 SETTLE_S = 2.0
 SETTLE_NO_JOB_S = 0.25

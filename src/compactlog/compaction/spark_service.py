@@ -25,7 +25,7 @@ from compactlog.compaction.ledger import PieceResult
 from compactlog.compaction.plan import PartitionPlan
 from compactlog.compaction.reads import LedgerReads
 from compactlog.compaction.runner import Progress, run_compaction
-from compactlog.compaction.spark_jobs import RunJobs
+from compactlog.compaction.spark_jobs import SPARK_START, RunJobs
 from compactlog.compaction.spark_pipeline import find_survivors, write_ledgers
 from compactlog.compaction.spark_session import DEFAULT_MASTER, start_session
 from compactlog.storage.store import LogStore
@@ -124,6 +124,8 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
 
     def session(self) -> SparkSession:
         if self._spark is None:
+            if self.progress is not None:
+                self.progress(SPARK_START, 0, 0)
             started = time.monotonic()
             self._spark = start_session(
                 self.settings.get("spark.master") or DEFAULT_MASTER,
