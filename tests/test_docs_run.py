@@ -202,6 +202,10 @@ def test_the_main_job_and_the_next_steps_it_prints(tmp_path: Path) -> None:
                               check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "both equal the expected table" in done.stdout, done.stdout[-3000:]
+        # The main job compacts as a Spark job, and says so, the JVM's start apart.
+        assert re.search(r"the run took [\d.]+ s on Spark local\[\*\]: job \d+ \(1 stage, "
+                         r"\d+ tasks?\)", done.stdout), done.stdout[-3000:]
+        assert "starting Spark (its JVM and session) took" in done.stdout
         steps = done.stdout.split("Try next:", 1)[1].strip().split("\n")
         assert steps
         for step in steps:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -252,6 +253,9 @@ def test_requested_compaction_and_metrics_match_the_run(
     records_in = sum(p["records_in"] for p in parts)
     records_out = sum(p["records_out"] for p in parts)
     assert records_in > 0 and records_out < records_in
+    # The server's compaction process ran it as a Spark job, however small (the default).
+    assert re.fullmatch(r"Spark local\[1\]: job \d+ \(1 stage, 1 task\)", report["engine"]), \
+        report["engine"]
 
     scraped = metrics(server)
     assert sample(scraped, "compactlog_compaction_runs_total", topic="t", result="success",
@@ -457,6 +461,24 @@ def test_a_partition_compacted_by_another_process_is_left_alone_not_failed(
         assert not get(server, "/v1/topics/t/compaction")["partitions"][0]["uncleanable"]
     wait_until(lambda: get(server, "/v1/topics/t/compaction")["partitions"][0]["state"]
                == "SUCCESS", "the compaction once the lock is free", 60)
+
+
+def test_without_spark_runs_the_servers_compactions_with_no_jvm(
+        tmp_path: Path, servers: Servers) -> None:
+    # A master no JVM could reach: the run must not start one.
+    server = servers.start(*server_config(tmp_path, enabled=False, without_spark=True,
+                                          spark_master="spark://nowhere:1"))
+    create_topic(server, "t", 1, TOPIC_CONFIG)
+    produce(server, "t", [(b"k%d" % (i % 30), b"v%d" % i) for i in range(300)])
+    wait_until(lambda: get(server, "/v1/topics/t")["partitions"][0]["sealed_bytes"],
+               "sealed segments")
+    status, started = http("POST", f"{server.admin_url}/v1/topics/t/compaction")
+    assert status == 202, started
+    done = wait_until(lambda: (r := get(server, f"/v1/compactions/{started['id']}"))["state"]
+                      != "RUNNING" and r, "the run to finish", timeout=120)
+    assert done["state"] == "SUCCESS", done
+    assert done["report"]["engine"] == "in this process, no Spark job: 1 partition"
+    assert done["report"]["startup_s"] == 0
 
 
 def test_serve_refuses_bad_compaction_settings(tmp_path: Path) -> None:

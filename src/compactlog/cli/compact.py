@@ -442,9 +442,11 @@ def summary_table(report: CompactionReport) -> RenderableType:
               help="A Spark setting, passed through (repeatable).")
 @click.option("--service", default=None, metavar="MODULE:NAME",
               help="The compaction service factory, by import path. Default: Spark.")
+@click.option("--without-spark", is_flag=True,
+              help="Run the Spark service's tasks in this process, no JVM, as for `compact`.")
 @click.pass_obj
 def compact_worker(ctx: Context, spark_master: str, spark_conf: tuple[str, ...],
-                   service: str | None) -> None:
+                   service: str | None, without_spark: bool) -> None:
     """A long-lived compaction process for the server (JSON lines on stdin and stdout).
 
     The server starts it; it is not meant to be run by hand. Each input line
@@ -457,7 +459,8 @@ def compact_worker(ctx: Context, spark_master: str, spark_conf: tuple[str, ...],
     """
     answers = protocol_stdout()
     settings: dict[str, Any] = {"spark.master": spark_master,
-                                "spark.conf": parse_assignments(spark_conf)}
+                                "spark.conf": parse_assignments(spark_conf),
+                                "without.spark": without_spark}
     worker = CompactionWorker(ctx.data_dir, load_factory(service), settings, ctx.target)
     serve_requests(worker, sys.stdin, answers, report_json)
 

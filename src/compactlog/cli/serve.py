@@ -72,6 +72,9 @@ from compactlog.server.tls import TlsSettings
 #   keep_warm_s = 300.0              # keep a compaction process (Spark) warm this long; 0: off
 #   spark_master = "local[*]"        # where compaction runs
 #   spark_conf = { "spark.driver.memory" = "2g" }   # Spark settings, passed through
+#   without_spark = false            # true: run every topic's compaction tasks in the
+#                                    # compaction process, no Spark job, no JVM (for tests
+#                                    # and embedded use; compaction.without.spark per topic)
 #   service = "module:factory"       # compaction service factory (default: Spark)
 #   allowed_strategy_functions = []  # "MODULE:NAME"s that clients may name in a topic's
 #                                    # compaction.strategy as function:MODULE:NAME
@@ -124,6 +127,7 @@ COMPACTION_SETTINGS: dict[str, type] = {
     "io_max_bytes_per_s": float, "run_timeout_s": float, "keep_warm_s": float,
     "spark_master": str,
     "spark_conf": dict, "service": str, "allowed_strategy_functions": list,
+    "without_spark": bool,
 }
 AUTHORIZATION_SETTINGS: dict[str, type] = {
     "enabled": bool, "super_users": list, "allow_everyone_if_no_acl_found": bool,

@@ -75,6 +75,9 @@ class CleanerConfig:
     keep_warm_s: float = 300.0
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = field(default_factory=dict)
+    # Every run a Spark job unless set: then the Spark service runs its tasks inside the
+    # compaction process, with no JVM (compaction.without.spark, for every topic).
+    without_spark: bool = False
     service: str | None = None  # compaction service factory, MODULE:NAME (PIP-278)
     # `function:MODULE:NAME` compaction strategies that a Kafka client may set on a
     # topic, as "MODULE:NAME" (server/code_policy.py); none by default.
@@ -185,7 +188,8 @@ class Cleaner:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self.runner: Runner = make_runner(ProcessSettings(
             store.data_dir, config.spark_master, config.spark_conf, config.service,
-            config.run_timeout_s, str(store.location) if store.location.is_s3 else None),
+            config.run_timeout_s, str(store.location) if store.location.is_s3 else None,
+            config.without_spark),
             config.keep_warm_s, config.max_concurrent_runs)
         self._next_check = 0.0
         self._restore_failures()

@@ -52,6 +52,7 @@ class ProcessSettings:
     run_timeout_s: float
     # The store's s3:// URL when data_dir is only its local directory (None: local).
     target: str | None = None
+    without_spark: bool = False  # CleanerConfig.without_spark
 
     def env(self) -> dict[str, str]:
         """The child's environment: ours, and for an S3 store its local directory."""
@@ -66,6 +67,8 @@ class ProcessSettings:
             args += ["--spark-conf", f"{key}={value}"]
         if self.service:
             args += ["--service", self.service]
+        if self.without_spark:
+            args.append("--without-spark")
         return args
 
     def base(self) -> list[str]:
