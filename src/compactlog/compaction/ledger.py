@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from compactlog.compaction.io_throttle import observe_row_group, observe_written
 from compactlog.compaction.verified import remember, verify_input
 from compactlog.storage import fsutil
 from compactlog.storage.deletion import deleted_mask, read_deletion_vector
@@ -141,7 +142,9 @@ def _row_groups(path: str, page_checksums: bool = True) -> Iterator[pa.Table]:
     handle = pq.ParquetFile(path, page_checksum_verification=page_checksums)
     try:
         for index in range(handle.metadata.num_row_groups):
-            yield handle.read_row_group(index)
+            group = handle.read_row_group(index)
+            observe_row_group(handle.metadata, index)
+            yield group
     finally:
         handle.close()  # at once, not when the collector finds it (bounded open files)
 
@@ -220,6 +223,7 @@ def write_ledger_piece(
         fsutil.fsync_path(temp)
         final = out_dir / file_name
         fsutil.publish_replace(temp, final)
+        observe_written(final.stat().st_size)
     except BaseException:
         if writer is not None:
             writer.close()
