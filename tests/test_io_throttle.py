@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from compactlog.compaction import CompactionReport
 from compactlog.compaction.io_throttle import (
@@ -89,12 +90,13 @@ def test_the_cleaner_hands_its_cap_to_the_compaction_processes() -> None:
     assert IO_CAP_SPARK_CONF not in CleanerConfig().run_spark_conf()
 
 
-def _fill(store: LogStore, clock: FakeClock, partitions: int, records: int) -> None:
+def _fill(store: LogStore, clock: FakeClock, partitions: int, records: int,
+          config: dict[str, str] | None = None) -> None:
     """`records` 1 KiB incompressible values per partition, every key distinct (so the
     ledger written is as large as the segments read), in sealed segments of ~1 MiB."""
     store.create_topic(TOPIC, partitions, {
         "cleanup.policy": "compact", "segment.bytes": str(1 << 20),
-        "min.compaction.lag.ms": "0", "parquet.compression": "none"})
+        "min.compaction.lag.ms": "0", "parquet.compression": "none", **(config or {})})
     rng = random.Random(3)
     for partition in range(partitions):
         for start in range(0, records, 200):
@@ -103,30 +105,44 @@ def _fill(store: LogStore, clock: FakeClock, partitions: int, records: int) -> N
         store.topic(TOPIC).partition(partition).roll()
 
 
-def _compact(tmp: Path, cap: float, partitions: int = 2) -> CompactionReport:
+def _compact(tmp: Path, cap: float, spark: SparkSession | None = None) -> CompactionReport:
+    """Compact two partitions' 4 MiB each with `cap`: in this process (a small run on
+    local[2], two tasks at once), or as a Spark job on `spark` (local[2])."""
     clock = FakeClock()
     with LogStore.open(tmp, clock=clock) as store:
-        _fill(store, clock, partitions, 4000)
-        # local[2] and a small run: the tasks run in this process, two at once.
+        _fill(store, clock, 2, 4000, {"compaction.inline.max.bytes": "0"} if spark else {})
         conf = {IO_CAP_SPARK_CONF: str(cap)} if cap else {}
+        engine = {"spark.session": spark} if spark else {"spark.master": "local[2]"}
         service = SparkCompactionService(store, TOPIC, {
-            "spark.master": "local[2]", "spark.conf": conf, "clock": clock})
+            **engine, "spark.conf": conf, "clock": clock})
         report = service.compact()
         assert service.started_session is None
+        assert report.engine.startswith("Spark") is bool(spark), report.engine
         return report
 
 
-def test_a_capped_run_reads_and_writes_within_the_cap(tmp_path: Path) -> None:
-    cap = 8 * MB
-    report = _compact(tmp_path, cap)
+def _assert_within(report: CompactionReport, cap: float) -> None:
     moved = report.io_read_bytes + report.io_written_bytes
     rate = moved / report.duration_s
     assert report.io_written_bytes >= report.total("bytes_out") > 4 * MB
     assert report.io_read_bytes >= report.total("bytes_in")
-    # Two tasks at once, each at half the cap; the run's own plan and commit only
-    # lower the rate, the last unpaid check interval of each task raises it a little.
+    # Two tasks at once, each at half the cap; the run's own plan and commit (and a
+    # Spark job's fixed cost) only lower the rate, the last unpaid check interval of
+    # each task raises it a little.
     assert 0.6 * cap < rate <= 1.25 * cap, f"{rate / MB:.1f} MB/s against {cap / MB} MB/s"
     assert report.throttled_s > 0
+
+
+def test_a_capped_run_reads_and_writes_within_the_cap(tmp_path: Path) -> None:
+    _assert_within(_compact(tmp_path, 8 * MB), 8 * MB)
+
+
+@pytest.mark.slow
+def test_a_capped_spark_job_reads_and_writes_within_the_cap(
+    tmp_path: Path, spark: SparkSession
+) -> None:
+    _compact(tmp_path / "warm-up", 0.0, spark)  # the Python workers' imports
+    _assert_within(_compact(tmp_path / "capped", 8 * MB, spark), 8 * MB)
 
 
 def test_an_uncapped_run_is_counted_and_never_waits(tmp_path: Path) -> None:
