@@ -158,3 +158,14 @@ def test_a_bad_cap_is_refused(tmp_path: Path) -> None:
                 "spark.master": "local[1]", "spark.conf": {IO_CAP_SPARK_CONF: text}})
             with pytest.raises(UserError, match=IO_CAP_SPARK_CONF):
                 service.io_max_bytes_per_s()
+
+
+def test_the_cap_is_a_documented_server_setting() -> None:
+    from compactlog.cli.serve import COMPACTION_SETTINGS
+    from compactlog.config import SERVER_COMPACTION_KEYS
+
+    (key,) = SERVER_COMPACTION_KEYS
+    assert key.name.split(".", 1)[1] in COMPACTION_SETTINGS
+    assert key.kafka_default == "log.cleaner.io.max.bytes.per.second"
+    reference = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    assert f"## `{key.name}`" in reference and IO_CAP_SPARK_CONF in reference
