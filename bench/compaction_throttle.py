@@ -10,10 +10,15 @@ every 1/`--rate` s, to a topic of its own with the default flush.messages=1, so 
 produce waits for an fsync) runs for `--baseline` seconds alone, and then while a full
 compaction of the big topic, asked for over the admin API, runs. A record's latency is
 from produce() to its delivery report. The compaction's rate is taken from its own
-report: (bytes read + bytes written) / the run's duration.
+report: (bytes read + bytes written) / the run's duration. Latencies are compared over
+the same window in every case: from the run's start until `--window` seconds later or
+the run's end, whichever is later, so that a fast run's writes that the kernel flushes
+after it count too.
 
-The data was just written, so the compaction reads it from the page cache; what it
-writes (the ledger, fsynced) goes to the disk, as do the producer's fsyncs.
+The big topic's files are dropped from the page cache once written (fadvise
+DONTNEED, after an fsync), so the compaction reads them from the disk, as a full
+compaction of old data does; what it writes (the ledger, fsynced) goes to the disk, as
+do the producer's fsyncs.
 
     .venv/bin/python bench/compaction_throttle.py
     .venv/bin/python bench/compaction_throttle.py --records 20000 --cap 5e6   # quick
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import random
 import shutil
 import statistics
@@ -66,6 +72,18 @@ def generate(data: Path, records: int, keys: int, value_bytes: int, partitions: 
         for name in (TOPIC, WARM_TOPIC):
             for partition in store.topic(name).partitions:
                 partition.roll()
+    for path in (data / "topics" / TOPIC).rglob("*.parquet"):
+        evict(path)
+
+
+def evict(path: Path) -> None:
+    """Drop `path`'s pages from the page cache (no root needed for a file of one's own)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -122,9 +140,10 @@ def run_case(base: Path, args: argparse.Namespace, cap: float) -> dict[str, Any]
         try:
             time.sleep(args.baseline)
             load.window = "compaction"
+            began = time.monotonic()
             wall_s, report = server.compact(TOPIC)
+            time.sleep(max(0.0, began + args.window - time.monotonic()))
             load.window = "after"
-            time.sleep(1.0)
         finally:
             load.stop()
             thread.join()
@@ -151,8 +170,11 @@ def main() -> None:
                         help="io_max_bytes_per_s of a capped case (repeatable; 20e6 if none)")
     parser.add_argument("--rate", type=float, default=200.0, help="records per second produced")
     parser.add_argument("--load-bytes", type=int, default=1000)
-    parser.add_argument("--baseline", type=float, default=5.0,
+    parser.add_argument("--baseline", type=float, default=10.0,
                         help="seconds of producing before the compaction starts")
+    parser.add_argument("--window", type=float, default=25.0,
+                        help="seconds from the run's start over which latencies are compared "
+                             "(the run's whole length if longer)")
     args = parser.parse_args()
     caps = [0.0, *(args.cap or [20e6])]
     info = machine_info()
@@ -162,7 +184,8 @@ def main() -> None:
           f"UTC, commit {commit}; {info['cpu']}, {info['cores']} cores, {info['memory']}; "
           f"{args.records:,} records of {args.value_bytes} B over {args.keys:,} keys, "
           f"{args.partitions} partitions; load {args.rate:g} records/s of {args.load_bytes} B, "
-          "acks=all", flush=True)
+          f"acks=all; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+          flush=True)
     base = Path(tempfile.mkdtemp(prefix="throttle-bench-"))
     rows = []
     try:
@@ -172,7 +195,7 @@ def main() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print("\n| cap (MB/s) | run s | run's I/O (MB) | run's rate (MB/s) | throttled s (sum "
-          "over tasks) | produce p50 / p99 ms, alone | during the run | records during |")
+          "over tasks) | produce p50 / p99 ms, alone | from the run's start | records |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         alone, during = row["baseline"], row["compaction"]
@@ -182,7 +205,8 @@ def main() -> None:
               f"{percentile(alone, 0.5) * 1e3:.1f} / {percentile(alone, 0.99) * 1e3:.1f} | "
               f"{percentile(during, 0.5) * 1e3:.1f} / {percentile(during, 0.99) * 1e3:.1f} | "
               f"{len(during):,} |")
-    print(f"\nengine: {rows[0]['engine']}")
+    print(f"\nengine: {rows[0]['engine']}; load average at the end "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
