@@ -15,7 +15,7 @@ processes (Spark's Python workers) or threads, so they cannot share one object: 
 run's cap is split evenly, each of N tasks running at once gets cap / N (`per_task`).
 A run whose tasks are uneven therefore stays below the cap once the short ones end.
 
-The task code reports its I/O with `observe_read` / `observe_written`; outside a
+The task code reports its I/O with `observe_read` / `observe_growth`; outside a
 `throttled(...)` block they do nothing. The throttle in force is a context variable,
 so each thread (and each Spark Python worker) has its own.
 """
@@ -23,11 +23,13 @@ so each thread (and each Spark Python worker) has its own.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -112,9 +114,22 @@ def observe_read(nbytes: int) -> None:
         throttle.observe(nbytes)
 
 
-def observe_written(nbytes: int) -> None:
-    if (throttle := _current.get()) is not None:
-        throttle.observe(nbytes, written=True)
+def observe_growth(path: Path, before: int) -> int:
+    """Report the bytes a writer added to `path` since it held `before`, and return its
+    size. Under a cap, also push them to the disk now (fdatasync): else they would wait
+    in the page cache and reach the disk in one burst at the file's closing fsync, which
+    is the very contention with producers' fsyncs that the cap is for."""
+    size = path.stat().st_size
+    throttle = _current.get()
+    if throttle is not None and size > before:
+        if throttle.limited:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        throttle.observe(size - before, written=True)
+    return size
 
 
 def chunk_bytes(metadata: pq.FileMetaData, row_group: int,
