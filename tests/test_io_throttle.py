@@ -24,7 +24,9 @@ from compactlog.errors import UserError
 from compactlog.server.cleaner import CleanerConfig
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
+from conftest import SPARK_TEST_CONF
 from fakes import FakeClock
+from test_server_admin import Servers, create_topic, get, http, produce, server_config, wait_until
 
 MB = 1_000_000
 TOPIC = "t"
@@ -169,3 +171,35 @@ def test_the_cap_is_a_documented_server_setting() -> None:
     assert key.kafka_default == "log.cleaner.io.max.bytes.per.second"
     reference = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
     assert f"## `{key.name}`" in reference and IO_CAP_SPARK_CONF in reference
+
+
+@pytest.mark.slow
+def test_the_servers_cleaner_runs_within_its_cap(tmp_path: Path) -> None:
+    """`[compaction] io_max_bytes_per_s` reaches the warm worker's run: its report, as
+    the admin API gives it, keeps the cap and says how long its tasks slept."""
+    servers = Servers(tmp_path)
+    try:
+        _run_on_a_server(servers, tmp_path)
+    finally:
+        servers.stop()
+
+
+def _run_on_a_server(servers: Servers, tmp_path: Path) -> None:
+    cap = 2 * MB
+    server = servers.start(*server_config(tmp_path, enabled=False, spark_master="local[1]",
+                                          spark_conf=SPARK_TEST_CONF, io_max_bytes_per_s=cap))
+    create_topic(server, TOPIC, 1, {"cleanup.policy": "compact", "segment.bytes": "262144",
+                                    "min.compaction.lag.ms": "0",
+                                    "parquet.compression": "none"})
+    rng = random.Random(5)
+    produce(server, TOPIC, [(b"k%d" % i, rng.randbytes(1024)) for i in range(2000)], batch=200)
+    status, started = http("POST", f"{server.admin_url}/v1/topics/{TOPIC}/compaction")
+    assert status == 202, started
+    run = wait_until(lambda: (r := get(server, f"/v1/compactions/{started['id']}"))["state"]
+                     != "RUNNING" and r, "the run", timeout=300)
+    assert run["state"] == "SUCCESS", run
+    report = run["report"]
+    moved = report["io_read_bytes"] + report["io_written_bytes"]
+    assert moved > 4 * MB and report["throttled_s"] > 0
+    # The run's duration holds its Spark start-up too: only the upper bound is sharp.
+    assert moved / (report["duration_s"] - report["startup_s"]) <= 1.25 * cap
