@@ -175,8 +175,10 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=25.0,
                         help="seconds from the run's start over which latencies are compared "
                              "(the run's whole length if longer)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the cases this many times, interleaved (a row per run)")
     args = parser.parse_args()
-    caps = [0.0, *(args.cap or [20e6])]
+    caps = [0.0, *(args.cap or [20e6])] * args.repeat
     info = machine_info()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()
