@@ -5,7 +5,9 @@ check interval (0.3 s, as Kafka's cleaner) ahead of R: after each block of bytes
 reads or writes, once a check interval has passed since the period began, or once the
 period's bytes would need more than a check interval at R, the task sleeps until the
 period's bytes / R have passed, then starts a new period. So over a task, bytes / wall
-time stays within R plus at most R x 0.3 s of bytes left unpaid at its end.
+time stays within R plus at most R x 0.3 s of bytes left unpaid at its end. Under a
+cap, what a task writes reaches the disk as it is counted (an fdatasync per row group
+written), not in one burst at its file's closing fsync.
 
 Kafka's semantics (core/src/main/scala/kafka/utils/Throttler.scala, and LogCleaner
 making one Throttler of `maxIoBytesPerSecond` with a 300 ms check interval, shared by
@@ -119,9 +121,11 @@ def observe_growth(path: Path, before: int) -> int:
     size. Under a cap, also push them to the disk now (fdatasync): else they would wait
     in the page cache and reach the disk in one burst at the file's closing fsync, which
     is the very contention with producers' fsyncs that the cap is for."""
-    size = path.stat().st_size
     throttle = _current.get()
-    if throttle is not None and size > before:
+    if throttle is None:
+        return before  # nobody counts: spare the stat
+    size = path.stat().st_size
+    if size > before:
         if throttle.limited:
             fd = os.open(path, os.O_RDONLY)
             try:
