@@ -51,9 +51,13 @@ def generate(data: Path, records: int, keys: int, partitions: int) -> None:
 
 
 class Server:
-    def __init__(self, data: Path, keep_warm_s: float) -> None:
+    """`compactlog serve` with automatic compaction off and the admin API on; `compaction`
+    adds lines to the `[compaction]` table of its config file."""
+
+    def __init__(self, data: Path, keep_warm_s: float, compaction: str = "") -> None:
         config = data.parent / f"server-{keep_warm_s:g}.toml"
-        config.write_text(f"[compaction]\nenabled = false\nkeep_warm_s = {keep_warm_s}\n")
+        config.write_text(f"[compaction]\nenabled = false\nkeep_warm_s = {keep_warm_s}\n"
+                          f"{compaction}")
         self.log = (data.parent / f"server-{keep_warm_s:g}.log").open("w")
         self.process = subprocess.Popen(
             [COMPACTLOG, "--data-dir", str(data), "--log-level", "info", "serve", "--listen",
@@ -69,9 +73,9 @@ class Server:
         with urllib.request.urlopen(request, timeout=60) as response:
             return json.loads(response.read())
 
-    def compact(self) -> tuple[float, dict[str, Any]]:
+    def compact(self, topic: str = TOPIC) -> tuple[float, dict[str, Any]]:
         began = time.monotonic()
-        run = self.call("POST", f"/v1/topics/{TOPIC}/compaction")
+        run = self.call("POST", f"/v1/topics/{topic}/compaction")
         while run["state"] == "RUNNING":
             time.sleep(0.1)
             run = self.call("GET", f"/v1/compactions/{run['id']}")

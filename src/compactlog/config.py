@@ -384,6 +384,29 @@ SERVER_SECURITY_KEYS: tuple[ConfigKey, ...] = (
     ),
 )
 
+# The server's compaction settings that Kafka has as broker configs (table `[compaction]`
+# of its TOML file): not topic keys, as Kafka's are not.
+SERVER_COMPACTION_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "compaction.io_max_bytes_per_s", "double", 0.0,
+        "The bytes per second that a compaction run reads and writes, together, at most "
+        "(Kafka's log.cleaner.io.max.bytes.per.second, as its Throttler counts them: the "
+        "tasks' Parquet reads, checksum reads and ledger writes). Checked every 0.3 s, as "
+        "Kafka's cleaner does: a task that runs ahead sleeps until the bytes of the "
+        "interval fit the rate. A run's tasks run at once in separate Spark Python "
+        "workers (or threads of the compacting process), so each of the N tasks running "
+        "at once is held to this / N; once the shorter ones end, the run stays below the "
+        "cap. The report says how long the tasks slept (`throttled_s`). The server's "
+        "cleaner hands it to its compaction processes as the Spark setting "
+        "`spark.compactlog.log.cleaner.io.max.bytes.per.second`, which `compactlog "
+        "compact --spark-conf` also takes; runs of the Spark SQL pipeline (`function:` "
+        "strategies, compaction.phase1.engine=sql) are not throttled. The next run of the "
+        "cleaner also waits until the average rate since its first paced run is within "
+        "the cap. 0: unlimited (Kafka's default, Double.MaxValue).",
+        minimum=0.0, kafka_default="log.cleaner.io.max.bytes.per.second",
+    ),
+)
+
 
 @dataclass(frozen=True)
 class TopicConfig:
@@ -520,13 +543,28 @@ def render_docs() -> str:
         "may set.",
         "",
     ]
-    for key in SERVER_SECURITY_KEYS:
+    lines += _server_keys(SERVER_SECURITY_KEYS)
+    lines += [
+        "# Server compaction settings",
+        "",
+        "Not topic keys: Kafka has these as broker configs. They are set in the server's "
+        "TOML config file, table `[compaction]` (docs/server.md, \"Automatic "
+        "compaction\").",
+        "",
+        *_server_keys(SERVER_COMPACTION_KEYS),
+    ]
+    return "\n".join(lines)
+
+
+def _server_keys(keys: Iterable[ConfigKey]) -> list[str]:
+    lines: list[str] = []
+    for key in keys:
         lines += [f"## `{key.name}`", "", key.doc, "", f"- type: {key.type}",
                   f"- default: `{_render_value(key.default)}`", f"- allowed: {key.allowed()}"]
         if key.kafka_default is not None:
             lines.append(f"- Kafka's name: `{key.kafka_default}`")
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def _render_value(value: Any) -> str:

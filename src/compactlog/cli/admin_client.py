@@ -85,4 +85,7 @@ def report_from_json(body: dict[str, Any]) -> CompactionReport:
         stages=dict(body.get("stages", {})),
         startup_s=body.get("startup_s", 0.0),
         engine=body.get("engine", ""),
+        io_read_bytes=body.get("io_read_bytes", 0),
+        io_written_bytes=body.get("io_written_bytes", 0),
+        throttled_s=body.get("throttled_s", 0.0),
     )

@@ -375,6 +375,9 @@ def report_json(report: CompactionReport) -> dict[str, Any]:
         "engine": report.engine,
         "stages": {name: round(seconds, 3) for name, seconds in report.stages.items()},
         "mb_per_s": round(report.mb_per_s, 2),
+        "io_read_bytes": report.io_read_bytes,
+        "io_written_bytes": report.io_written_bytes,
+        "throttled_s": round(report.throttled_s, 3),
         "partitions": [
             {**vars(p), "records_removed": p.records_removed} for p in report.partitions
         ],
@@ -419,7 +422,9 @@ def summary_table(report: CompactionReport) -> RenderableType:
             f"{removed:,} record{'' if removed == 1 else 's'} removed ({tombstones:,} "
             f"tombstone{'' if tombstones == 1 else 's'}) · "
             + " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report.stages.items())
-            + f" · {report.mb_per_s:.1f} MB/s after start-up", style="dim"))
+            + f" · {report.mb_per_s:.1f} MB/s after start-up"
+            + (f" · I/O throttled {report.throttled_s:.1f}s" if report.throttled_s else ""),
+            style="dim"))
         if report.engine:
             notes.append(Text(f"ran on: {report.engine}", style="dim"))
     reasons: dict[str, list[str]] = {}

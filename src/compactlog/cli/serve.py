@@ -67,7 +67,7 @@ from compactlog.server.tls import TlsSettings
 #   max_concurrent_runs = 1          # compaction processes at once
 #   backoff_initial_s = 30.0         # first wait after a partition's run fails; doubles
 #   backoff_max_s = 1800.0           # ... up to this
-#   io_max_bytes_per_s = 0           # average compaction read rate (0: unlimited)
+#   io_max_bytes_per_s = 0           # compaction bytes read+written per second (0: unlimited)
 #   run_timeout_s = 3600.0           # a run going longer is stopped
 #   keep_warm_s = 300.0              # keep a compaction process (Spark) warm this long; 0: off
 #   spark_master = "local[*]"        # where compaction runs

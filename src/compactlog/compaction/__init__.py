@@ -70,6 +70,12 @@ class CompactionReport:
     # What ran the run's tasks, as the engine says: for Spark, the master and the run's
     # job ids with their stage and task counts, or that they ran in this process.
     engine: str = ""
+    # The run's Arrow tasks' I/O (compaction/io_throttle.py): bytes read from and written
+    # to their files, and the seconds they slept to stay within the I/O cap, summed over
+    # the tasks (0 without a cap). The SQL pipeline's tasks are not counted.
+    io_read_bytes: int = 0
+    io_written_bytes: int = 0
+    throttled_s: float = 0.0
 
     def total(self, name: str) -> int:
         return sum(getattr(p, name) for p in self.partitions)

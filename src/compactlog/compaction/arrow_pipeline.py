@@ -43,6 +43,7 @@ from compactlog.compaction.arrow_survivors import (
     supports,
 )
 from compactlog.compaction.incremental import decide, runs_to_write
+from compactlog.compaction.io_throttle import IoThrottle, per_task, throttled
 from compactlog.compaction.ledger import (
     PieceInput,
     PieceResult,
@@ -90,16 +91,22 @@ def runs_without_spark(plans: list[PartitionPlan], asked: bool = False) -> bool:
 def compact_partitions(
     spark: SparkSession, plans: list[PartitionPlan], run_id: str,
     stages: dict[str, float] | None = None, slots: int | None = None,
+    io_max_bytes_per_s: float = 0.0, io: dict[str, float] | None = None,
 ) -> dict[int, list[PieceResult]]:
     """Run one task per plan; set each plan's survivor_count and return its pieces, in
     order. `stages`, when given, gets the tasks' seconds per stage added to it; `slots`:
-    as task_job's."""
+    as task_job's. `io_max_bytes_per_s` caps the run's I/O (io_throttle.py), split
+    between the Spark tasks that run at once; `io` gets the tasks' I/O counters added."""
     if not plans:
         return {}
     ordered = _largest_first(plans)
-    tasks = [_task(plan, run_id) for plan in ordered]
+    slots = max(1, slots or spark.sparkContext.defaultParallelism)
+    # task_job packs the items into at most `slots` Spark tasks, all running at once.
+    cap = per_task(io_max_bytes_per_s, min(slots, len(ordered)))
+    tasks = [{**_task(plan, run_id), "io_max_bytes_per_s": cap} for plan in ordered]
     weights = [sum(item.info.size_bytes for item in plan.inputs) for plan in ordered]
-    return _results(plans, task_job(spark, tasks, weights=weights, slots=slots), stages)
+    return _results(plans, task_job(spark, tasks, weights=weights, slots=slots), stages,
+                    io=io)
 
 
 def task_job(spark: SparkSession, tasks: list[dict[str, Any]],
@@ -150,7 +157,8 @@ def _run_group(body: Callable[[dict[str, Any]], dict[str, Any]],
 
 def compact_inline(plans: list[PartitionPlan], run_id: str,
                    stages: dict[str, float] | None = None,
-                   threads: int = 1) -> dict[int, list[PieceResult]]:
+                   threads: int = 1, io_max_bytes_per_s: float = 0.0,
+                   io: dict[str, float] | None = None) -> dict[int, list[PieceResult]]:
     """As compact_partitions, each task run in this process (for a small run, an engine
     without Spark, and tests), on up to `threads` threads at once: the local master's
     cores, as many tasks as its Spark job would run at once. The tasks share nothing but
@@ -160,13 +168,15 @@ def compact_inline(plans: list[PartitionPlan], run_id: str,
     # One thread keeps the plans' order: the fault tests number a run's steps by it.
     ordered = plans if workers == 1 else _largest_first(plans)
     # Through JSON as a Spark task would be, so both paths run the same task body.
-    tasks = [json.loads(json.dumps(_task(plan, run_id))) for plan in ordered]
+    cap = per_task(io_max_bytes_per_s, workers)
+    tasks = [json.loads(json.dumps({**_task(plan, run_id), "io_max_bytes_per_s": cap}))
+             for plan in ordered]
     if workers == 1:
         bodies = [compact_one(task) for task in tasks]
     else:
         with ThreadPoolExecutor(workers, thread_name_prefix="compaction-task") as pool:
             bodies = list(pool.map(compact_one, tasks))
-    return _results(plans, bodies, stages, INLINE_STAGES)
+    return _results(plans, bodies, stages, INLINE_STAGES, io)
 
 
 def _largest_first(plans: list[PartitionPlan]) -> list[PartitionPlan]:
@@ -176,7 +186,8 @@ def _largest_first(plans: list[PartitionPlan]) -> list[PartitionPlan]:
 
 def _results(plans: list[PartitionPlan], bodies: list[dict[str, Any]],
              stages: dict[str, float] | None,
-             names: tuple[str, ...] = TASK_STAGES) -> dict[int, list[PieceResult]]:
+             names: tuple[str, ...] = TASK_STAGES,
+             io: dict[str, float] | None = None) -> dict[int, list[PieceResult]]:
     by_partition = {plan.partition: plan for plan in plans}
     results: dict[int, list[PieceResult]] = {plan.partition: [] for plan in plans}
     for body in bodies:
@@ -186,6 +197,9 @@ def _results(plans: list[PartitionPlan], bodies: list[dict[str, Any]],
         if stages is not None:
             for name, seconds in zip(names, body["seconds"], strict=True):
                 stages[name] = stages.get(name, 0.0) + seconds
+        if io is not None:
+            for name, value in body.get("io", {}).items():
+                io[name] = io.get(name, 0) + value
     return results
 
 
@@ -222,9 +236,19 @@ def _use_task_cpus() -> None:
 
 
 def compact_one(task: dict[str, Any]) -> dict[str, Any]:
-    """Phases 1 and 2 of one partition (a task; see the module's invariant)."""
-    if task.get("volume") is not None:
-        return compact_on_volume(task, compact_one)
+    """Phases 1 and 2 of one partition (a task; see the module's invariant), its reads
+    and writes held to its share of the run's I/O cap (io_throttle.py) and counted in
+    its result's `io`."""
+    throttle = IoThrottle(float(task.get("io_max_bytes_per_s") or 0.0))
+    with throttled(throttle):
+        if task.get("volume") is not None:
+            result = compact_on_volume(task, _compact_local)
+        else:
+            result = _compact_local(task)
+    return {**result, "io": throttle.counters()}
+
+
+def _compact_local(task: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     _use_task_cpus()
     rules = TombstoneRules(**task["rules"])

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from compactlog.compaction.io_throttle import observe_row_group
 from compactlog.compaction.strategies import Strategy, parse_strategy
 from compactlog.storage.deletion import drop_deleted
 
@@ -167,6 +168,7 @@ def _read_groups(paths: list[str], columns: list[str], page_checksums: bool,
         try:
             for index in range(handle.metadata.num_row_groups):
                 group = handle.read_row_group(index, columns=wanted)
+                observe_row_group(handle.metadata, index, wanted)
                 group = hidden.visible(path, group).select(columns)
                 yield group.filter(pc.is_valid(group.column("key")))
         finally:

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from compactlog.compaction.io_throttle import observe_row_group
 from compactlog.compaction.ledger import PieceResult, TombstoneRules
 from compactlog.compaction.plan import InputFile, wholly_cut
 from compactlog.storage.deletion import (
@@ -71,6 +72,8 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
     handle = pq.ParquetFile(item.path, page_checksum_verification=page_checksums)
     try:
         table = drop_deleted(handle.read(columns=columns), deleted)
+        for index in range(handle.metadata.num_row_groups):
+            observe_row_group(handle.metadata, index, columns)
     finally:
         handle.close()
     offsets = table.column("offset").to_numpy()

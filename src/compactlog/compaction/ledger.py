@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from compactlog.compaction.io_throttle import observe_growth, observe_row_group
 from compactlog.compaction.verified import remember, verify_input
 from compactlog.storage import fsutil
 from compactlog.storage.deletion import deleted_mask, read_deletion_vector
@@ -141,7 +142,9 @@ def _row_groups(path: str, page_checksums: bool = True) -> Iterator[pa.Table]:
     handle = pq.ParquetFile(path, page_checksum_verification=page_checksums)
     try:
         for index in range(handle.metadata.num_row_groups):
-            yield handle.read_row_group(index)
+            group = handle.read_row_group(index)
+            observe_row_group(handle.metadata, index)
+            yield group
     finally:
         handle.close()  # at once, not when the collector finds it (bounded open files)
 
@@ -179,6 +182,7 @@ def write_ledger_piece(
     writer: pq.ParquetWriter | None = None
     pending: list[pa.Table] = []
     pending_bytes = 0
+    written = 0  # bytes of `temp` reported to the I/O throttle so far
     base_offset = last_offset = -1
     min_ts, max_ts = 2**63 - 1, -(2**63)
     try:
@@ -208,6 +212,7 @@ def write_ledger_piece(
                 if pending_bytes >= row_group_bytes:
                     writer = writer or open_writer(temp, LEDGER_SCHEMA, compression)
                     writer.write_table(pa.concat_tables(pending))
+                    written = observe_growth(temp, written)
                     pending, pending_bytes = [], 0
         if pending:
             writer = writer or open_writer(temp, LEDGER_SCHEMA, compression)
@@ -217,6 +222,7 @@ def write_ledger_piece(
         oldest = counts.pop("oldest_tombstone_ms", None)
         writer.close()
         writer = None
+        observe_growth(temp, written)
         fsutil.fsync_path(temp)
         final = out_dir / file_name
         fsutil.publish_replace(temp, final)

@@ -21,6 +21,7 @@ from compactlog.compaction.arrow_pipeline import (
     runs_without_spark,
     uses_arrow,
 )
+from compactlog.compaction.io_throttle import IO_CAP_SPARK_CONF
 from compactlog.compaction.ledger import PieceResult
 from compactlog.compaction.plan import PartitionPlan
 from compactlog.compaction.reads import LedgerReads
@@ -28,6 +29,7 @@ from compactlog.compaction.runner import Progress, run_compaction
 from compactlog.compaction.spark_jobs import SPARK_START, RunJobs
 from compactlog.compaction.spark_pipeline import find_survivors, write_ledgers
 from compactlog.compaction.spark_session import DEFAULT_MASTER, start_session
+from compactlog.errors import UserError
 from compactlog.storage.store import LogStore
 
 if TYPE_CHECKING:
@@ -42,11 +44,14 @@ class SparkEngine:
     `local_cores`, 0 for a master that is not local, then this machine's). The others take the SQL
     pipeline's two phases. `stages` collects the Arrow tasks' seconds per stage;
     `ran` says what ran them (`description`), and `progress` hears of the Spark jobs'
-    tasks while they run (spark_jobs.SPARK_TASKS)."""
+    tasks while they run (spark_jobs.SPARK_TASKS). The Arrow tasks' reads and writes
+    are held to `io_max_bytes_per_s` over the run (0: unlimited; io_throttle.py), and
+    `io` sums their counters."""
 
     def __init__(self, session: Callable[[], SparkSession],
                  local_cores: Callable[[], int] = lambda: 0,
-                 progress: Progress | None = None, without_spark: bool = False) -> None:
+                 progress: Progress | None = None, without_spark: bool = False,
+                 io_max_bytes_per_s: float = 0.0) -> None:
         self._session = session
         self._without_spark = without_spark
         self._local_cores = local_cores
@@ -54,6 +59,8 @@ class SparkEngine:
         self._jobs: RunJobs | None = None
         self.stages: dict[str, float] = {}
         self.inline_tasks = 0
+        self.io_max_bytes_per_s = io_max_bytes_per_s
+        self.io: dict[str, float] = {}
 
     def _spark(self) -> tuple[SparkSession, RunJobs]:
         session = self._session()
@@ -85,13 +92,16 @@ class SparkEngine:
         if arrow and runs_without_spark(plans, self._without_spark):
             self.inline_tasks += len(arrow)
             results.update(compact_inline(arrow, run_id, self.stages,
-                                          threads=cores or os.cpu_count() or 1))
+                                          threads=cores or os.cpu_count() or 1,
+                                          io_max_bytes_per_s=self.io_max_bytes_per_s,
+                                          io=self.io))
         elif arrow:
             session, jobs = self._spark()
             with jobs.job(f"compaction run {run_id}: {len(arrow)} partition(s)"):
                 # One Spark task per core: on a local master, its cores.
-                results.update(compact_partitions(session, arrow, run_id, self.stages,
-                                                  slots=cores or None))
+                results.update(compact_partitions(
+                    session, arrow, run_id, self.stages, slots=cores or None,
+                    io_max_bytes_per_s=self.io_max_bytes_per_s, io=self.io))
         return results
 
     def description(self) -> str:
@@ -112,7 +122,10 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
     run every topic's tasks in this process, as compaction.without.spark does for one
     topic), `spark.log.file` (a
     Path: where the JVM this service starts, its Python workers and py4j write their
-    output; by default this process' stdout and stderr), `clock`, `progress`."""
+    output; by default this process' stdout and stderr), `clock`, `progress`. The Spark
+    setting `spark.compactlog.log.cleaner.io.max.bytes.per.second` caps each run's
+    compaction I/O (compaction/io_throttle.py; the server's cleaner sets it from its
+    `io_max_bytes_per_s`)."""
 
     def __init__(self, store: LogStore, topic: str, settings: Mapping[str, Any]) -> None:
         super().__init__(store, topic)
@@ -146,7 +159,8 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
 
     def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
         engine = SparkEngine(self.session, self.local_cores, self.progress,
-                             bool(self.settings.get("without.spark")))
+                             bool(self.settings.get("without.spark")),
+                             self.io_max_bytes_per_s())
         self._startup_s = 0.0
         if self.progress is None:
             report = run_compaction(self.store, self.topic, engine, partitions, self.clock)
@@ -167,7 +181,21 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
         # rest of phase 2's wall time is not is Spark's scheduling and fixed costs.
         report.stages.update(engine.stages)
         report.engine = engine.description()
+        report.io_read_bytes = int(engine.io.get("read_bytes", 0))
+        report.io_written_bytes = int(engine.io.get("written_bytes", 0))
+        report.throttled_s = float(engine.io.get("throttled_s", 0.0))
         return report
+
+    def io_max_bytes_per_s(self) -> float:
+        """The run's I/O cap from the Spark settings (0: unlimited)."""
+        text = (self.settings.get("spark.conf") or {}).get(IO_CAP_SPARK_CONF, "0")
+        try:
+            cap = float(text)
+        except ValueError:
+            raise UserError(f"{IO_CAP_SPARK_CONF} must be a number, got {text!r}") from None
+        if cap < 0:
+            raise UserError(f"{IO_CAP_SPARK_CONF} must be 0 (unlimited) or above, got {text}")
+        return cap
 
     @property
     def started_session(self) -> SparkSession | None:

@@ -24,6 +24,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+from compactlog.compaction.io_throttle import observe_read
 from compactlog.storage.sealed import verify_file
 
 MEMO_LIMIT = 65536  # files; an entry is about 200 bytes
@@ -62,6 +63,7 @@ def verify_input(path: Path, size_bytes: int | None, crc32c: int | None, what: s
                 _memo.move_to_end(key)
                 return
     verify_file(path, size_bytes, crc32c, what)
+    observe_read(key[1])  # the CRC32C read the whole file
     remember(path, crc32c)
 
 

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from compactlog.compaction.io_throttle import IO_CAP_SPARK_CONF
 from compactlog.compaction.plan import PartitionPlan, plan_partition
 from compactlog.compaction.runner import chosen_partitions
 from compactlog.compaction.scheduler import (
@@ -66,7 +67,8 @@ class CleanerConfig:
     max_concurrent_runs: int = 1
     backoff_initial_s: float = 30.0
     backoff_max_s: float = 1800.0
-    # Average compaction read rate (log.cleaner.io.max.bytes.per.second); 0 = unlimited.
+    # Kafka's log.cleaner.io.max.bytes.per.second: the bytes per second a run's tasks read
+    # and write (compaction/io_throttle.py), and the average the runs keep; 0 = unlimited.
     io_max_bytes_per_s: float = 0.0
     # A run still going after this long is killed (and counts as a failure).
     run_timeout_s: float = 3600.0
@@ -96,6 +98,12 @@ class CleanerConfig:
                             "keep_warm_s": self.keep_warm_s}.items():
             if value < 0:
                 raise UserError(f"compaction.{name} must be 0 (off) or above, got {value}")
+
+    def run_spark_conf(self) -> dict[str, str]:
+        """spark_conf for the compaction processes, with the I/O cap the service reads."""
+        if not self.io_max_bytes_per_s:
+            return dict(self.spark_conf)
+        return {**self.spark_conf, IO_CAP_SPARK_CONF: repr(float(self.io_max_bytes_per_s))}
 
     def policy(self) -> SchedulerPolicy:
         return SchedulerPolicy(
@@ -187,7 +195,7 @@ class Cleaner:
         self.last_check_s: float | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self.runner: Runner = make_runner(ProcessSettings(
-            store.data_dir, config.spark_master, config.spark_conf, config.service,
+            store.data_dir, config.spark_master, config.run_spark_conf(), config.service,
             config.run_timeout_s, str(store.location) if store.location.is_s3 else None,
             config.without_spark),
             config.keep_warm_s, config.max_concurrent_runs)
