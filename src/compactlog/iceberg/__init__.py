@@ -131,15 +131,17 @@ the sealed segments of the raw view as an append-only table, tombstones included
 made by the same steps 1 to 6 (a seal appends, a merge of small segments replaces,
 retention and DeleteRecords overwrite with position deletes), synced by the server's
 upkeep at most once per iceberg.raw.target.lag.ms; its snapshots hold their segments
-and expire as the state table's do.
+and expire as the state table's do. Turning iceberg.raw.enabled off drops the table
+(drop.py): its files, then its holds, so that it no longer keeps segments.
 
 Modules: `schema.py` (schema, partition spec, name mapping), `deletes.py` (deleted
 positions from the view's definition, position-delete files), `files.py` (the table's
 files on a disk or a bucket), `avro.py` (manifests and manifest lists, through
 pyiceberg's writers), `kinds.py` (the state table and the raw table: which files and
 rows each shows), `state.py` (sync: steps 1 to 6, for either kind), `expiry.py`
-(snapshot expiry and the holds), `catalog.py` (what the read-only REST catalog on the
-admin listener answers: namespace `state`, one table per compacted topic, and `raw`).
+(snapshot expiry and the holds), `drop.py` (a table the topic no longer keeps),
+`catalog.py` (what the read-only REST catalog on the admin listener answers: namespace
+`state`, one table per compacted topic, and `raw`).
 pyiceberg is a dependency; in an install that left it out nothing here runs and
 compaction goes on.
 """
@@ -152,6 +154,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from compactlog.iceberg.drop import DropResult
     from compactlog.iceberg.expiry import ExpiryResult
     from compactlog.storage.store import LogStore
 
@@ -208,6 +211,16 @@ def expire_snapshots(store: LogStore, topic: str, now_ms: int | None = None,
     from compactlog.iceberg.kinds import KINDS
 
     return expire(store, topic, now_ms, KINDS[table])
+
+
+def drop_table(store: LogStore, topic: str, table: str = RAW_TABLE) -> DropResult:
+    """Drop `topic`'s table `table` (the raw table when `iceberg.raw.enabled` is turned
+    off): its files first, then its holds, so that it stops keeping data files
+    (drop.py)."""
+    from compactlog.iceberg.drop import drop
+    from compactlog.iceberg.kinds import KINDS
+
+    return drop(store, topic, KINDS[table])
 
 
 def state_table_location(store: LogStore, topic: str, table: str = STATE_TABLE) -> str:

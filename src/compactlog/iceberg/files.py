@@ -10,6 +10,7 @@ changes nothing). Names given here are relative to the table's location, '/'-sep
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -18,7 +19,7 @@ from compactlog.errors import StorageError
 from compactlog.storage import fsutil
 from compactlog.storage.layout import ObjectLayout
 from compactlog.storage.location import Location
-from compactlog.storage.volume import Listed, LocalVolume, ObjectVolume, Volume
+from compactlog.storage.volume import Listed, LocalVolume, ObjectVolume, Volume, remove_prefix
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -50,6 +51,10 @@ class TableFiles(Protocol):
     def listing(self, folder: str) -> list[Listed]: ...
 
     def remove(self, relative: str) -> bool: ...
+
+    def remove_all(self) -> int:
+        """Delete every file of the table (a dropped table); how many there were."""
+        ...
 
 
 class LocalTableFiles:
@@ -104,6 +109,14 @@ class LocalTableFiles:
 
     def remove(self, relative: str) -> bool:
         return fsutil.remove(self.root / relative)
+
+    def remove_all(self) -> int:
+        if not self.root.is_dir():
+            return 0
+        count = sum(1 for path in self.root.rglob("*") if path.is_file())
+        shutil.rmtree(self.root)
+        fsutil.fsync_dir(self.root.parent)
+        return count
 
 
 class ObjectTableFiles:
@@ -195,6 +208,9 @@ class ObjectTableFiles:
 
     def remove(self, relative: str) -> bool:
         return self.volume.remove(relative)
+
+    def remove_all(self) -> int:
+        return remove_prefix(self.location, self.client)
 
 
 def table_files(store: LogStore, topic: str, table: str) -> TableFiles:

@@ -90,6 +90,22 @@ class Holds:
 
         self._commit(holder, change)
 
+    def release(self, holder: str) -> bool:
+        """Drop `holder`'s entry whole (its table was dropped: nothing of it references
+        a file any more); True when there was one. One load, and a commit only then."""
+        for _ in range(ATTEMPTS):
+            snapshot = self.document.load()
+            if snapshot is None or holder not in snapshot.body.get("holders", {}):
+                return False
+            holders = {name: entries for name, entries in snapshot.body["holders"].items()
+                       if name != holder}
+            try:
+                self.document.commit(snapshot.version, {"holders": holders})
+                return True
+            except ConflictError:
+                continue
+        raise ConflictError(f"{self.document.where}: the hold document kept changing")
+
     def _commit(self, holder: str, change: Callable[[dict[str, int]], dict[str, int]],
                 only_if_new: list[str] | None = None) -> None:
         for _ in range(ATTEMPTS):
