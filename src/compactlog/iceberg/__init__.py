@@ -156,6 +156,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from compactlog.iceberg.drop import DropResult
     from compactlog.iceberg.expiry import ExpiryResult
+    from compactlog.iceberg.state import Current
     from compactlog.storage.store import LogStore
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,9 @@ class SyncResult:
     changed_partitions: list[int] = field(default_factory=list)
     files_written: int = 0
     seconds: float = 0.0
+    # The table's metadata as this sync left it (committed, or found current), so that
+    # the expiry after it need not load it again.
+    current: Current | None = None
 
 
 def sync_state_table(store: LogStore, topic: str, cause: str = "sync", run_id: str = "",
@@ -203,14 +207,15 @@ def sync_raw_table(store: LogStore, topic: str, cause: str = "sync",
 
 
 def expire_snapshots(store: LogStore, topic: str, now_ms: int | None = None,
-                     table: str = STATE_TABLE) -> ExpiryResult:
+                     table: str = STATE_TABLE, repair: bool = True) -> ExpiryResult:
     """Expire the snapshots of `topic`'s table `table` ("state" or "raw") past
     `iceberg.history.expire.max-snapshot-age-ms`, then let the sweep delete the data
-    files only they held (expiry.py)."""
+    files only they held (expiry.py). `repair`: also give the table's holds to a
+    partition whose hold document has none (a table made before holds existed)."""
     from compactlog.iceberg.expiry import expire
     from compactlog.iceberg.kinds import KINDS
 
-    return expire(store, topic, now_ms, KINDS[table])
+    return expire(store, topic, now_ms, KINDS[table], repair=repair)
 
 
 def drop_table(store: LogStore, topic: str, table: str = RAW_TABLE) -> DropResult:
@@ -243,8 +248,10 @@ def sync_after_compaction(store: LogStore, topic: str, run_id: str) -> SyncResul
         log.warning("%s: the Iceberg state table was not synced after compaction run %s "
                     "(the next sync catches it up): %s", topic, run_id, error)
         return None
-    try:
-        expire_snapshots(store, topic)
+    try:  # the metadata the sync left, and no repair: no request when none expires
+        from compactlog.iceberg.expiry import expire
+
+        expire(store, topic, current=result.current, repair=False)
     except Exception as error:  # expiry only frees space: the next one does it
         log.warning("%s: the Iceberg state table's snapshots were not expired after "
                     "compaction run %s (the next expiry does it): %s", topic, run_id, error)

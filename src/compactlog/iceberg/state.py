@@ -165,6 +165,7 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
         except FileNotFoundError:  # retired and deleted since step 2: load again
             continue
         if not any(part.changed for part in parts):
+            result.current = current
             result.seconds = time.monotonic() - started
             return result
         body = _next_metadata(files, current, parts, snapshot_id, cause, run_id, instant,
@@ -190,6 +191,7 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
                         version, error)
         result.snapshot_id = snapshot_id
         result.version = version
+        result.current = Current(version, body)
         result.metadata = files.url(metadata_name(version))
         result.changed_partitions = [part.index for part in parts if part.changed]
         result.files_written = len(written) + 1
@@ -227,10 +229,14 @@ def _previous_manifests(table_io: TableIO, current: Current) -> dict[int, list[M
         return {}
     found: dict[int, list[ManifestFile]] = {}
     for manifest in read_list(table_io, snapshot["manifest-list"]):
-        name = manifest.manifest_path.rsplit("/", 1)[-1]
-        index = int(name.split("-p", 1)[1].split("-", 1)[0])
-        found.setdefault(index, []).append(manifest)
+        found.setdefault(partition_of(manifest.manifest_path), []).append(manifest)
     return found
+
+
+def partition_of(manifest_path: str) -> int:
+    """The partition a manifest of this package describes (its name: `<uuid>-p<n>-`)."""
+    name = manifest_path.rsplit("/", 1)[-1]
+    return int(name.split("-p", 1)[1].split("-", 1)[0])
 
 
 def _fingerprint(fields: dict[str, str], keys: list[str], rules: TimeRules) -> str:
