@@ -21,8 +21,8 @@ snapshots reference:
      replaced, and 1); the others expire (0: all but those);
   3. if any expire, create v<N+1>.metadata.json without them only if absent (another
      commit first: back to 1), then the hint;
-  4. per partition with a manifest that only expired snapshots list (whose hold may
-     shrink: in the others the retained snapshots reference the same files as before),
+  4. per partition with a data file that only expired snapshots reference (whose hold
+     may shrink: in the others the retained snapshots reference the same files),
      replace the hold with the data files the retained snapshots reference (plus what
      is within the grace period): one load of the hold document, and a commit only if
      it changes; ask the writer's sweep to run soon. Nothing expired: no partition's
@@ -52,7 +52,7 @@ from pyiceberg.table.metadata import TableMetadataUtil
 from compactlog.iceberg.avro import TableIO, entries, read_list
 from compactlog.iceberg.files import TableFiles, relative_of, table_files
 from compactlog.iceberg.kinds import STATE, TableKind
-from compactlog.iceberg.state import HINT, Current, load_current, metadata_name, partition_of
+from compactlog.iceberg.state import HINT, Current, load_current, metadata_name
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
 
@@ -112,10 +112,12 @@ def expire(store: LogStore, topic_name: str, now_ms: int | None = None,
         log.info("%s: expired %d snapshot(s) of the %s table (metadata v%d)",
                  topic_name, len(expired), kind.name, version)
         data_urls, table_urls = referenced(table_io, body, lists)
-        released = released_partitions(lists, set(expired))
+        expired_body = {"snapshots": [snapshot for snapshot in current.body["snapshots"]
+                                      if snapshot["snapshot-id"] in expired]}
+        released = referenced(table_io, expired_body, lists)[0] - data_urls
         for partition in topic.partitions:  # 4.
-            if partition.index not in released:
-                continue  # what the retained snapshots reference in it is unchanged
+            if not relatives_in(partition, released):
+                continue  # the retained snapshots reference the same files in it
             partition.holds.replace(kind.holder, relatives_in(partition, data_urls), now,
                                     grace_ms)
             result.holds_replaced += 1
@@ -160,18 +162,6 @@ def manifest_lists(table_io: TableIO, body: dict[str, Any]) -> dict[int, list[Ma
     """Each snapshot's manifests, by snapshot id (one read of each manifest list)."""
     return {snapshot["snapshot-id"]: read_list(table_io, snapshot["manifest-list"])
             for snapshot in body.get("snapshots", [])}
-
-
-def released_partitions(lists: dict[int, list[ManifestFile]],
-                        expired: set[int]) -> set[int]:
-    """Step 4's partitions: those with a manifest that only expired snapshots list
-    (each manifest describes one partition, state.py), whose holds may shrink; in the
-    others the retained snapshots reference the same data files as before."""
-    retained = {manifest.manifest_path for snapshot_id, manifests in lists.items()
-                if snapshot_id not in expired for manifest in manifests}
-    return {partition_of(manifest.manifest_path) for snapshot_id, manifests in lists.items()
-            if snapshot_id in expired for manifest in manifests
-            if manifest.manifest_path not in retained}
 
 
 def expired_snapshots(body: dict[str, Any], now_ms: int, max_age_ms: int,
