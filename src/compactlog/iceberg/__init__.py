@@ -43,8 +43,9 @@ Deletes: Iceberg v2 position deletes, never equality deletes
   a position-delete file of that one ledger file (`deletes.py`): a reader drops them
   while it scans the file, and pays no merge or join on keys, as equality deletes would
   make it. One delete file per ledger file that has deleted rows, bounded to it
-  (lower = upper bound on `file_path`, which Polars' native reader needs), named by a
-  hash of its positions and reused by every later snapshot while they are the same.
+  (lower = upper bound on `file_path`, which Polars' native reader needs: so not one
+  per partition, though DuckDB would open fewer files), named by a hash of its
+  positions and reused by every later snapshot while they are the same.
   Why v2 position deletes and not v3 deletion vectors: DuckDB 1.5.5, pyiceberg 0.12 and
   Polars 2.1 all read both (checked here), but a v3 table also needs row lineage
   (first-row-id on every data file) that pyiceberg 0.12 cannot write (it writes v1 and
@@ -59,12 +60,15 @@ Where the files are: beside the data
     metadata/version-hint.text    "N": how DuckDB's `iceberg_scan(dir)` and pyiceberg's
                                   `StaticTable.from_metadata(dir)` find the current one
     metadata/snap-<id>-<uuid>.avro                 a snapshot's manifest list
-    metadata/<uuid>-p<n>-data.avro, -deletes.avro  partition n's manifests
+    metadata/<uuid>-data.avro, -deletes.avro       the snapshot's two manifests
     deletes/<n>/<ledger file stem>.<hash>.parquet  a position-delete file
-  Each snapshot has one data and one delete manifest per partition; a partition whose
-  files did not change keeps the previous snapshot's manifests, so a commit writes a
-  bounded number of files: per changed partition two manifests and the delete files of
-  its changed ledger files, then one manifest list and one metadata file.
+  Each snapshot has one data and one delete manifest for all partitions, in which the
+  entries of a partition whose files did not change are carried as they were: a reader
+  opens two manifests however many partitions there are (DuckDB pays a fixed cost per
+  manifest), and a commit writes a bounded number of files: two manifests, the delete
+  files of the changed ledger files, one manifest list and one metadata file (plus the
+  hint), made durable together with one directory fsync per folder. (Tables written
+  before, with two manifests per partition, are read and carried on the same way.)
 
 Commit: `sync(topic)`, never ahead of the compaction commit
   1. load the table's current version N: version-hint.text, then v<N+1>... while one

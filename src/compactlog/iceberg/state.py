@@ -335,7 +335,7 @@ def _partition_part(kind: TableKind, partition: Partition, version: int,
 
 
 def _write_manifests(files: TableFiles, parts: list[Partial], snapshot_id: int,
-                     written: list[tuple[str, bytes]]) -> list[ManifestFile]:
+                     sequence: int, written: list[tuple[str, bytes]]) -> list[ManifestFile]:
     """Step 4's manifests: one of every partition's data files and one of their delete
     files, whatever changed. A reader opens two manifests per snapshot however many
     partitions there are (DuckDB pays about half a millisecond a manifest); the price,
@@ -350,8 +350,8 @@ def _write_manifests(files: TableFiles, parts: list[Partial], snapshot_id: int,
         if not (added or existing or removed):
             continue
         name = f"{stem}-{suffix}.avro"
-        manifest, data = write_manifest(files.url(name), snapshot_id, deletes, added,
-                                        existing, removed)
+        manifest, data = write_manifest(files.url(name), snapshot_id, sequence, deletes,
+                                        added, existing, removed)
         written.append((name, data))
         found.append(manifest)
     return found
@@ -399,7 +399,7 @@ def _next_metadata(files: TableFiles, current: Current, parts: list[Partial],
     parent = body.get("current-snapshot-id")
     timestamp = max(clock_ms, int(body.get("last-updated-ms", 0)) + 1)
     list_name = f"metadata/snap-{snapshot_id}-{uuid.uuid4().hex}.avro"
-    manifests = _write_manifests(files, parts, snapshot_id, written)
+    manifests = _write_manifests(files, parts, snapshot_id, sequence, written)
     written.append((list_name, write_list(files.url(list_name), snapshot_id, parent,
                                           sequence, manifests)))
     summary: dict[str, str] = {
