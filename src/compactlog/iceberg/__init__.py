@@ -76,7 +76,7 @@ Commit: `sync(topic)`, never ahead of the compaction commit
   2. load each partition's committed manifest (after 1);
   3. per partition, its ledger files and each one's deleted positions, at one instant
      (`now_ms`); a partition whose data and delete files equal those of the current
-     snapshot keeps its manifests; the current snapshot's manifest version of a
+     snapshot keeps its entries; the current snapshot's manifest version of a
      partition must not be newer than the one loaded in 2 (else back to 1);
   4. if no partition changed, stop; else write the new delete files, manifests and the
      manifest list, under new names;
