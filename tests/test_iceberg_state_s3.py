@@ -171,3 +171,36 @@ def test_expiry_reads_a_hold_once_and_only_where_it_may_shrink(
         # The load, then the commit's own compare (object_commit.py, step 2) and its
         # conditional PUT; no other partition's hold document is read.
         assert holds_requests(mark) == {0: ["GET", "GET", "PUT"]}
+
+
+def test_a_raw_table_switched_off_is_dropped_from_the_bucket(
+        s3: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """iceberg/drop.py on S3: the raw table's objects go (v1 and the hint first), and
+    the raw holder leaves every partition's hold document; the state table stays."""
+    from compactlog.iceberg import drop_table, sync_raw_table
+    from compactlog.iceberg.files import table_files
+    from compactlog.iceberg.kinds import RAW, STATE
+
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    with LogStore.open(str(s3.location("drop")), local_dir=tmp_path / "writer") as store:
+        store.create_topic("prices", 2, {"cleanup.policy": "compact",
+                                         "min.compaction.lag.ms": "0",
+                                         "iceberg.raw.enabled": "true"})
+        store.append("prices", updates(0, 100, 20))
+        for partition in store.topic("prices").partitions:
+            partition.roll()
+        LocalCompactionService(store, "prices", {"engine": "arrow"}).compact()
+        assert sync_raw_table(store, "prices").snapshot_id is not None
+        partitions = store.topic("prices").partitions
+        assert all(p.holds.has(RAW.holder) for p in partitions)
+        raw = table_files(store, "prices", "raw")
+        assert raw.listing("metadata")
+        store.alter_topic("prices", {"iceberg.raw.enabled": "false"})
+        result = drop_table(store, "prices")
+        assert result.table_files_removed > 0 and result.holds_released == 2
+        assert raw.listing("metadata") == [] and raw.size("metadata/version-hint.text") is None
+        assert not any(p.holds.has(RAW.holder) for p in partitions)
+        assert all(p.holds.has(STATE.holder) for p in partitions)
+        assert table_files(store, "prices", "state").listing("metadata")
+        assert drop_table(store, "prices").table_files_removed == 0  # nothing left
