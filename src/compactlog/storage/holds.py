@@ -21,7 +21,11 @@ The protocol for a holder (iceberg/expiry.py is the one here):
      still reference it: the holder's commits take less than that);
   3. a holder may rewrite its whole entry (`replace`) to what its committed state
      references plus what it holds within the grace period, which also repairs holds
-     lost to a crash between steps.
+     lost to a crash between steps; a holder with no entry at all (its state predates
+     the document) writes one (`adopt`);
+  4. a holder whose state is gone (a dropped table, iceberg/drop.py) removes its entry
+     whole (`release`), only after nothing can read its state any more.
+Each of these loads the document once and commits only if the entry changes.
 Tests: tests/test_iceberg_expiry.py.
 """
 
