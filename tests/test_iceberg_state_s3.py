@@ -173,6 +173,7 @@ def test_expiry_reads_a_hold_once_and_only_where_it_may_shrink(
         assert holds_requests(mark) == {0: ["GET", "GET", "PUT"]}
 
 
+@pytest.mark.slow  # the default run has it locally (test_iceberg_raw, the REST catalog's)
 def test_a_raw_table_switched_off_is_dropped_from_the_bucket(
         s3: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """iceberg/drop.py on S3: the raw table's objects go (v1 and the hint first), and
