@@ -172,3 +172,68 @@ def test_the_querying_pages_raw_table_example(tmp_path: Path, clock: FakeClock) 
     assert done.returncode == 0, done.stderr
     tombstones = sum(1 for row in expected if row[3] is None)
     assert done.stdout.strip() == f"{len(expected)} records, {tombstones} tombstones"
+
+
+def test_switching_the_raw_table_off_drops_it_and_frees_its_segments(
+        store: LogStore, clock: FakeClock) -> None:
+    """A raw table nothing syncs or expires any more must not hold the segments that a
+    merge retired (iceberg/drop.py): switched off, the upkeep drops the table, then its
+    holds, and the sweep deletes them; the state table keeps its snapshots and holds."""
+    from compactlog.iceberg.catalog import table_names
+    from compactlog.iceberg.kinds import RAW, STATE
+    from test_iceberg_state import compact, expected_state
+
+    name = "both"
+    store.create_topic(name, 2, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
+                                 "file.delete.delay.ms": "1000",
+                                 "iceberg.raw.enabled": "true"})
+    partitions = store.topic(name).partitions
+
+    def seal(start: int, batches: int) -> None:
+        for batch in range(batches):
+            store.append(name, [ProducerRecord(b"k%d" % (start + batch * 3 + i), b"v")
+                                for i in range(3)])
+            for partition in partitions:
+                partition.roll()
+            clock.advance(1)
+
+    now = [0.0]
+    upkeep = StateTableUpkeep(store, clock=lambda: now[0])
+    seal(0, 6)  # small segments
+    compact(store, name)
+    assert upkeep.run(name)
+    merged = {partition.segment_dir / info.file for partition in partitions
+              for info in partition.manifest.segments}
+    for partition in partitions:
+        assert merge_small_segments(partition, min_run=4) is not None
+    now[0] = 61.0
+    assert upkeep.run(name)  # the raw table's `replace` snapshot
+    clock.advance(10)  # the merge's inputs: retired past file.delete.delay.ms
+    seal(100, 1)  # a commit that forgets them
+    for partition in partitions:
+        partition.sweep()
+    replaced = merged - {partition.segment_dir / info.file for partition in partitions
+                         for info in partition.manifest.segments}
+    assert replaced and all(path.exists() for path in replaced)  # the raw table holds them
+    state = expected_state(store, name)
+    raw = state_table_location(store, name, "raw")
+    assert table_names(store, "raw", [name]) == [name]
+
+    store.alter_topic(name, {"iceberg.raw.enabled": "false"})
+    now[0] = 62.0
+    upkeep.run(name)
+    assert not Path(raw).exists()
+    assert not any(p.holds.has(RAW.holder) for p in partitions)
+    for partition in partitions:
+        partition.sweep()
+    assert not any(path.exists() for path in replaced)
+    assert table_names(store, "raw", [name]) == []
+    assert table_names(store, "state", [name]) == [name]
+    assert all(p.holds.entries(STATE.holder) for p in partitions)
+    for engine in ENGINES:
+        assert read_state(engine, state_table_location(store, name)) == state, engine
+    # Switched on again, the upkeep makes it anew from the segments as they are.
+    store.alter_topic(name, {"iceberg.raw.enabled": "true"})
+    now[0] = 200.0
+    assert upkeep.run(name)
+    assert read_state("pyiceberg", raw) == raw_rows(store, name)

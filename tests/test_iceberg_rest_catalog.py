@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -344,7 +345,7 @@ def test_the_catalog_of_a_server_on_s3(s3: S3Server, monkeypatch: pytest.MonkeyP
 def test_the_raw_namespace_serves_the_raw_tables(tmp_path: Path) -> None:
     """Namespace `raw`: a topic with iceberg.raw.enabled, its sealed log read through the
     catalog by pyiceberg and DuckDB, tombstones included; a topic without it has none."""
-    from compactlog.iceberg import sync_raw_table
+    from compactlog.iceberg import state_table_location, sync_raw_table
     from test_iceberg_raw import raw_rows
 
     with LogStore.open(tmp_path / "data") as store:
@@ -368,3 +369,18 @@ def test_the_raw_namespace_serves_the_raw_tables(tmp_path: Path) -> None:
         found = con.execute('SELECT partition, "offset", key, value, headers '
                             "FROM c.raw.events").fetchall()
         assert sorted(_row(*row) for row in found) == expected
+    # Switched off, the server's upkeep drops the table (iceberg/drop.py): not listed,
+    # its files and holds gone.
+    with LogStore.open(tmp_path / "data") as store:
+        store.alter_topic("events", {"iceberg.raw.enabled": "false"})
+        folder = Path(state_table_location(store, "events", "raw"))
+        partitions = store.topic("events").partitions
+        holds = [partition.holds for partition in partitions]
+    with server(tmp_path, authenticated=False) as running:
+        catalog = pyiceberg_catalog(running, None)
+        assert catalog.list_tables("raw") == []
+        deadline = time.monotonic() + 30
+        while folder.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not folder.exists(), running.log_path.read_text()[-2000:]
+    assert not any(hold.has("iceberg-raw") for hold in holds)

@@ -262,7 +262,8 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "compactlog: keep the topic's sealed segments as an append-only Iceberg table too, "
         "`<topic>/iceberg/raw` (docs/querying.md), synced by the server's upkeep. Off by "
         "default, as Redpanda's Iceberg topics are: each snapshot costs a few writes per "
-        "changed partition.",
+        "changed partition. Switched off, the server drops the table (its metadata, "
+        "then its files, then its holds on segments) in its next upkeep round.",
     ),
     ConfigKey(
         "iceberg.raw.target.lag.ms",

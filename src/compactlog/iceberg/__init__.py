@@ -43,8 +43,9 @@ Deletes: Iceberg v2 position deletes, never equality deletes
   a position-delete file of that one ledger file (`deletes.py`): a reader drops them
   while it scans the file, and pays no merge or join on keys, as equality deletes would
   make it. One delete file per ledger file that has deleted rows, bounded to it
-  (lower = upper bound on `file_path`, which Polars' native reader needs), named by a
-  hash of its positions and reused by every later snapshot while they are the same.
+  (lower = upper bound on `file_path`, which Polars' native reader needs: so not one
+  per partition, though DuckDB would open fewer files), named by a hash of its
+  positions and reused by every later snapshot while they are the same.
   Why v2 position deletes and not v3 deletion vectors: DuckDB 1.5.5, pyiceberg 0.12 and
   Polars 2.1 all read both (checked here), but a v3 table also needs row lineage
   (first-row-id on every data file) that pyiceberg 0.12 cannot write (it writes v1 and
@@ -59,12 +60,15 @@ Where the files are: beside the data
     metadata/version-hint.text    "N": how DuckDB's `iceberg_scan(dir)` and pyiceberg's
                                   `StaticTable.from_metadata(dir)` find the current one
     metadata/snap-<id>-<uuid>.avro                 a snapshot's manifest list
-    metadata/<uuid>-p<n>-data.avro, -deletes.avro  partition n's manifests
+    metadata/<uuid>-data.avro, -deletes.avro       the snapshot's two manifests
     deletes/<n>/<ledger file stem>.<hash>.parquet  a position-delete file
-  Each snapshot has one data and one delete manifest per partition; a partition whose
-  files did not change keeps the previous snapshot's manifests, so a commit writes a
-  bounded number of files: per changed partition two manifests and the delete files of
-  its changed ledger files, then one manifest list and one metadata file.
+  Each snapshot has one data and one delete manifest for all partitions, in which the
+  entries of a partition whose files did not change are carried as they were: a reader
+  opens two manifests however many partitions there are (DuckDB pays a fixed cost per
+  manifest), and a commit writes a bounded number of files: two manifests, the delete
+  files of the changed ledger files, one manifest list and one metadata file (plus the
+  hint), made durable together with one directory fsync per folder. (Tables written
+  before, with two manifests per partition, are read and carried on the same way.)
 
 Commit: `sync(topic)`, never ahead of the compaction commit
   1. load the table's current version N: version-hint.text, then v<N+1>... while one
@@ -72,7 +76,7 @@ Commit: `sync(topic)`, never ahead of the compaction commit
   2. load each partition's committed manifest (after 1);
   3. per partition, its ledger files and each one's deleted positions, at one instant
      (`now_ms`); a partition whose data and delete files equal those of the current
-     snapshot keeps its manifests; the current snapshot's manifest version of a
+     snapshot keeps its entries; the current snapshot's manifest version of a
      partition must not be newer than the one loaded in 2 (else back to 1);
   4. if no partition changed, stop; else write the new delete files, manifests and the
      manifest list, under new names;
@@ -131,15 +135,17 @@ the sealed segments of the raw view as an append-only table, tombstones included
 made by the same steps 1 to 6 (a seal appends, a merge of small segments replaces,
 retention and DeleteRecords overwrite with position deletes), synced by the server's
 upkeep at most once per iceberg.raw.target.lag.ms; its snapshots hold their segments
-and expire as the state table's do.
+and expire as the state table's do. Turning iceberg.raw.enabled off drops the table
+(drop.py): its files, then its holds, so that it no longer keeps segments.
 
 Modules: `schema.py` (schema, partition spec, name mapping), `deletes.py` (deleted
 positions from the view's definition, position-delete files), `files.py` (the table's
 files on a disk or a bucket), `avro.py` (manifests and manifest lists, through
 pyiceberg's writers), `kinds.py` (the state table and the raw table: which files and
 rows each shows), `state.py` (sync: steps 1 to 6, for either kind), `expiry.py`
-(snapshot expiry and the holds), `catalog.py` (what the read-only REST catalog on the
-admin listener answers: namespace `state`, one table per compacted topic, and `raw`).
+(snapshot expiry and the holds), `drop.py` (a table the topic no longer keeps),
+`catalog.py` (what the read-only REST catalog on the admin listener answers: namespace
+`state`, one table per compacted topic, and `raw`).
 pyiceberg is a dependency; in an install that left it out nothing here runs and
 compaction goes on.
 """
@@ -152,7 +158,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from compactlog.iceberg.drop import DropResult
     from compactlog.iceberg.expiry import ExpiryResult
+    from compactlog.iceberg.state import Current
     from compactlog.storage.store import LogStore
 
 log = logging.getLogger(__name__)
@@ -178,6 +186,9 @@ class SyncResult:
     changed_partitions: list[int] = field(default_factory=list)
     files_written: int = 0
     seconds: float = 0.0
+    # The table's metadata as this sync left it (committed, or found current), so that
+    # the expiry after it need not load it again.
+    current: Current | None = None
 
 
 def sync_state_table(store: LogStore, topic: str, cause: str = "sync", run_id: str = "",
@@ -200,14 +211,25 @@ def sync_raw_table(store: LogStore, topic: str, cause: str = "sync",
 
 
 def expire_snapshots(store: LogStore, topic: str, now_ms: int | None = None,
-                     table: str = STATE_TABLE) -> ExpiryResult:
+                     table: str = STATE_TABLE, repair: bool = True) -> ExpiryResult:
     """Expire the snapshots of `topic`'s table `table` ("state" or "raw") past
     `iceberg.history.expire.max-snapshot-age-ms`, then let the sweep delete the data
-    files only they held (expiry.py)."""
+    files only they held (expiry.py). `repair`: also give the table's holds to a
+    partition whose hold document has none (a table made before holds existed)."""
     from compactlog.iceberg.expiry import expire
     from compactlog.iceberg.kinds import KINDS
 
-    return expire(store, topic, now_ms, KINDS[table])
+    return expire(store, topic, now_ms, KINDS[table], repair=repair)
+
+
+def drop_table(store: LogStore, topic: str, table: str = RAW_TABLE) -> DropResult:
+    """Drop `topic`'s table `table` (the raw table when `iceberg.raw.enabled` is turned
+    off): its files first, then its holds, so that it stops keeping data files
+    (drop.py)."""
+    from compactlog.iceberg.drop import drop
+    from compactlog.iceberg.kinds import KINDS
+
+    return drop(store, topic, KINDS[table])
 
 
 def state_table_location(store: LogStore, topic: str, table: str = STATE_TABLE) -> str:
@@ -230,8 +252,10 @@ def sync_after_compaction(store: LogStore, topic: str, run_id: str) -> SyncResul
         log.warning("%s: the Iceberg state table was not synced after compaction run %s "
                     "(the next sync catches it up): %s", topic, run_id, error)
         return None
-    try:
-        expire_snapshots(store, topic)
+    try:  # the metadata the sync left, and no repair: no request when none expires
+        from compactlog.iceberg.expiry import expire
+
+        expire(store, topic, current=result.current, repair=False)
     except Exception as error:  # expiry only frees space: the next one does it
         log.warning("%s: the Iceberg state table's snapshots were not expired after "
                     "compaction run %s (the next expiry does it): %s", topic, run_id, error)

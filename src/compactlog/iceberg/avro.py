@@ -1,11 +1,20 @@
 """Iceberg's Avro files (manifests, manifest lists), written and read in memory through
 pyiceberg's own writers and readers, so that the bytes go to the table's files
 (files.py) with their crash-safe publication rather than through pyiceberg's FileIO.
+
+Invariant: a manifest never changes once written (its name holds a uuid), so the live
+entries of one this process wrote or read are kept (`entries`, up to ENTRIES_KEPT
+manifests) as a reader would see them, with the sequence numbers a reader inherits
+from the manifest list (Iceberg's spec, "Sequence Number Inheritance"): each sync
+reads the previous snapshot's manifests, most often the ones the sync before it wrote,
+and pyiceberg's Avro reader costs milliseconds a file.
 """
 
 from __future__ import annotations
 
 import io
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -25,6 +34,9 @@ from compactlog.iceberg.files import TableFiles
 from compactlog.iceberg.schema import SCHEMA, SPEC
 
 COMPRESSION: Literal["deflate"] = "deflate"
+ENTRIES_KEPT = 512
+_entries: OrderedDict[str, list[ManifestEntry]] = OrderedDict()
+_entries_lock = threading.Lock()
 
 
 class _Buffer(io.BytesIO):
@@ -113,21 +125,32 @@ class _DeleteManifestWriter(ManifestWriterV2):
         return {**super()._meta, "content": "deletes"}
 
 
-def write_manifest(location: str, snapshot_id: int, deletes: bool,
+def write_manifest(location: str, snapshot_id: int, sequence_number: int, deletes: bool,
                    added: Iterable[DataFile], existing: Iterable[ManifestEntry],
                    removed: Iterable[ManifestEntry]) -> tuple[ManifestFile, bytes]:
-    """A manifest of `added` files (of this snapshot), `existing` entries carried from
-    the previous snapshot and `removed` ones marked deleted; its ManifestFile and bytes."""
+    """A manifest of `added` files (of this snapshot, whose sequence number is
+    `sequence_number`), `existing` entries carried from the previous snapshot and
+    `removed` ones marked deleted; its ManifestFile and bytes."""
     out = MemoryOutputFile(location)
     kind = _DeleteManifestWriter if deletes else ManifestWriterV2
+    live: list[ManifestEntry] = []
     with kind(SPEC, SCHEMA, out, snapshot_id, COMPRESSION) as writer:
         for data_file in added:
             writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED,
                                                snapshot_id=snapshot_id, data_file=data_file))
+            live.append(ManifestEntry.from_args(  # as a reader inherits them
+                status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id,
+                sequence_number=sequence_number, file_sequence_number=sequence_number,
+                data_file=data_file))
         for entry in existing:
             writer.existing(entry)
+            live.append(ManifestEntry.from_args(
+                status=ManifestEntryStatus.EXISTING, snapshot_id=entry.snapshot_id,
+                sequence_number=entry.sequence_number,
+                file_sequence_number=entry.file_sequence_number, data_file=entry.data_file))
         for entry in removed:
             writer.delete(entry)
+    _keep(location, live)
     return writer.to_manifest_file(), out.data
 
 
@@ -146,7 +169,27 @@ def read_list(table_io: TableIO, location: str) -> list[ManifestFile]:
 
 def entries(table_io: TableIO, manifest: ManifestFile) -> list[ManifestEntry]:
     """The live entries of `manifest` (sequence numbers inherited as readers do)."""
-    return manifest.fetch_manifest_entry(table_io, discard_deleted=True)
+    with _entries_lock:
+        found = _entries.get(manifest.manifest_path)
+        if found is not None:
+            _entries.move_to_end(manifest.manifest_path)
+            return list(found)
+    fetched = manifest.fetch_manifest_entry(table_io, discard_deleted=True)
+    _keep(manifest.manifest_path, fetched)
+    return fetched
+
+
+def _keep(location: str, live: list[ManifestEntry]) -> None:
+    with _entries_lock:
+        _entries[location] = list(live)
+        while len(_entries) > ENTRIES_KEPT:
+            _entries.popitem(last=False)
+
+
+def forget_entries() -> None:
+    """Empty the kept entries (for tests: a reader in a process of its own)."""
+    with _entries_lock:
+        _entries.clear()
 
 
 def data_file(**fields: Any) -> DataFile:

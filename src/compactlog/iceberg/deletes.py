@@ -18,7 +18,9 @@ determined by what decided them (`inputs`: the file, its deletion vector, the vi
 bounds within it, the tombstone setting); a delete file's
 name carries both that hash and its positions' hash, so a later snapshot whose inputs
 are the same keeps the file without reading anything, and one whose inputs changed but
-whose positions did not (retention's cut moved past no row) keeps it too.
+whose positions did not (retention's cut moved past no row) keeps it too. The columns
+read of a file are kept in the process (up to COLUMNS_KEPT_BYTES), since a compaction
+with deletion vectors gives old ledger files new positions, not new rows.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ from compactlog.storage.volume import Volume
 _CACHE_LIMIT = 4096
 _cache: OrderedDict[str, np.ndarray] = OrderedDict()
 _cache_lock = threading.Lock()
+# The columns read of files (a file never changes), by file and columns.
+COLUMNS_KEPT_BYTES = 64 << 20
+_columns: OrderedDict[tuple[str, tuple[str, ...]], pa.Table] = OrderedDict()
 
 
 def may_hold_tombstones(manifest: PartitionManifest, rules: TimeRules) -> bool:
@@ -83,16 +88,12 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: 
             _cache.move_to_end(inputs)
             return found
     info = rows.info
-    path = volume.fetch(rows.relative)
-    what = "ledger file" if rows.is_ledger else "sealed segment"
-    verify_input(path, info.size_bytes, info.crc32c,
-                 f"{what} with offsets {info.base_offset}..{info.last_offset}")
     # Every tombstone leaves the state: the view's tombstone retention adds nothing.
     condition = replace(rows.condition, tombstone_cutoff_ms=None)
     columns = ["offset", "value_size"] + (["key"] if null_keys else [])
     if condition.min_timestamp is not None:
         columns.append("timestamp")
-    table = pq.read_table(path, columns=columns)
+    table = _columns_of(volume, rows, tuple(columns))
     offsets = table.column("offset").to_numpy()
     keep = condition.mask(table)
     gone = np.zeros(len(offsets), bool) if keep is None else ~keep
@@ -109,6 +110,30 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: 
         while len(_cache) > _CACHE_LIMIT:
             _cache.popitem(last=False)
     return positions
+
+
+def _columns_of(volume: Volume, rows: FileRows, columns: tuple[str, ...]) -> pa.Table:
+    """`columns` of the file, proven whole against the manifest when first read, then
+    kept (up to COLUMNS_KEPT_BYTES): a compaction that gives an old ledger file a new
+    deletion vector changes its positions, never its columns."""
+    key = (volume.describe(rows.relative), columns)
+    with _cache_lock:
+        found = _columns.get(key)
+        if found is not None:
+            _columns.move_to_end(key)
+            return found
+    info = rows.info
+    path = volume.fetch(rows.relative)
+    what = "ledger file" if rows.is_ledger else "sealed segment"
+    verify_input(path, info.size_bytes, info.crc32c,
+                 f"{what} with offsets {info.base_offset}..{info.last_offset}")
+    table = pq.read_table(path, columns=list(columns))
+    with _cache_lock:
+        _columns[key] = table
+        kept = sum(each.nbytes for each in _columns.values())
+        while kept > COLUMNS_KEPT_BYTES and len(_columns) > 1:
+            kept -= _columns.popitem(last=False)[1].nbytes
+    return table
 
 
 def tombstones(table: pa.Table, empty_value_is_tombstone: bool) -> np.ndarray:
@@ -155,3 +180,4 @@ def forget_cache() -> None:
     """Empty the positions cache (for tests)."""
     with _cache_lock:
         _cache.clear()
+        _columns.clear()

@@ -21,31 +21,39 @@ snapshots reference:
      replaced, and 1); the others expire (0: all but those);
   3. if any expire, create v<N+1>.metadata.json without them only if absent (another
      commit first: back to 1), then the hint;
-  4. per partition, replace the hold with the data files the retained snapshots
-     reference (plus what is within the grace period), which also holds the files of a
-     table made before holds existed; ask the writer's sweep to run soon;
+  4. per partition with a data file that only expired snapshots reference (whose hold
+     may shrink: in the others the retained snapshots reference the same files),
+     replace the hold with the data files the retained snapshots reference (plus what
+     is within the grace period): one load of the hold document, and a commit only if
+     it changes; ask the writer's sweep to run soon. Nothing expired: no partition's
+     hold changes, and none is read, except (`repair`, the server's upkeep) to hold
+     the files of a table made before holds existed in a partition with no entry;
   5. delete the table's own files (manifest lists, manifests, position-delete files)
      that no retained snapshot references and that are older than the grace period
      (a sync in flight writes files before its commit). Metadata files are kept: the
      metadata log names them, as Iceberg keeps them by default.
-Runs in the server's upkeep (iceberg/upkeep.py) and after each compaction's sync.
+Runs in the server's upkeep (iceberg/upkeep.py) and after each compaction's sync,
+which hands over the metadata it left (step 1 reads nothing then): an expiry that
+expires nothing sends no request after a sync.
 Tests: tests/test_iceberg_expiry.py.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
+from pyiceberg.manifest import DataFileContent, ManifestEntryStatus, ManifestFile
 from pyiceberg.table.metadata import TableMetadataUtil
 
 from compactlog.iceberg.avro import TableIO, entries, read_list
 from compactlog.iceberg.files import TableFiles, relative_of, table_files
 from compactlog.iceberg.kinds import STATE, TableKind
-from compactlog.iceberg.state import HINT, load_current, metadata_name
+from compactlog.iceberg.state import HINT, Current, load_current, metadata_name
+from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger(__name__)
@@ -61,56 +69,99 @@ class ExpiryResult:
     expired: list[int] = field(default_factory=list)  # snapshot ids
     version: int | None = None  # the metadata version committed without them
     table_files_removed: int = 0
+    holds_replaced: int = 0  # partitions whose hold document step 4 replaced
 
 
 def expire(store: LogStore, topic_name: str, now_ms: int | None = None,
-           kind: TableKind = STATE) -> ExpiryResult:
+           kind: TableKind = STATE, current: Current | None = None,
+           repair: bool = True) -> ExpiryResult:
+    """Steps 1 to 5. `current`: the metadata a sync just left (step 1 then loads
+    nothing; a conflict at step 3 loads it again). `repair`: step 4 for a partition
+    whose hold document has no entry of the table even when nothing expired."""
     files = table_files(store, topic_name, kind.name)
     result = ExpiryResult(topic_name)
-    for _attempt in range(ATTEMPTS):
+    for attempt in range(ATTEMPTS):
         topic = store.topic(topic_name)
         now = int(store.clock() * 1000) if now_ms is None else now_ms
-        current = load_current(files)  # 1.
+        grace_ms = int(topic.config["file.delete.delay.ms"])
+        if current is None or attempt:
+            current = load_current(files)  # 1.
         if current.body is None:  # no table (never made, or its directory deleted by
             # hand to be made again): nothing references what the holds list
             for partition in topic.partitions:
-                if partition.holds.has(kind.holder):
-                    partition.holds.replace(kind.holder, [], now,
-                                            int(topic.config["file.delete.delay.ms"]))
+                partition.holds.replace(kind.holder, [], now, grace_ms)
             return result
         expired = expired_snapshots(current.body, now, int(topic.config[MAX_AGE]),
                                     int(topic.config[MIN_KEEP]))  # 2.
-        body = current.body
-        if expired:
-            body = without(current.body, set(expired))
-            version = current.version + 1
-            if not files.create(metadata_name(version), json.dumps(body).encode()):  # 3.
-                continue
-            try:
-                files.replace(HINT, str(version).encode())
-            except Exception as error:  # step 1 of every reader probes past a stale hint
-                log.warning("%s: version-hint.text not updated to %d: %s", topic_name,
-                            version, error)
-            result.expired, result.version = expired, version
-            log.info("%s: expired %d snapshot(s) of the %s table (metadata v%d)",
-                     topic_name, len(expired), kind.name, version)
-        elif all(partition.holds.has(kind.holder) for partition in topic.partitions):
-            return result  # nothing expired, and every partition's hold is there
-        grace_ms = int(topic.config["file.delete.delay.ms"])
-        data_urls, table_urls = referenced(TableIO(files), body)
+        table_io = TableIO(files)
+        if not expired:
+            if repair:
+                _adopt(topic.partitions, kind, table_io, current.body, now)
+            return result
+        lists = manifest_lists(table_io, current.body)
+        body = without(current.body, set(expired))
+        version = current.version + 1
+        if not files.create(metadata_name(version), json.dumps(body).encode()):  # 3.
+            continue
+        try:
+            files.replace(HINT, str(version).encode())
+        except Exception as error:  # step 1 of every reader probes past a stale hint
+            log.warning("%s: version-hint.text not updated to %d: %s", topic_name,
+                        version, error)
+        result.expired, result.version = expired, version
+        log.info("%s: expired %d snapshot(s) of the %s table (metadata v%d)",
+                 topic_name, len(expired), kind.name, version)
+        data_urls, table_urls = referenced(table_io, body, lists)
+        expired_body = {"snapshots": [snapshot for snapshot in current.body["snapshots"]
+                                      if snapshot["snapshot-id"] in expired]}
+        released = referenced(table_io, expired_body, lists)[0] - data_urls
         for partition in topic.partitions:  # 4.
-            relatives = [relative for url in data_urls
-                         if (relative := relative_of(partition.volume, url)) is not None]
-            partition.holds.replace(kind.holder, relatives, now, grace_ms)
+            if not relatives_in(partition, released):
+                continue  # the retained snapshots reference the same files in it
+            partition.holds.replace(kind.holder, relatives_in(partition, data_urls), now,
+                                    grace_ms)
+            result.holds_replaced += 1
             if partition.writable:
                 partition.sweep_soon()
-        if expired:
-            result.table_files_removed = remove_unreferenced(
-                files, table_urls, [p.index for p in topic.partitions], now, grace_ms)  # 5.
+        result.table_files_removed = remove_unreferenced(
+            files, table_urls, [p.index for p in topic.partitions], now, grace_ms)  # 5.
         return result
     log.info("%s: the state table kept changing under %d expiries; the next round tries "
              "again", topic_name, ATTEMPTS)
     return result
+
+
+def relatives_in(partition: Partition, data_urls: set[str]) -> list[str]:
+    return [relative for url in data_urls
+            if (relative := relative_of(partition.volume, url)) is not None]
+
+
+def _adopt(partitions: list[Partition], kind: TableKind, table_io: TableIO,
+           body: dict[str, Any], now_ms: int) -> None:
+    """Step 4 when nothing expired: hold, in each partition whose hold document has no
+    entry of the table (a table made before holds existed), what the retained
+    snapshots reference there; the manifests are read only for such a partition."""
+    found: list[set[str]] = []
+
+    def data_urls() -> set[str]:
+        if not found:
+            found.append(referenced(table_io, body, manifest_lists(table_io, body))[0])
+        return found[0]
+
+    def held_in(partition: Partition) -> list[str]:
+        return relatives_in(partition, data_urls())
+
+    for partition in partitions:
+        adopted = partition.holds.adopt(kind.holder, functools.partial(held_in, partition),
+                                        now_ms)
+        if adopted and partition.writable:
+            partition.sweep_soon()
+
+
+def manifest_lists(table_io: TableIO, body: dict[str, Any]) -> dict[int, list[ManifestFile]]:
+    """Each snapshot's manifests, by snapshot id (one read of each manifest list)."""
+    return {snapshot["snapshot-id"]: read_list(table_io, snapshot["manifest-list"])
+            for snapshot in body.get("snapshots", [])}
 
 
 def expired_snapshots(body: dict[str, Any], now_ms: int, max_age_ms: int,
@@ -139,14 +190,16 @@ def without(body: dict[str, Any], expired: set[int]) -> dict[str, Any]:
     return updated
 
 
-def referenced(table_io: TableIO, body: dict[str, Any]) -> tuple[set[str], set[str]]:
+def referenced(table_io: TableIO, body: dict[str, Any],
+               lists: dict[int, list[ManifestFile]]) -> tuple[set[str], set[str]]:
     """The data files (ledger files) and the table's own files (manifest lists,
-    manifests, delete files) that the snapshots of `body` reference."""
+    manifests, delete files) that the snapshots of `body` reference (`lists`: their
+    manifests, from `manifest_lists`)."""
     data: set[str] = set()
     table: set[str] = set()
     for snapshot in body.get("snapshots", []):
         table.add(snapshot["manifest-list"])
-        for manifest in read_list(table_io, snapshot["manifest-list"]):
+        for manifest in lists[snapshot["snapshot-id"]]:
             if manifest.manifest_path in table:
                 continue  # shared with a snapshot already read
             table.add(manifest.manifest_path)

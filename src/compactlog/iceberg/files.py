@@ -10,15 +10,16 @@ changes nothing). Names given here are relative to the table's location, '/'-sep
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from compactlog.errors import StorageError
+from compactlog.errors import ConflictError, StorageError
 from compactlog.storage import fsutil
 from compactlog.storage.layout import ObjectLayout
 from compactlog.storage.location import Location
-from compactlog.storage.volume import Listed, LocalVolume, ObjectVolume, Volume
+from compactlog.storage.volume import Listed, LocalVolume, ObjectVolume, Volume, remove_prefix
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -43,6 +44,11 @@ class TableFiles(Protocol):
         """Publish `data` as `relative` if no file has that name; False if one has."""
         ...
 
+    def create_all(self, items: list[tuple[str, bytes]]) -> None:
+        """Publish each (relative, data) under a name no file has had (a uuid in each):
+        `create` of each, made durable together (ConflictError if a name is taken)."""
+        ...
+
     def replace(self, relative: str, data: bytes) -> None: ...
 
     def size(self, relative: str) -> int | None: ...
@@ -50,6 +56,10 @@ class TableFiles(Protocol):
     def listing(self, folder: str) -> list[Listed]: ...
 
     def remove(self, relative: str) -> bool: ...
+
+    def remove_all(self) -> int:
+        """Delete every file of the table (a dropped table); how many there were."""
+        ...
 
 
 class LocalTableFiles:
@@ -86,6 +96,21 @@ class LocalTableFiles:
         finally:
             temp.unlink(missing_ok=True)
 
+    def create_all(self, items: list[tuple[str, bytes]]) -> None:
+        """Every file written and fsynced, then linked, then each directory fsynced
+        once, not once per file: a snapshot's files share two or three directories."""
+        folders: set[Path] = set()
+        for relative, data in items:
+            temp, final = self._temp(relative, data)
+            try:
+                if not fsutil.link_new(temp, final):
+                    raise ConflictError(f"{final}: the name is taken")
+            finally:
+                temp.unlink(missing_ok=True)
+            folders.add(final.parent)
+        for folder in sorted(folders):
+            fsutil.fsync_dir(folder)
+
     def replace(self, relative: str, data: bytes) -> None:
         temp, final = self._temp(relative, data)
         try:
@@ -104,6 +129,14 @@ class LocalTableFiles:
 
     def remove(self, relative: str) -> bool:
         return fsutil.remove(self.root / relative)
+
+    def remove_all(self) -> int:
+        if not self.root.is_dir():
+            return 0
+        count = sum(1 for path in self.root.rglob("*") if path.is_file())
+        shutil.rmtree(self.root)
+        fsutil.fsync_dir(self.root.parent)
+        return count
 
 
 class ObjectTableFiles:
@@ -164,6 +197,11 @@ class ObjectTableFiles:
             return False
         return bool(head.get("Metadata", {}).get(TOKEN) == token)
 
+    def create_all(self, items: list[tuple[str, bytes]]) -> None:
+        for relative, data in items:
+            if not self.create(relative, data):
+                raise ConflictError(f"{self.url(relative)}: the name is taken")
+
     def replace(self, relative: str, data: bytes) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -195,6 +233,9 @@ class ObjectTableFiles:
 
     def remove(self, relative: str) -> bool:
         return self.volume.remove(relative)
+
+    def remove_all(self) -> int:
+        return remove_prefix(self.location, self.client)
 
 
 def table_files(store: LogStore, topic: str, table: str) -> TableFiles:

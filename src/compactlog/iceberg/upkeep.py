@@ -7,7 +7,9 @@ a compaction whose own sync failed or died, the first round after a restart, and
 `compact,delete` every RETENTION_SYNC_S, since retention.ms takes records out of the
 state as time passes. The raw table of a topic with `iceberg.raw.enabled`: a seal, a
 merge of small segments, retention or DeleteRecords, at most once per
-`iceberg.raw.target.lag.ms`, so that a busy topic makes one snapshot per interval. What decides
+`iceberg.raw.target.lag.ms`, so that a busy topic makes one snapshot per interval; a topic
+whose raw table is off has it dropped (drop.py) at the first round of this process and
+whenever it was on in the round before, so that it stops holding segments. What decides
 "changed" is read from the manifests this process holds (no I/O). Every
 EXPIRY_INTERVAL_S (and at the first round) each table's old snapshots expire
 (expiry.py). A failed round of a topic is retried after FAILURE_BACKOFF_S.
@@ -23,6 +25,7 @@ from compactlog.iceberg import (
     RAW_TABLE,
     STATE_TABLE,
     available,
+    drop_table,
     expire_snapshots,
     sync_raw_table,
     sync_state_table,
@@ -66,6 +69,8 @@ class StateTableUpkeep:
         self.synced_at: dict[tuple[str, str], float] = {}
         self.expired_at: dict[tuple[str, str], float] = {}
         self.retry_at: dict[str, float] = {}
+        # Topics whose raw table this process saw off and dropped (or found absent).
+        self.raw_dropped: set[str] = set()
 
     def run(self, name: str) -> bool:
         """Sync `name`'s tables where due (see the module); True when one synced."""
@@ -86,7 +91,12 @@ class StateTableUpkeep:
 
     def _raw(self, name: str, topic: Topic, now: float) -> bool:
         if not topic.config["iceberg.raw.enabled"]:
+            if name not in self.raw_dropped:  # first round, or just switched off
+                drop_table(self.store, name, RAW_TABLE)
+                self.raw_dropped.add(name)
+                self.synced.pop((name, RAW_TABLE), None)
             return False
+        self.raw_dropped.discard(name)
         key = raw_key(topic)
         lag_s = int(topic.config["iceberg.raw.target.lag.ms"]) / 1000
         synced = key != self.synced.get((name, RAW_TABLE)) and (

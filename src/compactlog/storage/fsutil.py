@@ -64,6 +64,15 @@ def publish_exclusive(temp: Path, final: Path) -> bool:
     Returns False, and removes `temp`, when another writer already published `final`.
     A hard link is atomic and fails on an existing name, which a rename would overwrite.
     """
+    if not link_new(temp, final):
+        return False
+    fsync_dir(final.parent)
+    return True
+
+
+def link_new(temp: Path, final: Path) -> bool:
+    """`publish_exclusive` without its directory fsync: the caller fsyncs the directory
+    (one fsync may cover several files). False, and `temp` removed, if `final` exists."""
     faults.point("rename", final)
     try:
         os.link(temp, final)
@@ -84,7 +93,6 @@ def publish_exclusive(temp: Path, final: Path) -> bool:
             out.flush()
             os.fsync(out.fileno())
     temp.unlink(missing_ok=True)
-    fsync_dir(final.parent)
     return True
 
 

@@ -21,7 +21,11 @@ The protocol for a holder (iceberg/expiry.py is the one here):
      still reference it: the holder's commits take less than that);
   3. a holder may rewrite its whole entry (`replace`) to what its committed state
      references plus what it holds within the grace period, which also repairs holds
-     lost to a crash between steps.
+     lost to a crash between steps; a holder with no entry at all (its state predates
+     the document) writes one (`adopt`);
+  4. a holder whose state is gone (a dropped table, iceberg/drop.py) removes its entry
+     whole (`release`), only after nothing can read its state any more.
+Each of these loads the document once and commits only if the entry changes.
 Tests: tests/test_iceberg_expiry.py.
 """
 
@@ -90,23 +94,51 @@ class Holds:
 
         self._commit(holder, change)
 
+    def adopt(self, holder: str, referenced: Callable[[], Iterable[str]],
+              now_ms: int) -> bool:
+        """Step 3 for a holder with no entry at all (its state predates the document):
+        hold `referenced()`, called only then. One load, and a commit only then; True
+        when it committed."""
+        return self._commit(holder, lambda entries: {path: now_ms for path in referenced()},
+                            only_if_absent=True)
+
+    def release(self, holder: str) -> bool:
+        """Drop `holder`'s entry whole (its table was dropped: nothing of it references
+        a file any more); True when there was one. One load, and a commit only then."""
+        for _ in range(ATTEMPTS):
+            snapshot = self.document.load()
+            if snapshot is None or holder not in snapshot.body.get("holders", {}):
+                return False
+            holders = {name: entries for name, entries in snapshot.body["holders"].items()
+                       if name != holder}
+            try:
+                self.document.commit(snapshot.version, {"holders": holders})
+                return True
+            except ConflictError:
+                continue
+        raise ConflictError(f"{self.document.where}: the hold document kept changing")
+
     def _commit(self, holder: str, change: Callable[[dict[str, int]], dict[str, int]],
-                only_if_new: list[str] | None = None) -> None:
+                only_if_new: list[str] | None = None, only_if_absent: bool = False) -> bool:
+        """One load of the document, and a commit only if `change` changes the holder's
+        entry (an empty entry is not written where there was none); True if committed."""
         for _ in range(ATTEMPTS):
             snapshot = self.document.load()
             body = {} if snapshot is None else dict(snapshot.body)
             holders: dict[str, Mapping[str, int]] = dict(body.get("holders", {}))
+            if only_if_absent and holder in holders:
+                return False
             before = {str(path): int(since) for path, since in holders.get(holder, {}).items()}
             if only_if_new is not None and all(path in before for path in only_if_new):
-                return  # nothing to add: no commit
+                return False  # nothing to add: no commit
             after = change(before)
-            if after == before and holder in holders:
-                return
+            if after == before and (holder in holders or not after):
+                return False
             holders[holder] = dict(sorted(after.items()))
             try:
                 self.document.commit(0 if snapshot is None else snapshot.version,
                                      {"holders": holders})
-                return
+                return True
             except ConflictError:
                 continue
         raise ConflictError(f"{self.document.where}: the hold document kept changing")
