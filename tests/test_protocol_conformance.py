@@ -31,12 +31,12 @@ from kio.index import UnknownEntity, load_request_schema
 from kio.schema.errors import ErrorCode
 
 from compactlog.server.broker import Broker
+from compactlog.server.frame_guard import encode_uvarint
 from compactlog.server.handlers import register_all
 from compactlog.server.protocol import (
     ProtocolError,
     Request,
     UnsupportedVersion,
-    encode_uvarint,
     parse_request,
 )
 from compactlog.storage.store import LogStore

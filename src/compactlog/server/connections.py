@@ -43,9 +43,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from compactlog.server import listeners
+from compactlog.server.frame_guard import FrameBytes
 from compactlog.server.listeners import Listener
 from compactlog.server.metrics import ServerMetrics
-from compactlog.server.protocol import FrameBytes, ProtocolError, peek_header
+from compactlog.server.protocol import ProtocolError, peek_header
 from compactlog.server.request_budget import RequestBudget
 from compactlog.server.session import Session, check_before_authentication
 from compactlog.server.throttle import Throttle, held_back

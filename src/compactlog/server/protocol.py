@@ -1,4 +1,10 @@
-"""The Kafka wire protocol: frames, request and response headers, message bodies.
+"""The Kafka wire protocol, through kio: frames, request and response headers, message
+bodies.
+
+Invariant: a request reaches kio only through the frame guard (server/frame_guard.py),
+and a response is encoded from a handler's dict only if every key of it is a field of
+some version of that response: a key of another version is dropped, a key of none (a
+typo) is refused, so it never becomes a valid-looking wrong answer.
 
 Message schemas come from kio, which generates one frozen dataclass per API version
 from Kafka's own JSON message definitions and (de)serializes them natively, flexible
@@ -27,8 +33,12 @@ from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
+
+from compactlog.server.frame_guard import FrameBytes, MalformedFrame, guard
+from compactlog.server.kio_types import entity_type, fields, is_optional, is_tuple, strip_optional
 
 # API key -> (min, max) version served: the server's handler table supplies it, so that
 # only what is implemented is advertised.
@@ -48,8 +58,6 @@ API_NAMES = {
     50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials",
 }
 API_VERSIONS_KEY = 18
-# A request frame as read: bytes, or a read-only view of a frame read in chunks.
-FrameBytes = bytes | memoryview
 _FIXED_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 _LENGTH = struct.Struct(">i")
 
@@ -90,50 +98,21 @@ def peek_header(frame: FrameBytes) -> tuple[int, int, int]:
 
 
 def parse_request(frame: FrameBytes, versions: VersionTable) -> Request | UnsupportedVersion:
-    """Decode one request frame (without its length prefix), as Kafka's broker would.
-
-    The frame's layout is checked before kio decodes it (see `_skip`): kio reserves
-    memory for an array's declared count before reading its elements, so an array
-    length of 2**31 (or 2**35, compact) in a hostile frame would abort the process. As
-    in Kafka's own parser ("Tried to allocate a collection of size N, but there are only
-    M bytes remaining"), an array longer than the bytes left is malformed. The same walk
-    finds what Kafka reads and kio refuses, and edits the frame before kio reads it:
-    tagged fields this schema does not know (the protocol says to skip them) are cut
-    out, a boolean byte other than 0 or 1 becomes 1 (Kafka: `readByte() != 0`), and a
-    string that is not valid UTF-8 gets U+FFFD for each bad sequence (Kafka decodes with
-    `new String(bytes, UTF_8)`, which replaces them; a client id is not worth a closed
-    connection).
-
-    Bytes after the body's last field are ignored, as Kafka ignores them: its broker
-    parses a request with `AbstractRequest.parseRequest(apiKey, version, buffer)`, which
-    reads the generated `*RequestData` fields from a ByteBufferAccessor and then counts
-    `buffer.remaining()` taken before the read as the request's size, never checking
-    that the read used it all (apache/kafka clients/.../requests/AbstractRequest.java,
-    RequestContext.parseRequest, core/.../network/RequestChannel.scala). Real clients
-    depend on it: librdkafka writes a Metadata topic count as a four-byte placeholder
-    (rdkafka_buf.h `rd_kafka_buf_write_arraycnt_pos`) that
-    `rd_kafka_buf_finalize_arraycnt` shrinks to a compact varint, except for "all
-    topics" at v9+, where rd_kafka_MetadataRequest0 (rdkafka_request.c) keeps the zeros
-    as they are: a null compact array, then three zero bytes that Kafka reads as the
-    next fields, leaving the real ones unread at the end (librdkafka#5049, open).
-    Truncated frames, hostile lengths and counts stay refused.
-    """
+    """Decode one request frame (without its length prefix), as Kafka's broker would:
+    its layout is checked and repaired first (server/frame_guard.py), so kio never sees
+    a hostile length or count, and bytes after the body are ignored, as Kafka ignores
+    them. Truncated frames, hostile lengths and counts are refused."""
     api_key, api_version, correlation_id = peek_header(frame)
     served = versions.get(api_key)
     if served is None or not served[0] <= api_version <= served[1]:
         return UnsupportedVersion(api_key, api_version, correlation_id)
     schema = _request_schema(api_key, api_version)
     what = f"{API_NAMES.get(api_key, api_key)} v{api_version} request"
-    cuts: _Cuts = []
     try:
-        used = _skip(_header_layout(schema.__header_schema__), frame, 0, len(frame), cuts)
-        end = _skip(_layout(schema), frame, used, len(frame), cuts)
-    except _Malformed as error:
+        frame = guard(schema, frame)
+    except MalformedFrame as error:
         raise ProtocolError(
             f"malformed {what} (correlation id {correlation_id}): {error}") from None
-    frame = frame[:end]  # what follows the body is ignored (see above)
-    if cuts:
-        frame = _cut(frame, cuts)
     try:
         header, used = _reader(schema.__header_schema__)(frame, 0)
         body, body_size = _reader(schema)(frame, used)
@@ -188,37 +167,92 @@ def api_version_entries(versions: VersionTable) -> list[dict[str, int]]:
             for key, (low, high) in sorted(versions.items())]
 
 
+class UnknownFieldError(TypeError):
+    """A message dict holds a key that no version of its message has: a typo in a
+    handler's answer, which `build` would otherwise drop as a field of another version
+    and so encode a valid-looking wrong response."""
+
+
 def build(cls: type, data: Mapping[str, Any]) -> Any:
     """Fill kio dataclass `cls` from `data`: keys the version lacks are dropped, nested
     entities are built recursively, and fields missing from `data` take their schema
-    default (tagged fields) or a neutral value (0, empty, null, none-error)."""
+    default (tagged fields) or a neutral value (0, empty, null, none-error). A key that
+    no version of a response has is refused (UnknownFieldError, naming the API, the
+    version and the key)."""
+    return _build(cls, data, cls, ())
+
+
+def _build(cls: type, data: Mapping[str, Any], root: type, path: tuple[str, ...]) -> Any:
     values: dict[str, Any] = {}
-    for field, hint in _fields(cls):
+    taken = 0
+    for field, hint in fields(cls):
         if field.name in data:
-            values[field.name] = _convert(hint, data[field.name])
+            taken += 1
+            values[field.name] = _convert(hint, data[field.name], root, path, field.name)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             values[field.name] = _neutral(hint)
+    if taken < len(data):  # keys of other versions, or typos: only then is it worth a look
+        _refuse_unknown_keys(root, path, data)
     return cls(**values)
 
 
-def _convert(hint: Any, value: Any) -> Any:
-    entity = _entity_type(hint)
+def _convert(hint: Any, value: Any, root: type, path: tuple[str, ...], name: str) -> Any:
+    entity = entity_type(hint)
     if entity is not None:
         if value is None:
             return None
-        if _is_tuple(hint):
-            return tuple(v if isinstance(v, entity) else build(entity, v) for v in value)
-        return value if isinstance(value, entity) else build(entity, value)
-    if _is_tuple(hint):
+        inner = (*path, name)
+        if is_tuple(hint):
+            return tuple(v if isinstance(v, entity) else _build(entity, v, root, inner)
+                         for v in value)
+        return value if isinstance(value, entity) else _build(entity, value, root, inner)
+    if is_tuple(hint):
         return None if value is None else tuple(value)
     return value
 
 
+def _refuse_unknown_keys(root: type, path: tuple[str, ...], data: Mapping[str, Any]) -> None:
+    api_key = getattr(root, "__api_key__", None)
+    kind = getattr(root, "__type__", None)
+    if api_key is None or kind is not EntityType.response:
+        # Requests are built by tests only, some from one dict for two APIs; a header
+        # or a nested entity built on its own has no versions to look at.
+        return
+    unknown = sorted(set(data) - _names_in_any_version(int(api_key), kind).get(path, set()))
+    if unknown:
+        where = f" (in {'.'.join(path)})" if path else ""
+        raise UnknownFieldError(
+            f"{API_NAMES.get(api_key, f'api {api_key}')} v{getattr(root, '__version__', '?')} "
+            f"{kind.name}: {', '.join(map(repr, unknown))} is a field of no version{where}")
+
+
+@cache
+def _names_in_any_version(api_key: int, kind: EntityType) -> dict[tuple[str, ...], set[str]]:
+    """Field names by path from the message's root (nested entities by the field that
+    holds them), over every version kio knows of the API's messages of this kind."""
+    names: dict[tuple[str, ...], set[str]] = {}
+    for version, entities in schema_name_map[api_key_map[api_key]].items():
+        if kind in entities:
+            load = load_request_schema if kind is EntityType.request else load_response_schema
+            _collect_names(load(api_key, version), (), names)
+    return names
+
+
+def _collect_names(cls: type, path: tuple[str, ...],
+                   names: dict[tuple[str, ...], set[str]]) -> None:
+    here = names.setdefault(path, set())
+    for field, hint in fields(cls):
+        here.add(field.name)
+        entity = entity_type(hint)
+        if entity is not None:
+            _collect_names(entity, (*path, field.name), names)
+
+
 def _neutral(hint: Any) -> Any:
-    if _is_optional(hint):
+    if is_optional(hint):
         return None
-    base = _strip_optional(hint)
-    if _is_tuple(base):
+    base = strip_optional(hint)
+    if is_tuple(base):
         return ()
     if base is ErrorCode:
         return ErrorCode.none
@@ -239,37 +273,6 @@ def _neutral(hint: Any) -> Any:
     raise TypeError(f"no neutral value for a field of type {hint!r}")
 
 
-def _is_optional(hint: Any) -> bool:
-    return type(None) in typing.get_args(hint) and typing.get_origin(hint) in (
-        typing.Union, getattr(__import__("types"), "UnionType", None))
-
-
-def _strip_optional(hint: Any) -> Any:
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if _is_optional(hint) and len(args) == 1:
-        return args[0]
-    return hint
-
-
-def _is_tuple(hint: Any) -> bool:
-    return typing.get_origin(_strip_optional(hint)) is tuple
-
-
-def _entity_type(hint: Any) -> type | None:
-    base = _strip_optional(hint)
-    if typing.get_origin(base) is tuple:
-        base = typing.get_args(base)[0]
-    if isinstance(base, type) and getattr(base, "__type__", None) is EntityType.nested:
-        return base
-    return None
-
-
-@cache
-def _fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
-    hints = typing.get_type_hints(cls)
-    return [(field, hints[field.name]) for field in dataclasses.fields(cls)]
-
-
 @cache
 def _request_schema(api_key: int, api_version: int) -> Any:
     return load_request_schema(api_key, api_version)
@@ -288,270 +291,3 @@ def _reader(schema: type) -> Any:
 @cache
 def _writer(schema: type) -> Any:
     return entity_writer(schema)
-
-
-# The layout check. Each request schema compiles once into a layout: its fields in wire
-# order, as fixed sizes (runs of fixed-size fields merged, and a non-flexible struct of
-# fixed-size fields is one size), string kinds, nested structs or arrays of those. The
-# frame is then walked without building any value.
-
-class _Malformed(Exception):
-    pass
-
-
-_Cuts = list[tuple[int, int, bytes]]  # (start, stop, replacement) edits of a frame
-
-
-_FIXED_SIZES = {
-    "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "error_code": 2,
-    "int32": 4, "uint32": 4, "timedelta_i32": 4, "int64": 8, "uint64": 8, "float64": 8,
-    "timedelta_i64": 8, "datetime_i64": 8, "uuid": 16,
-}
-
-
-@dataclass(frozen=True)
-class _Sized:
-    """A string or bytes value: a compact length (unsigned varint of length + 1, 0 for
-    null) in flexible versions, else a big-endian int16 (strings) or int32 (bytes)
-    length, -1 for null."""
-
-    width: int  # 0: compact
-    nullable: bool
-    text: bool = False  # a string, decoded as UTF-8
-
-
-@dataclass(frozen=True)
-class _Bool:
-    """One byte, true unless 0 (kept apart from fixed-size runs: kio takes only 0 or 1)."""
-
-
-@dataclass(frozen=True)
-class _Array:
-    item: _Layout
-    compact: bool
-    nullable: bool = True
-
-
-@dataclass(frozen=True)
-class _Struct:
-    nullable: bool
-    flexible: bool
-    fields: tuple[_Layout, ...]
-    tagged: Mapping[int, _Layout]
-
-
-_Layout = int | _Sized | _Bool | _Array | _Struct
-_BOOL = _Bool()
-
-
-@cache
-def _layout(cls: type, nullable: bool = False) -> _Layout:
-    """The wire layout of kio entity `cls`, as kio's own reader sees it."""
-    flexible = bool(cls.__flexible__)  # type: ignore[attr-defined]
-    fields: list[_Layout] = []
-    tagged: dict[int, _Layout] = {}
-    for field, hint in _fields(cls):
-        tag = field.metadata.get("tag")
-        layout = _field_layout(field, hint, flexible, tagged=tag is not None)
-        if tag is not None:
-            tagged[int(tag)] = layout
-        elif isinstance(layout, int) and fields and isinstance(fields[-1], int):
-            fields[-1] += layout
-        else:
-            fields.append(layout)
-    if not flexible and not nullable and all(isinstance(f, int) for f in fields):
-        return sum(f for f in fields if isinstance(f, int))
-    return _Struct(nullable, flexible, tuple(fields), tagged)
-
-
-def _field_layout(field: dataclasses.Field[Any], hint: Any, flexible: bool,
-                  tagged: bool) -> _Layout:
-    entity = _entity_type(hint)
-    if _is_tuple(hint):
-        item = (_layout(entity) if entity is not None
-                else _primitive(field.metadata["kafka_type"], flexible, False))
-        return _Array(item, flexible, _is_optional(hint))
-    if entity is not None:
-        return _layout(entity, _is_optional(hint))
-    # A tagged field is present or absent by its tag, never null (as in kio).
-    return _primitive(field.metadata["kafka_type"], flexible,
-                      _is_optional(hint) and not tagged)
-
-
-def _primitive(kafka_type: str, flexible: bool, nullable: bool) -> _Layout:
-    if kafka_type in _FIXED_SIZES:
-        return _FIXED_SIZES[kafka_type]
-    if kafka_type == "bool":
-        return _BOOL
-    if kafka_type not in ("string", "bytes", "records"):
-        raise TypeError(f"no layout for kafka type {kafka_type!r}")
-    text = kafka_type == "string"
-    return _Sized(0 if flexible else 2 if text else 4, nullable, text)
-
-
-@cache
-def _header_layout(cls: type) -> _Layout:
-    # api_key, api_version, correlation_id; the client id is a classic nullable string
-    # even in the flexible header v2 (see the module doc); v2 ends with tagged fields.
-    return _Struct(False, bool(cls.__flexible__), (8, _Sized(2, True, True)), {})  # type: ignore[attr-defined]
-
-
-def _cut(frame: FrameBytes, cuts: _Cuts) -> bytes:
-    """`frame` with each range [start, stop) replaced; the ranges do not overlap."""
-    parts, pos = [], 0
-    for start, stop, replacement in sorted(cuts):
-        parts += [frame[pos:start], replacement]
-        pos = stop
-    parts.append(frame[pos:])
-    return b"".join(parts)
-
-
-def encode_uvarint(value: int) -> bytes:
-    """Kafka's unsigned varint (compact lengths, tag numbers)."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _uvarint(data: FrameBytes, pos: int, end: int) -> tuple[int, int]:
-    if pos < end and data[pos] < 0x80:
-        return data[pos], pos + 1
-    value = shift = 0
-    for _ in range(5):
-        if pos >= end:
-            raise _Malformed(f"truncated varint at byte {pos}")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, pos
-    raise _Malformed(f"varint at byte {pos - 5} is longer than 5 bytes")
-
-
-def _skip(layout: _Layout, data: FrameBytes, pos: int, end: int, cuts: _Cuts) -> int:
-    """The position after the value of `layout` at `pos`; _Malformed if it is not whole.
-    Unknown tagged fields go to `cuts` as (start, stop, replacement)."""
-    if isinstance(layout, int):
-        if layout > end - pos:
-            raise _Malformed(f"{layout} bytes needed at byte {pos}, {end - pos} remain")
-        return pos + layout
-    if isinstance(layout, _Struct):
-        return _skip_struct(layout, data, pos, end, cuts)
-    if isinstance(layout, _Array):
-        return _skip_array(layout, data, pos, end, cuts)
-    if isinstance(layout, _Bool):
-        if pos >= end:
-            raise _Malformed(f"1 byte needed at byte {pos}, 0 remain")
-        if data[pos] > 1:
-            cuts.append((pos, pos + 1, b"\x01"))
-        return pos + 1
-    length_at = pos
-    if layout.width == 0:
-        size, pos = _uvarint(data, pos, end)
-        size -= 1
-    else:
-        if layout.width > end - pos:
-            raise _Malformed(f"truncated length at byte {pos}")
-        size = int.from_bytes(data[pos:pos + layout.width], "big", signed=True)
-        pos += layout.width
-    if size == -1 and layout.nullable:
-        return pos
-    if size < 0:
-        raise _Malformed(f"bad string or bytes length {size} at byte {pos}")
-    if size > end - pos:
-        raise _Malformed(f"a value of {size} bytes at byte {pos}, {end - pos} remain")
-    if layout.text:
-        _repair_text(layout, data, length_at, pos, size, cuts)
-    return pos + size
-
-
-def _repair_text(layout: _Sized, data: FrameBytes, length_at: int, pos: int, size: int,
-                 cuts: _Cuts) -> None:
-    """A cut that replaces a string that is not UTF-8 (length included) with its
-    lenient decoding, as Kafka reads it."""
-    raw = bytes(data[pos:pos + size])
-    if raw.isascii():
-        return
-    try:
-        raw.decode()
-        return
-    except UnicodeDecodeError:
-        fixed = raw.decode(errors="replace").encode()
-    if layout.width == 0:
-        length = encode_uvarint(len(fixed) + 1)
-    else:
-        if len(fixed) > 0x7FFF:  # each bad byte may take three: keep what fits
-            fixed = raw.decode(errors="ignore").encode()
-        length = struct.pack(">h", len(fixed))
-    cuts.append((length_at, pos + size, length + fixed))
-
-
-def _skip_array(layout: _Array, data: FrameBytes, pos: int, end: int, cuts: _Cuts) -> int:
-    if layout.compact:
-        count, pos = _uvarint(data, pos, end)
-        count -= 1
-    else:
-        if end - pos < 4:
-            raise _Malformed(f"truncated array length at byte {pos}")
-        (count,) = _LENGTH.unpack_from(data, pos)
-        pos += 4
-    if count == -1 and layout.nullable:
-        return pos
-    if count == -1:  # Kafka: "non-nullable field ... was serialized as null"
-        raise _Malformed(f"a null array at byte {pos}, where the schema allows none")
-    if count < 0:
-        raise _Malformed(f"negative array length {count} at byte {pos}")
-    # As Kafka's parser: no element takes less than a byte.
-    if count > end - pos:
-        raise _Malformed(
-            f"an array of {count} elements at byte {pos}, {end - pos} bytes remain")
-    item = layout.item
-    if isinstance(item, int):
-        return _skip(count * item, data, pos, end, cuts)
-    for _ in range(count):
-        pos = _skip(item, data, pos, end, cuts)
-    return pos
-
-
-def _skip_struct(layout: _Struct, data: FrameBytes, pos: int, end: int, cuts: _Cuts) -> int:
-    if layout.nullable:
-        if pos >= end:
-            raise _Malformed(f"truncated struct at byte {pos}")
-        pos += 1
-        if data[pos - 1] == 0xFF:  # -1: null
-            return pos
-    for field in layout.fields:
-        pos = _skip(field, data, pos, end, cuts)
-    if not layout.flexible:
-        return pos
-    count_at = pos
-    count, pos = _uvarint(data, pos, end)
-    unknown: _Cuts = []
-    for _ in range(count):
-        tag_at = pos
-        tag, pos = _uvarint(data, pos, end)
-        size, pos = _uvarint(data, pos, end)
-        if size > end - pos:
-            raise _Malformed(f"tagged field {tag} of {size} bytes at byte {pos}, "
-                             f"{end - pos} remain")
-        known = layout.tagged.get(tag)
-        if known is None:
-            unknown.append((tag_at, pos + size, b""))
-        else:
-            size_at, edits = _uvarint(data, tag_at, end)[1], len(cuts)
-            if _skip(known, data, pos, pos + size, cuts) != pos + size:
-                raise _Malformed(f"tagged field {tag} does not fill its {size} bytes")
-            # Edits inside a known field change its size, which kio checks.
-            grown = sum(len(new) - (stop - start) for start, stop, new in cuts[edits:])
-            if grown:
-                cuts.append((size_at, pos, encode_uvarint(size + grown)))
-        pos += size
-    if unknown:  # the count drops by the fields cut
-        count_end = _uvarint(data, count_at, end)[1]
-        cuts.append((count_at, count_end, encode_uvarint(count - len(unknown))))
-        cuts.extend(unknown)
-    return pos

@@ -43,21 +43,23 @@ def register(broker: Broker) -> None:
 
 
 def _coordinator(broker: Broker, request: Request, key: str, key_type: int) -> dict[str, Any]:
+    """The answer for one key, in the fields that v0-v3 hold at the top level and v4+
+    in each entry of `coordinators` (which adds the key)."""
     if key_type == TRANSACTION_KEY:
         # No transaction coordinator: a code that clients take as final, at once
         # (handlers/transactions.py); any other makes librdkafka ask again until
         # init_transactions() times out.
         log_refusal(request, key)
-        return {"key": key, "error_code": TRANSACTIONS_REFUSED, "node_id": -1,
+        return {"error_code": TRANSACTIONS_REFUSED, "node_id": -1,
                 "host": "", "port": -1, "error_message": NOT_SUPPORTED}
     if key_type != GROUP_KEY:
         # Share groups (KIP-932): as Kafka answers when it has no share coordinator.
-        return {"key": key, "error_code": ErrorCode.invalid_request, "node_id": -1,
+        return {"error_code": ErrorCode.invalid_request, "node_id": -1,
                 "host": "", "port": -1, "error_message": "only group coordinators exist here"}
     if not authz.group(broker, request, Operation.DESCRIBE, key):
-        return {"key": key, "error_code": authz.GROUP_DENIED, "node_id": -1, "host": "",
+        return {"error_code": authz.GROUP_DENIED, "node_id": -1, "host": "",
                 "port": -1, "error_message": authz.GROUP_MESSAGE}
-    return {"key": key, "error_code": ErrorCode.none, "node_id": broker.node_id,
+    return {"error_code": ErrorCode.none, "node_id": broker.node_id,
             "host": broker.host, "port": broker.port}
 
 
@@ -65,8 +67,8 @@ async def find_coordinator(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     if request.api_version >= 4:  # batched keys
         return {"coordinators": await mapped(
-            body.coordinator_keys, lambda key: _coordinator(broker, request, key,
-                                                            body.key_type))}
+            body.coordinator_keys, lambda key: {"key": key, **_coordinator(
+                broker, request, key, body.key_type)})}
     return _coordinator(broker, request, body.key, getattr(body, "key_type", GROUP_KEY))
 
 
