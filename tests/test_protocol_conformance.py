@@ -1,4 +1,4 @@
-"""Requests are decoded as Kafka's own broker decodes them (server/protocol.py).
+"""Requests are decoded as Kafka's own broker decodes them (server/protocol/messages.py).
 
 - Every (API, version) the server advertises round-trips: kio builds the request with
   null, empty and full values of every nullable, array and string field (generated
@@ -31,9 +31,9 @@ from kio.index import UnknownEntity, load_request_schema
 from kio.schema.errors import ErrorCode
 
 from compactlog.server.broker import Broker
-from compactlog.server.frame_guard import encode_uvarint
 from compactlog.server.handlers import register_all
-from compactlog.server.protocol import (
+from compactlog.server.protocol.frame_guard import encode_uvarint
+from compactlog.server.protocol.messages import (
     ProtocolError,
     Request,
     UnsupportedVersion,

@@ -1,4 +1,4 @@
-"""Fuzzing the request decoder and the response encoder (server/protocol.py), and the
+"""Fuzzing the request decoder and the response encoder (server/protocol/messages.py), and the
 server's framing over a socket.
 
 - `parse_request` on arbitrary bytes and on damaged valid frames (bit flips, cuts,
@@ -47,9 +47,9 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records
 
 from compactlog.server.broker import Broker
-from compactlog.server.frame_guard import encode_uvarint
 from compactlog.server.handlers import register_all
-from compactlog.server.protocol import (
+from compactlog.server.protocol.frame_guard import encode_uvarint
+from compactlog.server.protocol.messages import (
     ProtocolError,
     Request,
     UnknownFieldError,

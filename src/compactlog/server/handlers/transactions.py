@@ -31,7 +31,7 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from compactlog.server.protocol import Request
+from compactlog.server.protocol.messages import Request
 from compactlog.server.throttle import Throttle, held_back
 
 log = logging.getLogger("compactlog.server")

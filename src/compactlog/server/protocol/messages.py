@@ -1,7 +1,7 @@
 """The Kafka wire protocol, through kio: frames, request and response headers, message
 bodies.
 
-Invariant: a request reaches kio only through the frame guard (server/frame_guard.py),
+Invariant: a request reaches kio only through the frame guard (server/protocol/frame_guard.py),
 and a response is encoded from a handler's dict only if every key of it is a field of
 some version of that response: a key of another version is dropped, a key of none (a
 typo) is refused, so it never becomes a valid-looking wrong answer.
@@ -37,8 +37,14 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-from compactlog.server.frame_guard import FrameBytes, MalformedFrame, guard
-from compactlog.server.kio_types import entity_type, fields, is_optional, is_tuple, strip_optional
+from compactlog.server.protocol.frame_guard import FrameBytes, MalformedFrame, guard
+from compactlog.server.protocol.kio_types import (
+    entity_type,
+    fields,
+    is_optional,
+    is_tuple,
+    strip_optional,
+)
 
 # API key -> (min, max) version served: the server's handler table supplies it, so that
 # only what is implemented is advertised.
@@ -99,7 +105,7 @@ def peek_header(frame: FrameBytes) -> tuple[int, int, int]:
 
 def parse_request(frame: FrameBytes, versions: VersionTable) -> Request | UnsupportedVersion:
     """Decode one request frame (without its length prefix), as Kafka's broker would:
-    its layout is checked and repaired first (server/frame_guard.py), so kio never sees
+    its layout is checked and repaired first (server/protocol/frame_guard.py), so kio never sees
     a hostile length or count, and bytes after the body are ignored, as Kafka ignores
     them. Truncated frames, hostile lengths and counts are refused."""
     api_key, api_version, correlation_id = peek_header(frame)

@@ -2,9 +2,9 @@
 
 Invariant: this is the one place that reads kio's dataclasses as types: their fields
 with resolved hints (`fields`), whether a hint is an array (`is_tuple`), nullable
-(`is_optional`) or a nested entity (`entity_type`). Building responses
-(server/protocol.py) and checking request frames (server/frame_guard.py) both walk a
-schema through these, so the two always see the same shape of a message.
+(`is_optional`) or a nested entity (`entity_type`). Building responses (messages.py)
+and checking request frames (frame_guard.py) both walk a schema through these, so the
+two always see the same shape of a message.
 """
 
 from __future__ import annotations

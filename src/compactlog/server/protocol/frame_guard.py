@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from compactlog.server.kio_types import entity_type, fields, is_optional, is_tuple
+from compactlog.server.protocol.kio_types import entity_type, fields, is_optional, is_tuple
 
 # A request frame as read: bytes, or a read-only view of a frame read in chunks.
 FrameBytes = bytes | memoryview
