@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.network.request_budget import RequestBudget
-from compactlog.server.throttle import Throttle, held_back
 from fakes import FakeClock
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from compactlog.errors import DataDirLockedError, UserError
+from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.admin.http_api import AdminServer
 from compactlog.server.broker import FETCH_MAX_BYTES, Broker
 from compactlog.server.cleaner import Cleaner, CleanerConfig
@@ -72,7 +73,6 @@ from compactlog.server.security.connection_security import SaslGate, Session
 from compactlog.server.security.sasl_mechanisms import FailureDelay
 from compactlog.server.security.sasl_users import DECOY_DOCUMENT, SaslUsers, decoy_secret
 from compactlog.server.security.tls import ServerTls, TlsSettings
-from compactlog.server.throttle import Throttle, held_back
 from compactlog.server.upkeep import Upkeep
 from compactlog.server.uploads import Uploads
 from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR

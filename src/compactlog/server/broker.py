@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from compactlog.errors import ConflictError
+from compactlog.log_throttle import Throttle
 from compactlog.server.coordinator.group_coordinator import (
     MAX_GROUPS,
     MAX_SESSION_TIMEOUT_S,
@@ -34,7 +35,6 @@ from compactlog.server.producers import ID_DOCUMENT, DocumentIdAllocator, Produc
 from compactlog.server.protocol.messages import Request
 from compactlog.server.security.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 from compactlog.server.security.sasl_users import SaslUsers
-from compactlog.server.throttle import Throttle
 from compactlog.server.uploads import Uploads
 from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR
 from compactlog.storage.credentials import CredentialStore

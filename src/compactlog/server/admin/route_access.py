@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from compactlog.errors import UserError
+from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.security.acl_model import ANONYMOUS, AclError, check_principal
 from compactlog.server.security.tls import certificate_principal
-from compactlog.server.throttle import Throttle, held_back
 
 log = logging.getLogger("compactlog.admin")
 

@@ -54,8 +54,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import FencedError, StorageError
+from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.coordinator.offset_files import LocalOffsetFiles, OffsetFiles
-from compactlog.server.throttle import Throttle, held_back
 
 log = logging.getLogger("compactlog.server.groups")
 MIN_SESSION_TIMEOUT_S = 6.0  # Kafka's group.min.session.timeout.ms default

@@ -29,6 +29,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from compactlog.log_throttle import held_back
 from compactlog.server.broker import Broker
 from compactlog.server.handlers.grouping import by_topic as answers_by_topic
 from compactlog.server.protocol.error_codes import error_code, error_message
@@ -36,7 +37,6 @@ from compactlog.server.protocol.messages import Request
 from compactlog.server.protocol.record_batches import read_batches, view_start_offset
 from compactlog.server.security import access
 from compactlog.server.security.acl_model import Operation
-from compactlog.server.throttle import held_back
 from compactlog.storage.records import iter_batches
 
 FETCH, LIST_OFFSETS = 1, 2

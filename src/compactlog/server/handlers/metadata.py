@@ -15,12 +15,12 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import CompactlogError, UnknownTopicError
+from compactlog.log_throttle import held_back
 from compactlog.server.broker import Broker
 from compactlog.server.protocol.error_codes import error_code, error_message
 from compactlog.server.protocol.messages import Request, api_version_entries
 from compactlog.server.security import access
 from compactlog.server.security.acl_model import Operation
-from compactlog.server.throttle import held_back
 from compactlog.storage.store import Topic
 
 API_VERSIONS, METADATA = 18, 3

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import InvalidRecordError
+from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.broker import Broker
 from compactlog.server.handlers.grouping import by_topic
 from compactlog.server.handlers.transactions import TRANSACTIONS_REFUSED, log_refusal
@@ -49,7 +50,6 @@ from compactlog.server.protocol.error_codes import error_code, error_message
 from compactlog.server.protocol.messages import ProtocolError, Request
 from compactlog.server.security import access
 from compactlog.server.security.acl_model import Operation, ResourceType
-from compactlog.server.throttle import Throttle, held_back
 from compactlog.storage.records import iter_batches
 
 if TYPE_CHECKING:

@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.network import listeners
 from compactlog.server.network.listeners import Listener
@@ -49,7 +50,6 @@ from compactlog.server.network.request_budget import RequestBudget
 from compactlog.server.protocol.frame_guard import FrameBytes
 from compactlog.server.protocol.messages import ProtocolError, peek_header
 from compactlog.server.security.connection_security import Session, check_before_authentication
-from compactlog.server.throttle import Throttle, held_back
 
 log = logging.getLogger("compactlog.server")
 _LENGTH = struct.Struct(">i")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from compactlog.errors import ConflictError, CorruptionError
+from compactlog.log_throttle import Throttle
 from compactlog.server.security.acl_model import (
     AclBinding,
     AclError,
@@ -37,7 +38,6 @@ from compactlog.server.security.acl_model import (
     decide,
     decide_by_type,
 )
-from compactlog.server.throttle import Throttle
 from compactlog.storage.commit import LocalDocument, Snapshot
 from compactlog.storage.document import Document, clear_dead_claim
 
