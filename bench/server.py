@@ -99,7 +99,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # defined there; admin re-exports it untyped
 
 from compactlog import LogStore, ProducerRecord
-from compactlog.server.wire import read_batches
+from compactlog.server.protocol.record_batches import read_batches
 from machine_info import machine_info
 
 TOPIC = "bench"

@@ -38,7 +38,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from compactlog.server.protocol import encode_uvarint
+from compactlog.server.protocol.frame_guard import encode_uvarint
 from compactlog.storage.records import ProducerRecord, encode_batch
 from hostile_support import API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from process_usage import peak_rss, rss

@@ -3,9 +3,9 @@ say "all of them serve the same records" (DESIGN.md, contract item 14).
 
 A row is (partition, offset, key, value). The paths:
   - reader:   the Reader API (`Partition.read_compacted` / `read`);
-  - fetch:    Kafka Fetch's bytes (server/wire.py `read_batches`), decoded as a consumer
-              does: records below its position skipped, the position moved to each
-              batch's last offset + 1;
+  - fetch:    Kafka Fetch's bytes (server/protocol/record_batches.py `read_batches`),
+              decoded as a consumer does: records below its position skipped, the
+              position moved to each batch's last offset + 1;
   - duckdb, polars: `compactlog.tables.view_dataset` scanned by DuckDB and by Polars
               (the sealed part of the view only, see tables.py);
   - spark:    `spark.read.format("compactlog")`;
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import StructType
 
 from compactlog.client.reader import Reader
-from compactlog.server.wire import read_batches
+from compactlog.server.protocol.record_batches import read_batches
 from compactlog.spark.source import CompactlogDataSource, CompactlogReader
 from compactlog.storage.records import decode_batch, iter_batches
 from compactlog.storage.store import LogStore

@@ -1,8 +1,9 @@
-"""The authorizer's rule (server/acl.py) against a small independent model, and the ACL
-store (server/authorizer.py): random ACL sets and requests (hypothesis), then the cases
-Kafka documents one by one: DENY over ALLOW, literal, prefixed and wildcard patterns,
-hosts, super users, the no-ACL default, the operations that imply DESCRIBE and
-DESCRIBE_CONFIGS, filters with ANY and MATCH, and ACLs that survive a reopen."""
+"""The authorizer's rule (server/security/acl_model.py) against a small independent
+model, and the ACL store (server/security/authorizer.py): random ACL sets and requests
+(hypothesis), then the cases Kafka documents one by one: DENY over ALLOW, literal,
+prefixed and wildcard patterns, hosts, super users, the no-ACL default, the operations
+that imply DESCRIBE and DESCRIBE_CONFIGS, filters with ANY and MATCH, and ACLs that
+survive a reopen."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactlog.server.acl import (
+from compactlog.server.security.acl_model import (
     SERVED_TYPES,
     AclBinding,
     AclError,
@@ -25,7 +26,7 @@ from compactlog.server.acl import (
     decide_by_type,
     new_binding,
 )
-from compactlog.server.authorizer import AuthorizationConfig, Authorizer
+from compactlog.server.security.authorizer import AuthorizationConfig, Authorizer
 
 L, P = PatternType.LITERAL, PatternType.PREFIXED
 ALLOW, DENY = Permission.ALLOW, Permission.DENY

@@ -1,4 +1,4 @@
-"""The admin API's principals (server/admin_auth.py): the tokens file's format, its
+"""The admin API's principals (server/admin/route_access.py): the tokens file's format, its
 reload on change, refusals that never echo a token, and the order of the sources."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from compactlog.errors import UserError
-from compactlog.server.admin_auth import AdminAuth, TokenFile, Unauthenticated
+from compactlog.server.admin.route_access import AdminAuth, TokenFile, Unauthenticated
 
 TOKEN = "t0k3n-" + "x" * 30
 

@@ -19,11 +19,17 @@ import pytest
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
-from compactlog.server.acl import AclBinding, Operation, PatternType, Permission, ResourceType
-from compactlog.server.authorizer import AuthorizationConfig
 from compactlog.server.broker import Broker
 from compactlog.server.handlers import register_all
-from compactlog.server.protocol import Request, build
+from compactlog.server.protocol.messages import Request, build
+from compactlog.server.security.acl_model import (
+    AclBinding,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
+from compactlog.server.security.authorizer import AuthorizationConfig
 from compactlog.storage.records import ProducerRecord, encode_batch
 from compactlog.storage.store import LogStore
 
@@ -496,7 +502,7 @@ def test_metadata_lists_exactly_what_the_rule_allows(tmp_path: Path) -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from compactlog.server.acl import AclFilter, decide
+    from compactlog.server.security.acl_model import AclFilter, decide
 
     made = make_broker(tmp_path)
     names = ["orders", "orders-eu", "secret"]

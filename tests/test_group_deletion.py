@@ -13,7 +13,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from admin_wire import consumer_subscription
-from compactlog.server.groups import (
+from compactlog.server.coordinator.group_coordinator import (
     Group,
     GroupCoordinator,
     GroupError,

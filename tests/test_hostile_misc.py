@@ -145,7 +145,7 @@ def test_group_ids_that_look_like_temp_files_or_are_long_keep_their_offsets(
 def test_a_group_file_written_under_its_old_name_is_replaced(tmp_path: Path) -> None:
     """A group id starting with '.' was written under its plain quoted name before; the
     first write under the new name removes that file, so no restart loads both."""
-    from compactlog.server.offset_files import LocalOffsetFiles
+    from compactlog.server.coordinator.offset_files import LocalOffsetFiles
 
     files = LocalOffsetFiles(tmp_path)
     old = {"group_id": ".orders", "offsets": []}

@@ -207,7 +207,7 @@ def test_a_response_of_many_entries_is_encoded_off_the_event_loop(tmp_path: Path
 
 
 def test_a_request_of_many_entries_gives_other_clients_their_turns(tmp_path: Path) -> None:
-    """The per-entry work of a handler (server/cooperative.py): a 1.6 MiB FindCoordinator
+    """The per-entry work of a handler (server/handlers/cooperative.py): a 1.6 MiB FindCoordinator
     v4 naming 200,000 group keys, each checked by the authorizer, is answered in slices
     of 256 keys with the event loop's turns between them. Before, the handler built all
     200,000 answers in one turn of the loop (the fuzzer's "1-3 s per 1 MiB request"):
@@ -229,12 +229,12 @@ def test_a_request_of_many_entries_gives_other_clients_their_turns(tmp_path: Pat
 
 
 def test_per_entry_work_yields_to_the_event_loop_every_slice() -> None:
-    """server/cooperative.py's `mapped`, as the handlers above use it: while it builds
+    """server/handlers/cooperative.py's `mapped`, as the handlers above use it: while it builds
     10,000 answers, another task on the loop gets a turn after every SLICE of them
     (deterministic: it counts the loop's turns, not time)."""
     import asyncio
 
-    from compactlog.server.cooperative import SLICE, mapped
+    from compactlog.server.handlers.cooperative import SLICE, mapped
 
     async def run() -> tuple[list[int], int]:
         turns = 0

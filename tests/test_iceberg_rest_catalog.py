@@ -1,5 +1,5 @@
 """The read-only Iceberg REST catalog on the admin listener (compactlog/iceberg/catalog.py,
-server/admin_catalog.py), attached by real engines against a real server process:
+server/admin/iceberg_catalog.py), attached by real engines against a real server process:
 pyiceberg 0.12's RestCatalog and DuckDB 1.5.5's iceberg extension (ATTACH ... TYPE
 iceberg) list the `state` namespace's tables and read each one equal to the Reader's
 compacted view up to its horizons, with authentication off and on. docs/querying.md's
@@ -31,9 +31,9 @@ import pytest
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import ForbiddenError, NoSuchTableError, UnauthorizedError
 
-from compactlog.server.acl import AclBinding, Operation, PatternType, Permission
-from compactlog.server.acl import ResourceType as Kind
-from compactlog.server.authorizer import AuthorizationConfig, Authorizer
+from compactlog.server.security.acl_model import AclBinding, Operation, PatternType, Permission
+from compactlog.server.security.acl_model import ResourceType as Kind
+from compactlog.server.security.authorizer import AuthorizationConfig, Authorizer
 from compactlog.storage.store import LogStore
 from iceberg_readers import StateRow, _row, duckdb_connection, extension_path
 from kafka_server import LoggedServer, logged_server

@@ -1,5 +1,5 @@
 """The server's own state on an object store, against moto on loopback: committed
-offsets (server/offset_files.py, one object per group fenced by the writer's epoch),
+offsets (server/coordinator/offset_files.py, one object per group fenced by the writer's epoch),
 the producer-id counter (DocumentIdAllocator), and the credentials and ACLs the CLI
 writes beside the topics, which a server on another machine then finds.
 
@@ -21,11 +21,11 @@ from kio.schema.errors import ErrorCode
 from compactlog import LogStore
 from compactlog.cli import cli
 from compactlog.errors import ConflictError, FencedError
-from compactlog.server.acl import Operation, Permission, new_binding
-from compactlog.server.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
-from compactlog.server.groups import GroupCoordinator, GroupError
-from compactlog.server.offset_files import ObjectOffsetFiles, offset_files_of
+from compactlog.server.coordinator.group_coordinator import GroupCoordinator, GroupError
+from compactlog.server.coordinator.offset_files import ObjectOffsetFiles, offset_files_of
 from compactlog.server.producers import ID_DOCUMENT, DocumentIdAllocator
+from compactlog.server.security.acl_model import Operation, Permission, new_binding
+from compactlog.server.security.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 from compactlog.storage.credentials import DIRECTORY, CredentialStore, make_credential
 from compactlog.storage.layout import state_document
 from compactlog.storage.lease import EPOCH_KEY

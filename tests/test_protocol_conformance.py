@@ -1,4 +1,4 @@
-"""Requests are decoded as Kafka's own broker decodes them (server/protocol.py).
+"""Requests are decoded as Kafka's own broker decodes them (server/protocol/messages.py).
 
 - Every (API, version) the server advertises round-trips: kio builds the request with
   null, empty and full values of every nullable, array and string field (generated
@@ -32,11 +32,11 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.server.broker import Broker
 from compactlog.server.handlers import register_all
-from compactlog.server.protocol import (
+from compactlog.server.protocol.frame_guard import encode_uvarint
+from compactlog.server.protocol.messages import (
     ProtocolError,
     Request,
     UnsupportedVersion,
-    encode_uvarint,
     parse_request,
 )
 from compactlog.storage.store import LogStore

@@ -1,4 +1,4 @@
-"""Fuzzing the request decoder and the response encoder (server/protocol.py), and the
+"""Fuzzing the request decoder and the response encoder (server/protocol/messages.py), and the
 server's framing over a socket.
 
 - `parse_request` on arbitrary bytes and on damaged valid frames (bit flips, cuts,
@@ -48,13 +48,14 @@ from kio.static.primitive import Records
 
 from compactlog.server.broker import Broker
 from compactlog.server.handlers import register_all
-from compactlog.server.protocol import (
+from compactlog.server.protocol.frame_guard import encode_uvarint
+from compactlog.server.protocol.messages import (
     ProtocolError,
     Request,
+    UnknownFieldError,
     UnsupportedVersion,
     build,
     encode_response,
-    encode_uvarint,
     parse_request,
 )
 from compactlog.storage.records import ProducerRecord, encode_batch
@@ -402,9 +403,23 @@ def test_handler_responses_encode_in_every_served_version(api_key: int) -> None:
 def test_an_empty_response_dict_encodes_with_neutral_values(api_key: int,
                                                            version: int) -> None:
     correlation_id, body = decode_response(
-        api_key, version, encode_response(api_key, version, -5, {"not a field": 1}))
+        api_key, version, encode_response(api_key, version, -5, {}))
     assert correlation_id == -5
     assert getattr(body, "error_code", ErrorCode.none) is ErrorCode.none
+
+
+def test_a_response_key_of_no_version_is_refused_naming_it() -> None:
+    # A key of another version is dropped (Fetch v4 has no log_start_offset)...
+    encode_response(1, 4, 7, {"responses": [{"topic": "t", "partitions": [
+        {"partition_index": 0, "log_start_offset": 5}]}]})
+    # ...but a key of none, a typo in a handler, never becomes a valid-looking answer.
+    with pytest.raises(UnknownFieldError) as refused:
+        encode_response(1, 4, 7, {"responses": [{"topic": "t", "partitions": [
+            {"partition_index": 0, "error_mesage": "x"}]}]})
+    assert str(refused.value) == ("Fetch v4 response: 'error_mesage' is a field of no "
+                                  "version (in responses.partitions)")
+    with pytest.raises(UnknownFieldError, match=r"^Produce v3 response: 'not a field'"):
+        encode_response(0, 3, 7, {"not a field": 1})
 
 
 # -- random frames against a running server ----------------------------------------------

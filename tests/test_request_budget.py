@@ -1,4 +1,4 @@
-"""The request memory budget (server/request_budget.py), in process: who waits, who may
+"""The request memory budget (server/network/request_budget.py), in process: who waits, who may
 go past the limit, and that the bound `limit + overdraft` holds."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from compactlog.server.request_budget import RequestBudget
-from compactlog.server.throttle import Throttle, held_back
+from compactlog.log_throttle import Throttle, held_back
+from compactlog.server.network.request_budget import RequestBudget
 from fakes import FakeClock
 
 

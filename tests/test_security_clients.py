@@ -5,7 +5,7 @@ user made by `compactlog users add`.
 The clients and mechanisms are the ones issue 15 asks for: confluent-kafka with PLAIN,
 SCRAM-SHA-256 and SCRAM-SHA-512; kafka-python with PLAIN and SCRAM-SHA-512; aiokafka
 with SCRAM-SHA-256; Debian's kcat (librdkafka 2.0.2) with PLAIN, and with SCRAM, whose
-client-final nonce compactlog accepts (server/sasl.py).
+client-final nonce compactlog accepts (server/security/sasl_mechanisms.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from scramp import ScramClient
 
-from compactlog.server.sasl import FailureDelay
+from compactlog.server.security.sasl_mechanisms import FailureDelay
 from security_support import PASSWORD, Pki, SecuredServer, add_user, secured_server
 from test_server_bad_input import Wire, request_frame
 

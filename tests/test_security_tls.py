@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
-from compactlog.server.tls import certificate_principal
+from compactlog.server.security.tls import certificate_principal
 from security_support import Issued, Pki, SecuredServer, secured_server
 from test_server_bad_input import request_frame
 

@@ -51,10 +51,10 @@ from kafka.admin import (
 )
 from kafka.admin import ResourceType as KpResourceType
 
-from compactlog.server.acl import AclBinding as Binding
-from compactlog.server.acl import Operation, PatternType, Permission
-from compactlog.server.acl import ResourceType as Kind
-from compactlog.server.authorizer import AuthorizationConfig, Authorizer
+from compactlog.server.security.acl_model import AclBinding as Binding
+from compactlog.server.security.acl_model import Operation, PatternType, Permission
+from compactlog.server.security.acl_model import ResourceType as Kind
+from compactlog.server.security.authorizer import AuthorizationConfig, Authorizer
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 from conftest import TESTS_DIR

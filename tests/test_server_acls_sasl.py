@@ -217,10 +217,10 @@ def test_admin_api_principal_from_a_client_certificate(tmp_path: Path) -> None:
     import urllib.error
     import urllib.request
 
-    from compactlog.server.acl import AclBinding as Binding
-    from compactlog.server.acl import Operation, PatternType, Permission
-    from compactlog.server.acl import ResourceType as Kind
-    from compactlog.server.authorizer import AuthorizationConfig, Authorizer
+    from compactlog.server.security.acl_model import AclBinding as Binding
+    from compactlog.server.security.acl_model import Operation, PatternType, Permission
+    from compactlog.server.security.acl_model import ResourceType as Kind
+    from compactlog.server.security.authorizer import AuthorizationConfig, Authorizer
     from compactlog.storage.store import LogStore
 
     pki = Pki(tmp_path / "pki")

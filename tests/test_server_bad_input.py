@@ -32,7 +32,8 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from compactlog.server.protocol import build, encode_uvarint
+from compactlog.server.protocol.frame_guard import encode_uvarint
+from compactlog.server.protocol.messages import build
 from compactlog.storage.records import ProducerRecord, encode_batch
 from compactlog.storage.store import LogStore
 from kafka_server import LoggedServer, logged_server

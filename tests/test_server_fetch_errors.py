@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, TopicPartition
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import CorruptionError, UnknownTopicError
-from compactlog.server.errors import error_code
+from compactlog.server.protocol.error_codes import error_code
 from compactlog.server.upkeep import Upkeep
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore

@@ -29,7 +29,7 @@ from compactlog.server.producers import (
     ProducerStateError,
     ProducerStates,
 )
-from compactlog.server.protocol import build
+from compactlog.server.protocol.messages import build
 from compactlog.storage.records import BatchHeader, parse_header
 from kafka_server import running_server
 

@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 
-from compactlog.server.protocol import (
+from compactlog.server.protocol.messages import (
     Request,
     api_version_entries,
     encode_response,

@@ -1,4 +1,4 @@
-"""Record batches for Fetch (server/wire.py), on real files.
+"""Record batches for Fetch (server/protocol/record_batches.py), on real files.
 
 Every test decodes the bytes as a client would (aiokafka's compiled codec, and
 kafka-python's pure-Python one where it matters, since real clients must accept them)
@@ -24,7 +24,7 @@ from kafka.record.memory_records import MemoryRecords
 
 from compactlog.compaction import load_factory
 from compactlog.errors import CorruptionError
-from compactlog.server.wire import read_batches, view_start_offset
+from compactlog.server.protocol.record_batches import read_batches, view_start_offset
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import (
     CRC_START,

@@ -1,10 +1,11 @@
 """`compactlog acls add/list/delete`: the ACLs of a data directory, as an operator.
 
-Invariant: ACLs are written only through the authorizer's commit (server/authorizer.py:
+Invariant: ACLs are written only through the authorizer's commit (server/security/authorizer.py:
 compare-and-swap of `<data>/acls/current.json`), which is safe beside a running server:
 the server reads the document again in its upkeep, so a change made here is in force
 within `upkeep_interval_s`, whatever its listeners. Each ACL is checked as CreateAcls
-checks it (server/acl.py), and filters mean what DescribeAcls/DeleteAcls filters mean.
+checks it (server/security/acl_model.py), and filters mean what DescribeAcls/DeleteAcls
+filters mean.
 This is how the first ACLs (or super users' peers) are made before any client may.
 """
 
@@ -14,7 +15,7 @@ import click
 
 from compactlog.cli import Context
 from compactlog.errors import UserError
-from compactlog.server.acl import (
+from compactlog.server.security.acl_model import (
     CLUSTER_NAME,
     AclBinding,
     AclError,
@@ -25,7 +26,7 @@ from compactlog.server.acl import (
     ResourceType,
     new_binding,
 )
-from compactlog.server.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
+from compactlog.server.security.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 
 OPERATIONS = [op.name for op in Operation if op not in (Operation.UNKNOWN, Operation.ANY)]
 

@@ -1,4 +1,4 @@
-"""A small client of the server's admin API (server/admin.py), for `--server URL`."""
+"""A small client of the server's admin API (server/admin/http_api.py), for `--server URL`."""
 
 from __future__ import annotations
 

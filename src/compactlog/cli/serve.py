@@ -14,10 +14,10 @@ import click
 from compactlog.cli import Context
 from compactlog.errors import UserError
 from compactlog.server.app import ServerConfig, serve_forever
-from compactlog.server.authorizer import AuthorizationConfig
 from compactlog.server.cleaner import CleanerConfig
-from compactlog.server.listeners import Listener, parse_listener
-from compactlog.server.tls import TlsSettings
+from compactlog.server.network.listeners import Listener, parse_listener
+from compactlog.server.security.authorizer import AuthorizationConfig
+from compactlog.server.security.tls import TlsSettings
 
 # The server's settings file (TOML), every key optional:
 #

@@ -1,7 +1,7 @@
 """The asyncio server: configuration, start, dispatch, upkeep and graceful shutdown.
 
 Connections (admission, framing under the request memory budget, idle timeout, ordered
-responses) are server/connections.py's. Each request frame is parsed here and handed to
+responses) are server/network/connections.py's. Each request frame is parsed here and handed to
 its API's handler. A frame over DECODE_OFF_LOOP_BYTES is parsed on a thread of its own
 (one, so that large decodes queue rather than pile up): the layout walk of a 4 MiB
 request naming 1.4 million topics takes over a second of Python, during which the event
@@ -31,13 +31,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from compactlog.errors import DataDirLockedError, UserError
-from compactlog.server import logsafe
-from compactlog.server.admin import AdminServer
-from compactlog.server.authorizer import AuthorizationConfig, Authorizer
+from compactlog.log_throttle import Throttle, held_back
+from compactlog.server.admin.http_api import AdminServer
 from compactlog.server.broker import FETCH_MAX_BYTES, Broker
 from compactlog.server.cleaner import Cleaner, CleanerConfig
-from compactlog.server.code_policy import check_allow_list
-from compactlog.server.connections import (
+from compactlog.server.coordinator.group_coordinator import (
+    MAX_GROUPS,
+    MAX_SESSION_TIMEOUT_S,
+    MIN_SESSION_TIMEOUT_S,
+)
+from compactlog.server.handlers import register_all
+from compactlog.server.info import ServerInfo
+from compactlog.server.info import remove as remove_server_info
+from compactlog.server.metrics import ConnectionCollector, ServerMetrics, StateCollector
+from compactlog.server.network.connections import (
     STREAM_LIMIT,
     Connections,
     ConnectionSettings,
@@ -46,14 +53,10 @@ from compactlog.server.connections import (
     data_file_cap,
     partition_budget,
 )
-from compactlog.server.errors import error_message
-from compactlog.server.groups import MAX_GROUPS, MAX_SESSION_TIMEOUT_S, MIN_SESSION_TIMEOUT_S
-from compactlog.server.handlers import register_all
-from compactlog.server.info import ServerInfo
-from compactlog.server.info import remove as remove_server_info
-from compactlog.server.listeners import Listener, check_all
-from compactlog.server.metrics import ConnectionCollector, ServerMetrics, StateCollector
-from compactlog.server.protocol import (
+from compactlog.server.network.listeners import Listener, check_all
+from compactlog.server.network.request_budget import RequestBudget
+from compactlog.server.protocol.error_codes import error_message
+from compactlog.server.protocol.messages import (
     API_NAMES,
     API_VERSIONS_KEY,
     ProtocolError,
@@ -63,12 +66,13 @@ from compactlog.server.protocol import (
     response_entries,
     unsupported_api_versions_response,
 )
-from compactlog.server.request_budget import RequestBudget
-from compactlog.server.sasl import FailureDelay
-from compactlog.server.sasl_users import DECOY_DOCUMENT, SaslUsers, decoy_secret
-from compactlog.server.session import SaslGate, Session
-from compactlog.server.throttle import Throttle, held_back
-from compactlog.server.tls import ServerTls, TlsSettings
+from compactlog.server.security import log_escaping
+from compactlog.server.security.authorizer import AuthorizationConfig, Authorizer
+from compactlog.server.security.code_allowlist import check_allow_list
+from compactlog.server.security.connection_security import SaslGate, Session
+from compactlog.server.security.sasl_mechanisms import FailureDelay
+from compactlog.server.security.sasl_users import DECOY_DOCUMENT, SaslUsers, decoy_secret
+from compactlog.server.security.tls import ServerTls, TlsSettings
 from compactlog.server.upkeep import Upkeep
 from compactlog.server.uploads import Uploads
 from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR
@@ -112,7 +116,7 @@ class ServerConfig:
     # over all connections; past it the server stops reading from sockets.
     queued_max_request_bytes: int = 256 * MIB
     # Before SASL authentication frames never count against queued_max_request_bytes:
-    # those over 64 KiB count against this, per SASL listener (connections.py).
+    # those over 64 KiB count against this, per SASL listener (network/connections.py).
     queued_max_unauthenticated_bytes: int = 8 * MIB
     # The most a producer's compressed batch may decompress to: it is decompressed no
     # further, and refused with MESSAGE_TOO_LARGE (storage/inflate.py).
@@ -139,10 +143,10 @@ class ServerConfig:
     # The admin and metrics HTTP listener; None: none.
     admin_host: str | None = None
     admin_port: int = 9093
-    # Kafka's `listeners` (server/listeners.py); empty: one PLAINTEXT listener on
+    # Kafka's `listeners` (server/network/listeners.py); empty: one PLAINTEXT listener on
     # host:port, as before listeners existed.
     listeners: list[Listener] = field(default_factory=list)
-    # The certificate of SSL and SASL_SSL listeners (server/tls.py); None: no TLS.
+    # The certificate of SSL and SASL_SSL listeners (server/security/tls.py); None: no TLS.
     tls: TlsSettings | None = None
     # The store's s3:// URL, when data_dir is its local directory (storage/store.py).
     data_location: str | None = None
@@ -165,7 +169,7 @@ class ServerConfig:
     sasl_failure_delay_max_s: float = 5.0
     # Automatic compaction (server/cleaner.py).
     compaction: CleanerConfig = field(default_factory=CleanerConfig)
-    # ACLs and the admin API's tokens (server/authorizer.py); off by default.
+    # ACLs and the admin API's tokens (server/security/authorizer.py); off by default.
     authorization: AuthorizationConfig = field(default_factory=AuthorizationConfig)
 
     def check(self) -> None:
@@ -219,7 +223,7 @@ class Server:
         config.check()
         self.config = config
         # Parquet files held open at once (storage/filecache.py), within the open-file
-        # limit; connections get what is left of it (connections.py).
+        # limit; connections get what is left of it (network/connections.py).
         self.max_open_data_files, capped = data_file_cap(config.max_open_data_files)
         if capped:
             log.info("%s", capped)
@@ -248,7 +252,7 @@ class Server:
         self.listeners = [dataclasses.replace(listener)
                           for listener in config.kafka_listeners()]
         self.tls = ServerTls(config.tls) if config.tls is not None else None
-        # The SASL users, in memory: a login never waits for the store (sasl_users.py).
+        # The SASL users, in memory: a login never waits for the store (security/sasl_users.py).
         state = self.store.layout.state_document
         self.sasl_users = SaslUsers(CredentialStore(state(CREDENTIALS_DIR)),
                                     decoy_secret(state(DECOY_DOCUMENT)))
@@ -301,7 +305,8 @@ class Server:
                                                  self.max_open_data_files)
         if capped:
             log.info("%s", capped)
-        # The oldest frame may go past the budget by up to one request (request_budget.py).
+        # The oldest frame may go past the budget by up to one request
+        # (network/request_budget.py).
         budget = RequestBudget(config.queued_max_request_bytes, config.max_request_bytes)
         self.connections = Connections(
             ConnectionSettings(max_connections, config.max_connections_per_ip,
@@ -366,7 +371,7 @@ class Server:
 
     def reload_tls(self) -> None:
         """SIGHUP: read the certificate, key and CA files again, off the event loop
-        (server/tls.py)."""
+        (server/security/tls.py)."""
         if self.tls is None:
             log.info("SIGHUP: no TLS settings to reload")
             return
@@ -493,7 +498,7 @@ class Server:
         """The response frame to one request frame; None: no response (acks=0)."""
         broker = self.broker
         assert broker is not None
-        if session.raw_tokens:  # after SaslHandshake v0 (server/session.py)
+        if session.raw_tokens:  # after SaslHandshake v0 (server/security/connection_security.py)
             return await self.sasl.raw_token(session, bytes(frame.take()))
         # The frame is freed once parsed; the budget counts it until the answer is sent.
         data = frame.take()
@@ -536,7 +541,7 @@ async def serve_forever(config: ServerConfig) -> None:
     server that loses its writer lease (another server took over after it stalled past
     the lease) stops serving, closes its connections so that clients go to the new
     owner, and stands by again, to take over when that one's lease ends."""
-    logsafe.install()  # client strings in messages cannot start lines of their own
+    log_escaping.install()  # client strings in messages cannot start lines of their own
     while True:
         try:
             lost = await _serve_once(config)

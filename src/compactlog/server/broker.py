@@ -21,20 +21,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from compactlog.errors import ConflictError
-from compactlog.server import listeners
-from compactlog.server.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
-from compactlog.server.groups import (
+from compactlog.log_throttle import Throttle
+from compactlog.server.coordinator.group_coordinator import (
     MAX_GROUPS,
     MAX_SESSION_TIMEOUT_S,
     MIN_SESSION_TIMEOUT_S,
     GroupCoordinator,
 )
+from compactlog.server.coordinator.offset_files import offset_files_of
 from compactlog.server.metrics import ServerMetrics
-from compactlog.server.offset_files import offset_files_of
+from compactlog.server.network import listeners
 from compactlog.server.producers import ID_DOCUMENT, DocumentIdAllocator, ProducerStates
-from compactlog.server.protocol import Request
-from compactlog.server.sasl_users import SaslUsers
-from compactlog.server.throttle import Throttle
+from compactlog.server.protocol.messages import Request
+from compactlog.server.security.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
+from compactlog.server.security.sasl_users import SaslUsers
 from compactlog.server.uploads import Uploads
 from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR
 from compactlog.storage.credentials import CredentialStore
@@ -78,9 +78,9 @@ class Broker:
         # The broker's own state lives with the topics (on S3, where a server that
         # takes over finds it): storage/layout.py `state_document`.
         state = store.layout.state_document
-        # ACLs (server/authorizer.py); off unless the config turns it on.
+        # ACLs (server/security/authorizer.py); off unless the config turns it on.
         self.authorizer = Authorizer(state(ACL_DIR), authorization or AuthorizationConfig())
-        # `function:` compaction strategies a client may name (server/code_policy.py).
+        # `function:` compaction strategies a client may name (server/security/code_allowlist.py).
         self.allowed_functions = allowed_functions
         self.groups = GroupCoordinator(
             offset_files_of(store.location, store.data_dir, store.lease),
@@ -94,7 +94,7 @@ class Broker:
         self.default_host = host
         self.default_port = port
         # SASL/SCRAM credentials (storage/credentials.py), and the logins' copy of them in
-        # memory (server/sasl_users.py), which a change made here updates at once.
+        # memory (server/security/sasl_users.py), which a change made here updates at once.
         self.sasl_users = sasl_users
         self.credentials = (sasl_users.store if sasl_users is not None
                             else CredentialStore(state(CREDENTIALS_DIR)))

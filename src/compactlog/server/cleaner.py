@@ -37,7 +37,6 @@ from compactlog.compaction.scheduler import (
 )
 from compactlog.compaction.status import is_locked, read_status
 from compactlog.errors import CompactlogError, InvalidConfigError, UserError
-from compactlog.server.code_policy import check_strategy
 from compactlog.server.compaction_processes import (
     Outcome,
     ProcessSettings,
@@ -45,6 +44,7 @@ from compactlog.server.compaction_processes import (
     make_runner,
 )
 from compactlog.server.metrics import ServerMetrics
+from compactlog.server.security.code_allowlist import check_strategy
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore, Topic
 
@@ -82,7 +82,7 @@ class CleanerConfig:
     without_spark: bool = False
     service: str | None = None  # compaction service factory, MODULE:NAME (PIP-278)
     # `function:MODULE:NAME` compaction strategies that a Kafka client may set on a
-    # topic, as "MODULE:NAME" (server/code_policy.py); none by default.
+    # topic, as "MODULE:NAME" (server/security/code_allowlist.py); none by default.
     allowed_strategy_functions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

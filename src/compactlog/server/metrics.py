@@ -18,11 +18,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from compactlog.errors import CompactlogError
-from compactlog.server.wire import view_start_offset
+from compactlog.server.protocol.record_batches import view_start_offset
 
 if TYPE_CHECKING:
     from compactlog.server.cleaner import Cleaner
-    from compactlog.server.groups import GroupCoordinator
+    from compactlog.server.coordinator.group_coordinator import GroupCoordinator
     from compactlog.storage.store import LogStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -128,7 +128,7 @@ class _Filtered:
 
 
 class ConnectionState(Protocol):
-    """What the connection handler tells the metrics (server/connections.py)."""
+    """What the connection handler tells the metrics (server/network/connections.py)."""
 
     @property
     def open_count(self) -> int: ...

@@ -17,8 +17,8 @@ import logging
 
 from compactlog.errors import CompactlogError
 from compactlog.iceberg.upkeep import StateTableUpkeep
-from compactlog.server.errors import error_message
-from compactlog.server.throttle import Throttle, held_back
+from compactlog.log_throttle import Throttle, held_back
+from compactlog.server.protocol.error_codes import error_message
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")

@@ -26,7 +26,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from compactlog.server.throttle import Throttle, held_back
+from compactlog.log_throttle import Throttle, held_back
 
 if TYPE_CHECKING:
     from compactlog.server.broker import Broker

@@ -45,6 +45,7 @@ from compactlog.errors import (
     UnknownTopicError,
     UserError,
 )
+from compactlog.log_throttle import Throttle
 from compactlog.storage.commit import Snapshot
 from compactlog.storage.document import clear_dead_claim
 from compactlog.storage.filecache import OpenFiles
@@ -193,10 +194,10 @@ class LogStore:
         self._lock = threading.RLock()
         self._lock_fd: int | None = None
         self._null_keys = NullKeyPartitioner()
-        # Upkeep: failed partitions' next reopen, and when each failure was last logged.
+        # Upkeep: failed partitions' next reopen, and each failure logged once a minute.
         self._reopen_at: dict[str, float] = {}
         self._reopen_delay: dict[str, float] = {}
-        self._reported: dict[tuple[str, str], float] = {}
+        self._failure_log = Throttle(60.0)
         self._refreshed_at: dict[str, float] = {}  # object stores: last manifest pickup
         # True: a rolled segment is sealed into Parquet at once, by the append that
         # rolled it. A server sets False so that appends never wait for a seal, and
@@ -658,13 +659,8 @@ class LogStore:
 
     def _report(self, where: str, error: Exception) -> None:
         """Log an upkeep failure once a minute per place and message, not every tick."""
-        key = (where, str(error))
-        now = time.monotonic()
-        if now - self._reported.get(key, -1e9) >= 60.0:
-            self._reported[key] = now
+        if self._failure_log.allow((where, str(error))) is not None:
             log.warning("upkeep of %s failed (retried every tick): %s", where, error)
-        if len(self._reported) > 10_000:
-            self._reported.clear()
 
 
 def default_local_dir(location: Location) -> Path:

@@ -1,7 +1,7 @@
 """Protocol handlers, one module per group of APIs; `register_all` builds the table.
 
 Each handler turns one decoded request into a version-neutral response dict (see
-server/protocol.py). The version ranges here are what the server advertises in
+server/protocol/messages.py). The version ranges here are what the server advertises in
 ApiVersions: only what is implemented (shared/notes/kafka-protocol.md §2).
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 from compactlog.server.broker import Broker
 from compactlog.server.handlers import (
     acls,
-    admin,
     cluster,
     configs,
     fetch,
@@ -20,6 +19,7 @@ from compactlog.server.handlers import (
     producer_state,
     records,
     sasl,
+    topics,
 )
 
 
@@ -27,7 +27,7 @@ def register_all(broker: Broker) -> None:
     metadata.register(broker)
     produce.register(broker)
     fetch.register(broker)
-    admin.register(broker)
+    topics.register(broker)
     configs.register(broker)
     records.register(broker)
     cluster.register(broker)

@@ -1,7 +1,7 @@
 """DescribeAcls, CreateAcls and DeleteAcls (v1-v3), as Kafka's AclApis answers them.
 
 Invariant: an answer says what the ACL store holds or did. CreateAcls and DeleteAcls
-commit their change (server/authorizer.py) before answering, so an ACL reported as
+commit their change (server/security/authorizer.py) before answering, so an ACL reported as
 created or deleted is durably so; a creation Kafka would refuse (an unknown or
 ANY/UNKNOWN value, an empty name, a CLUSTER resource not named `kafka-cluster`, a
 principal not of the form `Type:name`) gets INVALID_REQUEST with Kafka's message and is
@@ -20,11 +20,17 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from compactlog.server import authz
-from compactlog.server.acl import AclBinding, AclError, AclFilter, Operation, new_binding
 from compactlog.server.broker import Broker
-from compactlog.server.errors import error_code, error_message
-from compactlog.server.protocol import Request
+from compactlog.server.protocol.error_codes import error_code, error_message
+from compactlog.server.protocol.messages import Request
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import (
+    AclBinding,
+    AclError,
+    AclFilter,
+    Operation,
+    new_binding,
+)
 
 DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
 NO_AUTHORIZER = "No Authorizer is configured."  # Kafka's message
@@ -42,8 +48,8 @@ def _refusal(broker: Broker, request: Request,
              operation: Operation) -> tuple[ErrorCode, str] | None:
     if not broker.authorizer.enabled:
         return ErrorCode.security_disabled, NO_AUTHORIZER
-    if not authz.cluster(broker, request, operation):
-        return authz.CLUSTER_DENIED, authz.CLUSTER_MESSAGE
+    if not access.cluster(broker, request, operation):
+        return access.CLUSTER_DENIED, access.CLUSTER_MESSAGE
     return None
 
 

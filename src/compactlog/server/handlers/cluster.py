@@ -19,11 +19,11 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import UnknownTopicError
-from compactlog.server import authz
-from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
-from compactlog.server.errors import error_code, error_message
-from compactlog.server.protocol import Request
+from compactlog.server.protocol.error_codes import error_code, error_message
+from compactlog.server.protocol.messages import Request
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import Operation
 
 (DESCRIBE_LOG_DIRS, ELECT_LEADERS, ALTER_PARTITION_REASSIGNMENTS,
  LIST_PARTITION_REASSIGNMENTS, DESCRIBE_CLUSTER) = 35, 43, 45, 46, 60
@@ -62,13 +62,13 @@ async def describe_cluster(broker: Broker, request: Request) -> dict[str, Any]:
             "brokers": [{"broker_id": broker.node_id, "host": broker.host,
                          "port": broker.port, "rack": None, "is_fenced": False}],
             "cluster_authorized_operations": (
-                authz.cluster_operations(broker, request)
+                access.cluster_operations(broker, request)
                 if request.body.include_cluster_authorized_operations else NOT_REQUESTED)}
 
 
 async def describe_log_dirs(broker: Broker, request: Request) -> dict[str, Any]:
-    if not authz.cluster(broker, request, Operation.DESCRIBE):
-        return {"error_code": authz.CLUSTER_DENIED, "results": []}  # as Kafka
+    if not access.cluster(broker, request, Operation.DESCRIBE):
+        return {"error_code": access.CLUSTER_DENIED, "results": []}  # as Kafka
     return await broker.run_io(_describe_log_dirs, broker, request.body.topics)
 
 
@@ -115,12 +115,12 @@ async def elect_leaders(broker: Broker, request: Request) -> dict[str, Any]:
     election = getattr(body, "election_type", PREFERRED)  # v1+
     if election not in (PREFERRED, UNCLEAN):
         return {"error_code": ErrorCode.invalid_request, "replica_election_results": []}
-    if not authz.cluster(broker, request, Operation.ALTER):
+    if not access.cluster(broker, request, Operation.ALTER):
         # Kafka: the top-level error, and each partition asked for gets it too.
-        return {"error_code": authz.CLUSTER_DENIED, "replica_election_results": [
+        return {"error_code": access.CLUSTER_DENIED, "replica_election_results": [
             {"topic": entry.topic, "partition_result": [
-                {"partition_id": index, "error_code": authz.CLUSTER_DENIED,
-                 "error_message": authz.CLUSTER_MESSAGE} for index in entry.partitions]}
+                {"partition_id": index, "error_code": access.CLUSTER_DENIED,
+                 "error_message": access.CLUSTER_MESSAGE} for index in entry.partitions]}
             for entry in body.topic_partitions or ()]}
     return {"error_code": ErrorCode.none, "replica_election_results":
             await broker.run_io(_elect, broker, body.topic_partitions)}
@@ -157,16 +157,16 @@ def _exists(broker: Broker, topic: str, index: int) -> tuple[ErrorCode, str | No
 async def list_partition_reassignments(broker: Broker, request: Request) -> dict[str, Any]:
     # Nothing is ever being reassigned, so every answer is empty (Kafka lists only
     # partitions with a reassignment in progress, and skips unknown topics).
-    if not authz.cluster(broker, request, Operation.DESCRIBE):
-        return {"error_code": authz.CLUSTER_DENIED, "error_message": authz.CLUSTER_MESSAGE,
+    if not access.cluster(broker, request, Operation.DESCRIBE):
+        return {"error_code": access.CLUSTER_DENIED, "error_message": access.CLUSTER_MESSAGE,
                 "topics": []}
     return {"error_code": ErrorCode.none, "error_message": None, "topics": []}
 
 
 async def alter_partition_reassignments(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
-    if not authz.cluster(broker, request, Operation.ALTER):
-        return {"error_code": authz.CLUSTER_DENIED, "error_message": authz.CLUSTER_MESSAGE,
+    if not access.cluster(broker, request, Operation.ALTER):
+        return {"error_code": access.CLUSTER_DENIED, "error_message": access.CLUSTER_MESSAGE,
                 "allow_replication_factor_change": getattr(
                     body, "allow_replication_factor_change", True), "responses": []}
     return {"error_code": ErrorCode.none, "error_message": None,

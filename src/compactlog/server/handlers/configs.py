@@ -25,12 +25,12 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.config import TOPIC_KEYS, TopicConfig, lookup
 from compactlog.errors import InvalidConfigError, UnknownTopicError, UserError
-from compactlog.server import authz
-from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
-from compactlog.server.code_policy import check_configs
-from compactlog.server.errors import error_code, error_message
-from compactlog.server.protocol import Request
+from compactlog.server.protocol.error_codes import error_code, error_message
+from compactlog.server.protocol.messages import Request
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import Operation
+from compactlog.server.security.code_allowlist import check_configs
 from compactlog.storage.store import Topic
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
@@ -162,11 +162,11 @@ def _denied(broker: Broker, request: Request, resource: Any,
     """Kafka's check of a config resource: the operation on the topic, or on the cluster
     for a BROKER resource; None when allowed (other types are refused later)."""
     if resource.resource_type == TOPIC_RESOURCE:
-        if not authz.topic(broker, request, operation, resource.resource_name):
-            return {"error_code": authz.TOPIC_DENIED, "error_message": authz.TOPIC_MESSAGE}
-    elif resource.resource_type == BROKER_RESOURCE and not authz.cluster(
+        if not access.topic(broker, request, operation, resource.resource_name):
+            return {"error_code": access.TOPIC_DENIED, "error_message": access.TOPIC_MESSAGE}
+    elif resource.resource_type == BROKER_RESOURCE and not access.cluster(
             broker, request, operation):
-        return {"error_code": authz.CLUSTER_DENIED, "error_message": authz.CLUSTER_MESSAGE}
+        return {"error_code": access.CLUSTER_DENIED, "error_message": access.CLUSTER_MESSAGE}
     return None
 
 

@@ -29,14 +29,14 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from compactlog.server import authz
-from compactlog.server.acl import Operation
+from compactlog.log_throttle import held_back
 from compactlog.server.broker import Broker
-from compactlog.server.errors import error_code, error_message
 from compactlog.server.handlers.grouping import by_topic as answers_by_topic
-from compactlog.server.protocol import Request
-from compactlog.server.throttle import held_back
-from compactlog.server.wire import read_batches, view_start_offset
+from compactlog.server.protocol.error_codes import error_code, error_message
+from compactlog.server.protocol.messages import Request
+from compactlog.server.protocol.record_batches import read_batches, view_start_offset
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import Operation
 from compactlog.storage.records import iter_batches
 
 FETCH, LIST_OFFSETS = 1, 2
@@ -63,7 +63,7 @@ async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
     wanted = [(name, index, offset, partition_max)
               for (name, index), (offset, partition_max) in entries.items()]
     # Kafka: READ on each topic, checked before anything is read.
-    denied = authz.denied_topics(broker, request, Operation.READ, (w[0] for w in wanted))
+    denied = access.denied_topics(broker, request, Operation.READ, (w[0] for w in wanted))
     max_bytes = max(min(body.max_bytes, broker.fetch_max_bytes), 1)
     max_wait = body.max_wait.total_seconds()
     deadline = time.monotonic() + max_wait
@@ -108,7 +108,7 @@ def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
     results = []
     for name, index, offset, partition_max in wanted:
         if name in denied:
-            results.append({"error_code": authz.TOPIC_DENIED, "high_watermark": -1,
+            results.append({"error_code": access.TOPIC_DENIED, "high_watermark": -1,
                             "last_stable_offset": -1, "log_start_offset": -1,
                             "preferred_read_replica": -1, "records": b""})
             continue
@@ -145,8 +145,7 @@ def _read_all(broker: Broker, wanted: list[tuple[str, int, int, int]],
             _log_failure(broker, name, index, code, error)
             results.append({"error_code": code, "high_watermark": -1,
                             "last_stable_offset": -1, "log_start_offset": -1,
-                            "preferred_read_replica": -1, "records": b"",
-                            "error_message": error_message(error)})
+                            "preferred_read_replica": -1, "records": b""})
     return results
 
 
@@ -174,7 +173,7 @@ def _log_failure(broker: Broker, name: str, index: int, code: ErrorCode,
 async def list_offsets(broker: Broker, request: Request) -> dict[str, Any]:
     wanted = [(topic.name, part.partition_index, part.timestamp)
               for topic in request.body.topics for part in topic.partitions]
-    denied = authz.denied_topics(broker, request, Operation.DESCRIBE, (w[0] for w in wanted))
+    denied = access.denied_topics(broker, request, Operation.DESCRIBE, (w[0] for w in wanted))
     results = await broker.run_io(_lookup_all, broker, wanted, denied)
     return {"topics": [{"name": name, "partitions": parts} for name, parts
                        in answers_by_topic(wanted, results, "partition_index").items()]}
@@ -185,7 +184,7 @@ def _lookup_all(broker: Broker, wanted: list[tuple[str, int, int]],
     results: list[dict[str, Any]] = []
     for name, index, timestamp in wanted:
         if name in denied:
-            results.append({"error_code": authz.TOPIC_DENIED, "timestamp": -1, "offset": -1,
+            results.append({"error_code": access.TOPIC_DENIED, "timestamp": -1, "offset": -1,
                             "leader_epoch": -1})
             continue
         try:
@@ -208,9 +207,9 @@ def _lookup_all(broker: Broker, wanted: list[tuple[str, int, int]],
                     found, at = offset, record[0].timestamp if record else timestamp
             results.append({"error_code": ErrorCode.none, "timestamp": at, "offset": found,
                             "leader_epoch": 0})
-        except ValueError as error:
+        except ValueError:  # ListOffsets has no error message: the code says it all
             results.append({"error_code": ErrorCode.invalid_request, "timestamp": -1,
-                            "offset": -1, "leader_epoch": -1, "error_message": str(error)})
+                            "offset": -1, "leader_epoch": -1})
         except Exception as error:
             results.append({"error_code": error_code(error), "timestamp": -1, "offset": -1,
                             "leader_epoch": -1})

@@ -1,5 +1,5 @@
 """FindCoordinator, the classic consumer-group APIs, and the group admin APIs
-(DeleteGroups, OffsetDelete), over server/groups.py."""
+(DeleteGroups, OffsetDelete), over server/coordinator/group_coordinator.py."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import UnknownPartitionError, UnknownTopicError
-from compactlog.server import authz
-from compactlog.server.acl import Operation, ResourceType
 from compactlog.server.broker import Broker
-from compactlog.server.cooperative import mapped
-from compactlog.server.groups import GroupError, subscribed_topics
+from compactlog.server.coordinator.group_coordinator import GroupError, subscribed_topics
+from compactlog.server.handlers.cooperative import mapped
 from compactlog.server.handlers.transactions import (
     NOT_SUPPORTED,
     TRANSACTIONS_REFUSED,
     log_refusal,
 )
-from compactlog.server.protocol import Request
+from compactlog.server.protocol.messages import Request
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import Operation, ResourceType
 
 (OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP,
  SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS) = 8, 9, 10, 11, 12, 13, 14, 15, 16
@@ -43,21 +43,23 @@ def register(broker: Broker) -> None:
 
 
 def _coordinator(broker: Broker, request: Request, key: str, key_type: int) -> dict[str, Any]:
+    """The answer for one key, in the fields that v0-v3 hold at the top level and v4+
+    in each entry of `coordinators` (which adds the key)."""
     if key_type == TRANSACTION_KEY:
         # No transaction coordinator: a code that clients take as final, at once
         # (handlers/transactions.py); any other makes librdkafka ask again until
         # init_transactions() times out.
         log_refusal(request, key)
-        return {"key": key, "error_code": TRANSACTIONS_REFUSED, "node_id": -1,
+        return {"error_code": TRANSACTIONS_REFUSED, "node_id": -1,
                 "host": "", "port": -1, "error_message": NOT_SUPPORTED}
     if key_type != GROUP_KEY:
         # Share groups (KIP-932): as Kafka answers when it has no share coordinator.
-        return {"key": key, "error_code": ErrorCode.invalid_request, "node_id": -1,
+        return {"error_code": ErrorCode.invalid_request, "node_id": -1,
                 "host": "", "port": -1, "error_message": "only group coordinators exist here"}
-    if not authz.group(broker, request, Operation.DESCRIBE, key):
-        return {"key": key, "error_code": authz.GROUP_DENIED, "node_id": -1, "host": "",
-                "port": -1, "error_message": authz.GROUP_MESSAGE}
-    return {"key": key, "error_code": ErrorCode.none, "node_id": broker.node_id,
+    if not access.group(broker, request, Operation.DESCRIBE, key):
+        return {"error_code": access.GROUP_DENIED, "node_id": -1, "host": "",
+                "port": -1, "error_message": access.GROUP_MESSAGE}
+    return {"error_code": ErrorCode.none, "node_id": broker.node_id,
             "host": broker.host, "port": broker.port}
 
 
@@ -65,8 +67,8 @@ async def find_coordinator(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     if request.api_version >= 4:  # batched keys
         return {"coordinators": await mapped(
-            body.coordinator_keys, lambda key: _coordinator(broker, request, key,
-                                                            body.key_type))}
+            body.coordinator_keys, lambda key: {"key": key, **_coordinator(
+                broker, request, key, body.key_type)})}
     return _coordinator(broker, request, body.key, getattr(body, "key_type", GROUP_KEY))
 
 
@@ -76,8 +78,8 @@ def _failed(error: GroupError, **fields: Any) -> dict[str, Any]:
 
 async def join_group(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
-    if not authz.group(broker, request, Operation.READ, body.group_id):
-        return {"error_code": authz.GROUP_DENIED, "generation_id": -1, "leader": "",
+    if not access.group(broker, request, Operation.READ, body.group_id):
+        return {"error_code": access.GROUP_DENIED, "generation_id": -1, "leader": "",
                 "member_id": body.member_id, "members": []}
     session_timeout = body.session_timeout.total_seconds()
     rebalance = getattr(body, "rebalance_timeout", None)
@@ -96,8 +98,8 @@ async def join_group(broker: Broker, request: Request) -> dict[str, Any]:
 
 async def sync_group(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
-    if not authz.group(broker, request, Operation.READ, body.group_id):
-        return {"error_code": authz.GROUP_DENIED, "assignment": b""}
+    if not access.group(broker, request, Operation.READ, body.group_id):
+        return {"error_code": access.GROUP_DENIED, "assignment": b""}
     try:
         return await broker.groups.sync(
             body.group_id, body.member_id, body.generation_id,
@@ -109,8 +111,8 @@ async def sync_group(broker: Broker, request: Request) -> dict[str, Any]:
 
 async def heartbeat(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
-    if not authz.group(broker, request, Operation.READ, body.group_id):
-        return {"error_code": authz.GROUP_DENIED}
+    if not access.group(broker, request, Operation.READ, body.group_id):
+        return {"error_code": access.GROUP_DENIED}
     try:
         broker.groups.heartbeat(body.group_id, body.member_id, body.generation_id)
         return {"error_code": ErrorCode.none}
@@ -120,8 +122,8 @@ async def heartbeat(broker: Broker, request: Request) -> dict[str, Any]:
 
 async def leave_group(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
-    if not authz.group(broker, request, Operation.READ, body.group_id):
-        return {"error_code": authz.GROUP_DENIED, "members": []}
+    if not access.group(broker, request, Operation.READ, body.group_id):
+        return {"error_code": access.GROUP_DENIED, "members": []}
     if request.api_version >= 3:
         ids = [m.member_id for m in body.members]
         codes = broker.groups.leave(body.group_id, ids)
@@ -141,17 +143,17 @@ async def offset_commit(broker: Broker, request: Request) -> dict[str, Any]:
     offsets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
     # Kafka: READ on the group (else every partition gets GROUP_AUTHORIZATION_FAILED),
     # then READ on each topic.
-    group_allowed = authz.group(broker, request, Operation.READ, body.group_id)
-    denied = authz.denied_topics(broker, request, Operation.READ,
+    group_allowed = access.group(broker, request, Operation.READ, body.group_id)
+    denied = access.denied_topics(broker, request, Operation.READ,
                                  (t.name for t in body.topics))
     for topic in body.topics:
         for part in topic.partitions:
             key = (topic.name, part.partition_index)
             if not group_allowed:
-                codes[key] = authz.GROUP_DENIED
+                codes[key] = access.GROUP_DENIED
                 continue
             if topic.name in denied:
-                codes[key] = authz.TOPIC_DENIED
+                codes[key] = access.TOPIC_DENIED
                 continue
             if not _partition_exists(broker, *key):
                 codes[key] = ErrorCode.unknown_topic_or_partition
@@ -194,7 +196,7 @@ async def _fetched_topics(broker: Broker, request: Request, group_id: str,
     else:
         wanted = {t.name: list(t.partition_indexes) for t in topics}
     # Kafka: DESCRIBE on each topic; asked for all, the others are left out.
-    denied = authz.denied_topics(broker, request, Operation.DESCRIBE, wanted,
+    denied = access.denied_topics(broker, request, Operation.DESCRIBE, wanted,
                                  audit=topics is not None)
     if topics is None:
         wanted = {name: indexes for name, indexes in wanted.items() if name not in denied}
@@ -202,7 +204,7 @@ async def _fetched_topics(broker: Broker, request: Request, group_id: str,
         if name in denied:
             return {"partition_index": index, "committed_offset": -1,
                     "committed_leader_epoch": -1, "metadata": "",
-                    "error_code": authz.TOPIC_DENIED}
+                    "error_code": access.TOPIC_DENIED}
         found = committed.get((name, index))
         return {"partition_index": index,
                 "committed_offset": found.offset if found else -1,
@@ -219,21 +221,21 @@ async def offset_fetch(broker: Broker, request: Request) -> dict[str, Any]:
     if request.api_version >= 8:  # batched groups
         groups = []
         for g in body.groups:
-            if not authz.group(broker, request, Operation.READ, g.group_id):
+            if not access.group(broker, request, Operation.READ, g.group_id):
                 groups.append({"group_id": g.group_id, "topics": [],
-                               "error_code": authz.GROUP_DENIED})
+                               "error_code": access.GROUP_DENIED})
                 continue
             groups.append({"group_id": g.group_id, "error_code": ErrorCode.none,
                            "topics": await _fetched_topics(broker, request, g.group_id,
                                                            g.topics)})
         return {"groups": groups}
-    if not authz.group(broker, request, Operation.READ, body.group_id):
+    if not access.group(broker, request, Operation.READ, body.group_id):
         # Kafka: the top-level error (v2+); v1 has none, so each partition gets it.
-        return {"error_code": authz.GROUP_DENIED, "topics": [
+        return {"error_code": access.GROUP_DENIED, "topics": [
             {"name": t.name, "partitions": [
                 {"partition_index": index, "committed_offset": -1,
                  "committed_leader_epoch": -1, "metadata": "",
-                 "error_code": authz.GROUP_DENIED} for index in t.partition_indexes]}
+                 "error_code": access.GROUP_DENIED} for index in t.partition_indexes]}
             for t in body.topics or ()]}
     return {"topics": await _fetched_topics(broker, request, body.group_id, body.topics),
             "error_code": ErrorCode.none}
@@ -243,13 +245,13 @@ async def list_groups(broker: Broker, request: Request) -> dict[str, Any]:
     states = set(getattr(request.body, "states_filter", ()) or ())
     # Kafka: DESCRIBE on the cluster lists every group, else those the client may
     # DESCRIBE.
-    every = authz.cluster(broker, request, Operation.DESCRIBE, audit=False)
+    every = access.cluster(broker, request, Operation.DESCRIBE, audit=False)
     groups = [
         {"group_id": g.group_id, "protocol_type": g.protocol_type or "consumer",
          "group_state": g.state, "group_type": "classic"}
         for g in broker.groups.groups.values()
         if (not states or g.state in states)
-        and (every or authz.group(broker, request, Operation.DESCRIBE, g.group_id,
+        and (every or access.group(broker, request, Operation.DESCRIBE, g.group_id,
                                   audit=False))
     ]
     return {"error_code": ErrorCode.none, "groups": groups}
@@ -259,13 +261,13 @@ async def describe_groups(broker: Broker, request: Request) -> dict[str, Any]:
     with_operations = getattr(request.body, "include_authorized_operations", False)
 
     def described(group_id: str) -> dict[str, Any]:
-        if not authz.group(broker, request, Operation.DESCRIBE, group_id):
-            return {"group_id": group_id, "error_code": authz.GROUP_DENIED,
+        if not access.group(broker, request, Operation.DESCRIBE, group_id):
+            return {"group_id": group_id, "error_code": access.GROUP_DENIED,
                     "group_state": "", "protocol_type": "", "protocol_data": "",
                     "members": [], "authorized_operations": -2147483648}
         return {**broker.groups.describe(group_id), "authorized_operations": (
-            authz.operations(broker, request, ResourceType.GROUP, group_id)
-            if with_operations else authz.NOT_REQUESTED)}
+            access.operations(broker, request, ResourceType.GROUP, group_id)
+            if with_operations else access.NOT_REQUESTED)}
 
     return {"groups": await mapped(request.body.groups, described)}
 
@@ -273,9 +275,9 @@ async def describe_groups(broker: Broker, request: Request) -> dict[str, Any]:
 async def delete_groups(broker: Broker, request: Request) -> dict[str, Any]:
     names = list(request.body.groups_names)
     # Kafka: DELETE on each group.
-    allowed = [n for n in names if authz.group(broker, request, Operation.DELETE, n)]
+    allowed = [n for n in names if access.group(broker, request, Operation.DELETE, n)]
     deleted = dict(zip(allowed, await broker.groups.delete_groups(allowed), strict=True))
-    return {"results": [{"group_id": name, "error_code": deleted.get(name, authz.GROUP_DENIED)}
+    return {"results": [{"group_id": name, "error_code": deleted.get(name, access.GROUP_DENIED)}
                         for name in names]}
 
 
@@ -288,9 +290,9 @@ async def offset_delete(broker: Broker, request: Request) -> dict[str, Any]:
     if not body.group_id:
         return {"error_code": ErrorCode.invalid_group_id, "topics": []}
     # Kafka: DELETE on the group, then READ on each topic.
-    if not authz.group(broker, request, Operation.DELETE, body.group_id):
-        return {"error_code": authz.GROUP_DENIED, "topics": []}
-    denied = authz.denied_topics(broker, request, Operation.READ,
+    if not access.group(broker, request, Operation.DELETE, body.group_id):
+        return {"error_code": access.GROUP_DENIED, "topics": []}
+    denied = access.denied_topics(broker, request, Operation.READ,
                                  (t.name for t in body.topics))
     wanted = [(topic.name, part.partition_index)
               for topic in body.topics for part in topic.partitions]
@@ -306,7 +308,7 @@ async def offset_delete(broker: Broker, request: Request) -> dict[str, Any]:
     codes: dict[tuple[str, int], ErrorCode] = {}
     for key in wanted:
         if key[0] in denied:
-            codes[key] = authz.TOPIC_DENIED
+            codes[key] = access.TOPIC_DENIED
         elif key not in existing:
             codes[key] = ErrorCode.unknown_topic_or_partition
         elif (key[0] in subscribed if subscribed is not None

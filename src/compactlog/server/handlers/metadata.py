@@ -15,12 +15,12 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import CompactlogError, UnknownTopicError
-from compactlog.server import authz
-from compactlog.server.acl import Operation
+from compactlog.log_throttle import held_back
 from compactlog.server.broker import Broker
-from compactlog.server.errors import error_code, error_message
-from compactlog.server.protocol import Request, api_version_entries
-from compactlog.server.throttle import held_back
+from compactlog.server.protocol.error_codes import error_code, error_message
+from compactlog.server.protocol.messages import Request, api_version_entries
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import Operation
 from compactlog.storage.store import Topic
 
 API_VERSIONS, METADATA = 18, 3
@@ -71,7 +71,7 @@ def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
     # client gets those it may DESCRIBE, as from Kafka.
     wanted: list[tuple[str | None, uuid.UUID | None]] = (
         [(name, None) for name in broker.store.list_topics()
-         if authz.topic(broker, request, Operation.DESCRIBE, name, audit=False)]
+         if access.topic(broker, request, Operation.DESCRIBE, name, audit=False)]
         if body.topics is None
         else list(dict.fromkeys((t.name, getattr(t, "topic_id", None))
                                 for t in body.topics)))
@@ -88,11 +88,11 @@ def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
                 topics.append({"error_code": ErrorCode.unknown_topic_id, "name": None,
                                "topic_id": topic_id or uuid.UUID(int=0), "partitions": []})
                 continue
-        if not authz.topic(broker, request, Operation.DESCRIBE, name):
+        if not access.topic(broker, request, Operation.DESCRIBE, name):
             # Kafka answers a named topic the client may not describe with
             # TOPIC_AUTHORIZATION_FAILED, whether or not it exists (a topic id is not
             # secret: the name stays null).
-            topics.append({"error_code": authz.TOPIC_DENIED,
+            topics.append({"error_code": access.TOPIC_DENIED,
                            "name": None if by_id else name,
                            "topic_id": topic_id if by_id and topic_id else uuid.UUID(int=0),
                            "partitions": []})
@@ -127,7 +127,7 @@ def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
                 for index in range(topic.meta.partitions)
             ],
             "topic_authorized_operations": (
-                authz.topic_operations(broker, request, name) if with_operations
+                access.topic_operations(broker, request, name) if with_operations
                 else -2147483648),  # "not requested"
         })
     return {
@@ -138,8 +138,8 @@ def _metadata(broker: Broker, request: Request) -> dict[str, Any]:
         "topics": topics,
         # v8-10 may ask for the cluster's operations too.
         "cluster_authorized_operations": (
-            authz.cluster_operations(broker, request)
+            access.cluster_operations(broker, request)
             if getattr(body, "include_cluster_authorized_operations", False)
-            else authz.NOT_REQUESTED),
+            else access.NOT_REQUESTED),
         "error_code": ErrorCode.none,
     }

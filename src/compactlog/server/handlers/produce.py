@@ -36,10 +36,8 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import InvalidRecordError
-from compactlog.server import authz
-from compactlog.server.acl import Operation, ResourceType
+from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.broker import Broker
-from compactlog.server.errors import error_code, error_message
 from compactlog.server.handlers.grouping import by_topic
 from compactlog.server.handlers.transactions import TRANSACTIONS_REFUSED, log_refusal
 from compactlog.server.producers import (
@@ -48,8 +46,10 @@ from compactlog.server.producers import (
     ProducerStateError,
     check_producer_fields,
 )
-from compactlog.server.protocol import ProtocolError, Request
-from compactlog.server.throttle import Throttle, held_back
+from compactlog.server.protocol.error_codes import error_code, error_message
+from compactlog.server.protocol.messages import ProtocolError, Request
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import Operation, ResourceType
 from compactlog.storage.records import iter_batches
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
     work = [(topic.name, part.index, bytes(part.records or b""))
             for topic in body.topic_data for part in topic.partition_data]
     # Kafka: WRITE on each topic; a denied partition is not appended to.
-    denied = authz.denied_topics(broker, request, Operation.WRITE, (w[0] for w in work))
+    denied = access.denied_topics(broker, request, Operation.WRITE, (w[0] for w in work))
     results = await broker.run_io(_append_all, broker, work, denied)
     broker.notify_data()
     last_offsets = [result.pop(LAST_OFFSET, None) for result in results]
@@ -135,7 +135,7 @@ def _unless_still_the_owner(broker: Broker, work: list[tuple[str, int, bytes]],
 
 def _append_all(broker: Broker, work: list[tuple[str, int, bytes]],
                 denied: set[str]) -> list[dict[str, Any]]:
-    return [{"error_code": authz.TOPIC_DENIED, "base_offset": -1, "log_append_time": None,
+    return [{"error_code": access.TOPIC_DENIED, "base_offset": -1, "log_append_time": None,
              "log_start_offset": -1} if name in denied
             else _append_one(broker, name, index, records)
             for name, index, records in work]
@@ -219,9 +219,9 @@ async def init_producer_id(broker: Broker, request: Request) -> dict[str, Any]:
         return _no_producer_id(TRANSACTIONS_REFUSED)
     # Kafka: an idempotent producer needs IDEMPOTENT_WRITE on the cluster, or WRITE on
     # some topic.
-    if not (authz.cluster(broker, request, Operation.IDEMPOTENT_WRITE)
-            or authz.by_type(broker, request, Operation.WRITE, ResourceType.TOPIC)):
-        return _no_producer_id(authz.CLUSTER_DENIED)
+    if not (access.cluster(broker, request, Operation.IDEMPOTENT_WRITE)
+            or access.by_type(broker, request, Operation.WRITE, ResourceType.TOPIC)):
+        return _no_producer_id(access.CLUSTER_DENIED)
     try:
         producer_id, epoch = await broker.run_io(
             broker.producers.init_producer_id, producer_id, epoch)

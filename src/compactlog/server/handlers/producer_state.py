@@ -14,12 +14,12 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from compactlog.server import authz
-from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
-from compactlog.server.errors import error_code, error_message
 from compactlog.server.producers import rebuild_entries
-from compactlog.server.protocol import Request
+from compactlog.server.protocol.error_codes import error_code, error_message
+from compactlog.server.protocol.messages import Request
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import Operation
 
 DESCRIBE_PRODUCERS = 61
 
@@ -30,7 +30,7 @@ def register(broker: Broker) -> None:
 
 async def describe_producers(broker: Broker, request: Request) -> dict[str, Any]:
     # Kafka: READ on each topic.
-    denied = authz.denied_topics(broker, request, Operation.READ,
+    denied = access.denied_topics(broker, request, Operation.READ,
                                  (t.name for t in request.body.topics))
     return {"topics": await broker.run_io(_describe_producers, broker, request.body.topics,
                                           denied)}
@@ -39,8 +39,8 @@ async def describe_producers(broker: Broker, request: Request) -> dict[str, Any]
 def _describe_producers(broker: Broker, topics: Any,
                         denied: set[str]) -> list[dict[str, Any]]:
     return [{"name": topic.name, "partitions": [
-        {"partition_index": index, "error_code": authz.TOPIC_DENIED,
-         "error_message": authz.TOPIC_MESSAGE, "active_producers": []}
+        {"partition_index": index, "error_code": access.TOPIC_DENIED,
+         "error_message": access.TOPIC_MESSAGE, "active_producers": []}
         if topic.name in denied else _producers_of(broker, topic.name, index)
         for index in topic.partition_indexes]}
         for topic in topics]

@@ -22,13 +22,13 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from compactlog.server import authz
-from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
-from compactlog.server.errors import error_code
 from compactlog.server.handlers.grouping import by_topic
-from compactlog.server.protocol import Request
-from compactlog.server.wire import view_start_offset
+from compactlog.server.protocol.error_codes import error_code
+from compactlog.server.protocol.messages import Request
+from compactlog.server.protocol.record_batches import view_start_offset
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import Operation
 
 DELETE_RECORDS = 21
 HIGH_WATERMARK = -1  # Kafka's DeleteRecordsRequest.HIGH_WATERMARK
@@ -43,7 +43,7 @@ async def delete_records(broker: Broker, request: Request) -> dict[str, Any]:
     wanted = [(topic.name, part.partition_index, part.offset)
               for topic in request.body.topics for part in topic.partitions]
     # Kafka: DELETE on each topic.
-    denied = authz.denied_topics(broker, request, Operation.DELETE, (w[0] for w in wanted))
+    denied = access.denied_topics(broker, request, Operation.DELETE, (w[0] for w in wanted))
     results = await broker.run_io(_delete_all, broker, wanted, denied)
     return {"topics": [{"name": name, "partitions": parts} for name, parts
                        in by_topic(wanted, results, "partition_index").items()]}
@@ -51,7 +51,7 @@ async def delete_records(broker: Broker, request: Request) -> dict[str, Any]:
 
 def _delete_all(broker: Broker, wanted: list[tuple[str, int, int]],
                 denied: set[str]) -> list[dict[str, Any]]:
-    return [{"low_watermark": -1, "error_code": authz.TOPIC_DENIED} if name in denied
+    return [{"low_watermark": -1, "error_code": access.TOPIC_DENIED} if name in denied
             else _delete_one(broker, name, index, offset) for name, index, offset in wanted]
 
 

@@ -2,10 +2,10 @@
 SCRAM credential APIs: DescribeUserScramCredentials and AlterUserScramCredentials (v0).
 
 Invariants:
-- The SASL exchange itself is the connection's (server/session.py): it runs before any
-  request reaches this table. A SaslHandshake or SaslAuthenticate that gets here came
-  after authentication, or on a listener without SASL, and is answered as Kafka's
-  KafkaApis answers it: ILLEGAL_SASL_STATE (no re-authentication).
+- The SASL exchange itself is the connection's (server/security/connection_security.py):
+  it runs before any request reaches this table. A SaslHandshake or SaslAuthenticate
+  that gets here came after authentication, or on a listener without SASL, and is
+  answered as Kafka's KafkaApis answers it: ILLEGAL_SASL_STATE (no re-authentication).
 - AlterUserScramCredentials stores keys, never a password: the request carries a salted
   password, from which the stored and server keys are derived and the salted password
   dropped. A request's changes for one user are committed together; each user's result
@@ -25,10 +25,10 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import UserError
-from compactlog.server import authz
-from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
-from compactlog.server.protocol import Request
+from compactlog.server.protocol.messages import Request
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import Operation
 from compactlog.storage.credentials import (
     MAX_ITERATIONS,
     MECHANISM_CODES,
@@ -63,9 +63,9 @@ async def sasl_authenticate(broker: Broker, request: Request) -> dict[str, Any]:
 
 async def describe_user_scram_credentials(broker: Broker,
                                           request: Request) -> dict[str, Any]:
-    if not authz.cluster(broker, request, Operation.DESCRIBE):
-        return {"throttle_time": datetime.timedelta(0), "error_code": authz.CLUSTER_DENIED,
-                "error_message": authz.CLUSTER_MESSAGE, "results": []}
+    if not access.cluster(broker, request, Operation.DESCRIBE):
+        return {"throttle_time": datetime.timedelta(0), "error_code": access.CLUSTER_DENIED,
+                "error_message": access.CLUSTER_MESSAGE, "results": []}
     users = await broker.run_io(broker.credentials.users)
     wanted = None if request.body.users is None else [u.name for u in request.body.users]
     results: list[dict[str, Any]] = []
@@ -97,8 +97,8 @@ async def describe_user_scram_credentials(broker: Broker,
 
 def _refusal(broker: Broker, request: Request) -> tuple[ErrorCode, str] | None:
     if broker.authorizer.enabled:
-        if not authz.cluster(broker, request, Operation.ALTER):
-            return authz.CLUSTER_DENIED, authz.CLUSTER_MESSAGE
+        if not access.cluster(broker, request, Operation.ALTER):
+            return access.CLUSTER_DENIED, access.CLUSTER_MESSAGE
         return None
     if request.principal == ANONYMOUS:
         return (ErrorCode.cluster_authorization_failed,

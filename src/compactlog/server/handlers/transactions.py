@@ -31,8 +31,8 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from compactlog.server.protocol import Request
-from compactlog.server.throttle import Throttle, held_back
+from compactlog.log_throttle import Throttle, held_back
+from compactlog.server.protocol.messages import Request
 
 log = logging.getLogger("compactlog.server")
 

@@ -18,7 +18,7 @@
   GET  /v1/compactions                   recent runs, newest first
   GET  /v1/compactions/{id}              one run, with its report once finished
   /iceberg/v1/...                        the read-only Iceberg REST catalog of the
-                                         topics' state tables (server/admin_catalog.py)
+                                         topics' state tables (server/admin/iceberg_catalog.py)
 
 Errors are JSON, {"error": "..."}, with 400 (bad request), 401 (no valid principal),
 403 (the principal may not), 404 (unknown topic, partition or run), 409 (a compaction
@@ -27,7 +27,7 @@ max_concurrent_runs allows; with "runs", the ones going, and Retry-After); under
 /iceberg they have the Iceberg REST spec's shape, {"error": {"message", "type", "code"}}.
 Store reads run off the event loop.
 
-Authorization (server/admin_auth.py establishes the principal): with the authorizer on,
+Authorization (server/admin/route_access.py establishes the principal): with the authorizer on,
 each route needs what the Kafka listener would need for the same thing: DESCRIBE on a
 topic to see it, its compaction status or its runs (listings show only those), also
 DESCRIBE_CONFIGS to see its config, ALTER on the topic to start a compaction or roll
@@ -60,11 +60,11 @@ from compactlog.errors import (
     UserError,
 )
 from compactlog.iceberg.catalog import CatalogError, error_body
-from compactlog.server.acl import CLUSTER_NAME, Operation, ResourceType
-from compactlog.server.admin_auth import AdminAuth, Forbidden, TokenFile, Unauthenticated
-from compactlog.server.admin_catalog import CatalogRoutes, is_catalog_path
+from compactlog.server.admin.iceberg_catalog import CatalogRoutes, is_catalog_path
+from compactlog.server.admin.route_access import AdminAuth, Forbidden, TokenFile, Unauthenticated
 from compactlog.server.cleaner import RunsFullError
 from compactlog.server.metrics import CONTENT_TYPE, Visible
+from compactlog.server.security.acl_model import CLUSTER_NAME, Operation, ResourceType
 
 if TYPE_CHECKING:
     from compactlog.server.app import Server
@@ -78,7 +78,7 @@ class AdminServer:
         self.server = server
         self.host = host
         self.port = port
-        # HTTPS with the server's TLS settings (server/tls.py), when set.
+        # HTTPS with the server's TLS settings (server/security/tls.py), when set.
         self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
         settings = server.config.authorization

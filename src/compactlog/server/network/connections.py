@@ -15,8 +15,8 @@ Invariants:
   clients without a credential cannot starve authenticated ones, as Kafka reads
   pre-authentication frames outside its request memory pool.
 - Before SASL authentication a frame's API key is checked as soon as its header has
-  arrived (session.py): a request of another API closes the connection before the
-  rest of its frame is read.
+  arrived (security/connection_security.py): a request of another API closes the
+  connection before the rest of its frame is read.
 - A connection is closed as idle while it waits for its client (for bytes of a
   request, or to take a response) and while it waits for request memory, for
   connections_max_idle_s: a client that holds part of a budget and keeps a byte a
@@ -42,13 +42,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from compactlog.server import listeners
-from compactlog.server.listeners import Listener
+from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.metrics import ServerMetrics
-from compactlog.server.protocol import FrameBytes, ProtocolError, peek_header
-from compactlog.server.request_budget import RequestBudget
-from compactlog.server.session import Session, check_before_authentication
-from compactlog.server.throttle import Throttle, held_back
+from compactlog.server.network import listeners
+from compactlog.server.network.listeners import Listener
+from compactlog.server.network.request_budget import RequestBudget
+from compactlog.server.protocol.frame_guard import FrameBytes
+from compactlog.server.protocol.messages import ProtocolError, peek_header
+from compactlog.server.security.connection_security import Session, check_before_authentication
 
 log = logging.getLogger("compactlog.server")
 _LENGTH = struct.Struct(">i")
@@ -150,7 +151,7 @@ def _certificate_principal(writer: asyncio.StreamWriter) -> str | None:
     ssl_object = writer.get_extra_info("ssl_object")
     if ssl_object is None:
         return None
-    from compactlog.server.tls import certificate_principal
+    from compactlog.server.security.tls import certificate_principal
 
     return certificate_principal(ssl_object.getpeercert(binary_form=True))
 
@@ -183,7 +184,7 @@ class Connections:
         # Each SASL listener's allowance for frames before authentication, by name.
         self._unauthenticated: dict[str, RequestBudget] = {}
         self._floods = Throttle(REFUSAL_LOG_INTERVAL_S)
-        # The server side of TLS listeners (server/tls.py), set by the server.
+        # The server side of TLS listeners (server/security/tls.py), set by the server.
         self.tls_context: ssl.SSLContext | None = None
         self.stopping = False
         self._aborting = False  # shutting down, past the grace: close without flushing
@@ -363,7 +364,8 @@ class Connections:
                     del response
                     await self._drain(writer)
                 if connection.session.close_after:
-                    return  # answered; closed as Kafka closes it (session.py)
+                    # answered; closed as Kafka closes it (security/connection_security.py)
+                    return
             finally:
                 self._busy.discard(task)
                 self._give_back(connection)  # the request is answered

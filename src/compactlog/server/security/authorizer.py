@@ -1,5 +1,8 @@
 """The authorizer: the server's ACLs, kept durable, and the decisions made from them.
 
+It holds the ACLs and applies acl_model.py's rule to them; the handlers reach it
+through access.py, the admin API through admin/route_access.py.
+
 Invariant: the ACLs in force are exactly those of the committed version of the
 document `<data>/acls/` (storage/commit.py: compare-and-swap of `current.json`). A
 change (CreateAcls, DeleteAcls) is computed from the committed version and committed
@@ -24,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from compactlog.errors import ConflictError, CorruptionError
-from compactlog.server.acl import (
+from compactlog.log_throttle import Throttle
+from compactlog.server.security.acl_model import (
     AclBinding,
     AclError,
     AclFilter,
@@ -34,7 +38,6 @@ from compactlog.server.acl import (
     decide,
     decide_by_type,
 )
-from compactlog.server.throttle import Throttle
 from compactlog.storage.commit import LocalDocument, Snapshot
 from compactlog.storage.document import Document, clear_dead_claim
 

@@ -27,7 +27,7 @@ generation (Kafka's group.initial.rebalance.delay.ms). It answers all joins at o
 the leader gets every member's subscription, computes the assignment client-side and
 hands it back in SyncGroup, which the coordinator passes to each member.
 
-Committed offsets are kept per group in one document (server/offset_files.py: a file
+Committed offsets are kept per group in one document (server/coordinator/offset_files.py: a file
 under <data>/groups/, or an object beside the topics on S3, fenced by the writer's
 epoch), replaced whole on every commit, so they survive restarts, crashes and, on S3, a
 server taking over from another. Every write of them (commits, OffsetDelete's snapshot,
@@ -54,8 +54,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.errors import FencedError, StorageError
-from compactlog.server.offset_files import LocalOffsetFiles, OffsetFiles
-from compactlog.server.throttle import Throttle, held_back
+from compactlog.log_throttle import Throttle, held_back
+from compactlog.server.coordinator.offset_files import LocalOffsetFiles, OffsetFiles
 
 log = logging.getLogger("compactlog.server.groups")
 MIN_SESSION_TIMEOUT_S = 6.0  # Kafka's group.min.session.timeout.ms default

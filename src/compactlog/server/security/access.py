@@ -1,5 +1,8 @@
 """The one seam between handlers and the authorizer: what a request may do.
 
+Of the three ACL modules this is the one the Kafka protocol handlers call: the rule
+is acl_model.py's, the ACLs in force and their storage authorizer.py's.
+
 Invariant: every handler asks here, with the request (its principal and host) and the
 operation Kafka's KafkaApis checks for that API, before it reads or changes anything
 the answer could reveal; with the authorizer off every question is answered yes. The
@@ -14,11 +17,11 @@ from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
-from compactlog.server.acl import CLUSTER_NAME, Operation, ResourceType
+from compactlog.server.security.acl_model import CLUSTER_NAME, Operation, ResourceType
 
 if TYPE_CHECKING:
     from compactlog.server.broker import Broker
-    from compactlog.server.protocol import Request
+    from compactlog.server.protocol.messages import Request
 
 TOPIC_DENIED = ErrorCode.topic_authorization_failed
 GROUP_DENIED = ErrorCode.group_authorization_failed

@@ -6,7 +6,7 @@ Invariants:
   SaslAuthenticate are taken; any other request closes the connection unanswered, as
   Kafka's SaslServerAuthenticator does ("Unexpected Kafka request of type ... during
   SASL handshake"), as soon as its header has arrived: the rest of its frame is never
-  read or decoded (server/connections.py).
+  read or decoded (server/network/connections.py).
 - The principal of every request a connection hands on is fixed once the connection is
   authenticated: "User:<name>" after SASL; on an SSL listener the client certificate's
   subject ("User:CN=alice,O=acme"), or User:ANONYMOUS without one; User:ANONYMOUS on
@@ -31,11 +31,16 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from compactlog.server.listeners import Listener
 from compactlog.server.metrics import ServerMetrics
-from compactlog.server.protocol import API_NAMES, ProtocolError, Request
-from compactlog.server.sasl import AuthFailed, Exchange, FailureDelay, new_exchange
-from compactlog.server.sasl_users import SaslUsers
+from compactlog.server.network.listeners import Listener
+from compactlog.server.protocol.messages import API_NAMES, ProtocolError, Request
+from compactlog.server.security.sasl_mechanisms import (
+    AuthFailed,
+    Exchange,
+    FailureDelay,
+    new_exchange,
+)
+from compactlog.server.security.sasl_users import SaslUsers
 
 log = logging.getLogger("compactlog.server")
 ANONYMOUS = "User:ANONYMOUS"
@@ -79,7 +84,7 @@ class SaslGate:
 
     def __init__(self, users: SaslUsers, delay: FailureDelay,
                  metrics: ServerMetrics) -> None:
-        self.users = users  # in memory, refreshed by upkeep (server/sasl_users.py)
+        self.users = users  # in memory, refreshed by upkeep (server/security/sasl_users.py)
         self.delay = delay
         self.metrics = metrics
         self.failures = 0

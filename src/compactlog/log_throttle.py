@@ -1,4 +1,6 @@
-"""Rate limits for log lines that a fast-retrying client or a broken disk would repeat.
+"""Rate limits for log lines that a fast-retrying client or a broken disk would repeat:
+the one throttle of every such line, the server's and the log store's upkeep alike (on
+the ground floor, so that storage/ may use it; it imports nothing of compactlog).
 
 A consumer retries a failing fetch within milliseconds and thousands of connections can
 be refused in a second: one line per event would bury everything else in the log. A

@@ -13,7 +13,7 @@ that knows one, in order:
      file is configured, which makes a principal required (401).
 `/metrics` and `/v1/health` skip both steps while `admin_open_health_and_metrics`,
 except that with the authorizer on, /metrics shows the samples of a topic or group only
-to a principal that may DESCRIBE it (server/admin.py): there a request that proves no
+to a principal that may DESCRIBE it (server/admin/http_api.py): there a request that proves no
 principal is User:ANONYMOUS, and a token it sends must be valid.
 Tokens are compared in constant time and never logged or echoed; log lines and errors
 name the principal and the route only.
@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from compactlog.errors import UserError
-from compactlog.server.acl import ANONYMOUS, AclError, check_principal
-from compactlog.server.throttle import Throttle, held_back
-from compactlog.server.tls import certificate_principal
+from compactlog.log_throttle import Throttle, held_back
+from compactlog.server.security.acl_model import ANONYMOUS, AclError, check_principal
+from compactlog.server.security.tls import certificate_principal
 
 log = logging.getLogger("compactlog.admin")
 
@@ -136,7 +136,7 @@ class TokenFile:
 
 def tls_principal(request: Any) -> str | None:
     """The client certificate's principal, as the Kafka listeners name it
-    (server/tls.py: `User:CN=...,O=...`), when the admin API runs over TLS and the
+    (server/security/tls.py: `User:CN=...,O=...`), when the admin API runs over TLS and the
     client sent a certificate."""
     transport = getattr(request, "transport", None)
     if transport is None:

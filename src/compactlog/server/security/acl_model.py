@@ -1,5 +1,8 @@
 """Kafka's ACL model: bindings, filters, and the rule that decides one request.
 
+Pure values and functions, no I/O: the ACLs in force are authorizer.py's, and what
+a handler asks is access.py's.
+
 Invariant: `decide` is Kafka's StandardAuthorizer rule, and nothing else. For a
 principal P at host H wanting operation O on resource (T, N):
   1. a super user is allowed;

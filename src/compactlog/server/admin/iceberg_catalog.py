@@ -13,7 +13,7 @@ Invariant: a table is shown only to a principal that may DESCRIBE its topic, as 
 admin API's topic routes and Kafka's Metadata do: listings leave the others out, and
 loading one answers 403 (ForbiddenException) before it is looked up, so that the answer
 does not tell whether the topic exists. The admin listener's authentication applies
-(server/admin_auth.py: a bearer token, which is what pyiceberg's `token` and DuckDB's
+(server/admin/route_access.py: a bearer token, which is what pyiceberg's `token` and DuckDB's
 iceberg secret send, a TLS certificate, or User:ANONYMOUS). Store reads run off the
 event loop.
 """
@@ -37,10 +37,10 @@ from compactlog.iceberg.catalog import (
     namespaces_body,
     table_names,
 )
-from compactlog.server.acl import Operation, ResourceType
+from compactlog.server.security.acl_model import Operation, ResourceType
 
 if TYPE_CHECKING:
-    from compactlog.server.admin import AdminServer
+    from compactlog.server.admin.http_api import AdminServer
 
 log = logging.getLogger("compactlog.admin")
 

@@ -9,7 +9,7 @@ Invariants:
   it: a recorded exchange replayed on another connection fails at its final message.
 - An unknown user and a wrong password fail at the same step with the same message, at
   the same cost, and an unknown SCRAM user gets a salt and iteration count like a real
-  user's, and keys nobody can match (server/sasl_users.py).
+  user's, and keys nobody can match (server/security/sasl_users.py).
 - No step waits for the store: credentials are read from the copy in memory.
 - Repeated failures from one address are slowed down (FailureDelay), with memory
   bounded by `max_hosts` addresses.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from scramp import ScramException, ScramMechanism
 
-from compactlog.server.sasl_users import SaslUsers
+from compactlog.server.security.sasl_users import SaslUsers
 
 log = logging.getLogger("compactlog.server")
 # Kafka's answers (SaslServerAuthenticator, PlainSaslServer, ScramSaslServer).

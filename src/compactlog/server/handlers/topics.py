@@ -20,14 +20,14 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.config import TopicConfig
 from compactlog.errors import TopicExistsError
-from compactlog.server import authz
-from compactlog.server.acl import Operation
 from compactlog.server.broker import Broker
-from compactlog.server.code_policy import check_configs
-from compactlog.server.errors import error_code, error_message
 from compactlog.server.handlers.configs import config_entries
 from compactlog.server.handlers.metadata import TopicIds
-from compactlog.server.protocol import Request
+from compactlog.server.protocol.error_codes import error_code, error_message
+from compactlog.server.protocol.messages import Request
+from compactlog.server.security import access
+from compactlog.server.security.acl_model import Operation
+from compactlog.server.security.code_allowlist import check_configs
 from compactlog.storage.store import PartitionBudgetError
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
@@ -43,19 +43,19 @@ def register(broker: Broker) -> None:
 async def create_topics(broker: Broker, request: Request) -> dict[str, Any]:
     body = request.body
     # Kafka: CREATE on the cluster, or else on each topic.
-    on_cluster = authz.cluster(broker, request, Operation.CREATE)
+    on_cluster = access.cluster(broker, request, Operation.CREATE)
     results = []
     for spec in body.topics:
-        if not on_cluster and not authz.topic(broker, request, Operation.CREATE, spec.name):
+        if not on_cluster and not access.topic(broker, request, Operation.CREATE, spec.name):
             results.append({"name": spec.name, "topic_id": uuid.UUID(int=0),
-                            "error_code": authz.TOPIC_DENIED,
-                            "error_message": authz.TOPIC_MESSAGE, "num_partitions": -1,
+                            "error_code": access.TOPIC_DENIED,
+                            "error_message": access.TOPIC_MESSAGE, "num_partitions": -1,
                             "replication_factor": -1})
             continue
         result = await broker.run_io(_create_one, broker, spec, body.validate_only)
-        if not authz.topic(broker, request, Operation.DESCRIBE_CONFIGS, spec.name):
+        if not access.topic(broker, request, Operation.DESCRIBE_CONFIGS, spec.name):
             # Kafka: the topic is made, its configs are not shown (v5+ say why).
-            result = {**result, "configs": [], "topic_config_error_code": authz.TOPIC_DENIED}
+            result = {**result, "configs": [], "topic_config_error_code": access.TOPIC_DENIED}
         results.append(result)
     return {"topics": results}
 
@@ -115,9 +115,9 @@ async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
             results.append({"name": None, "error_code": ErrorCode.unknown_topic_id,
                             "error_message": "no topic has this id"})
             continue
-        if not authz.topic(broker, request, Operation.DELETE, name):
-            results.append({"name": name, "error_code": authz.TOPIC_DENIED,
-                            "error_message": authz.TOPIC_MESSAGE})
+        if not access.topic(broker, request, Operation.DELETE, name):
+            results.append({"name": name, "error_code": access.TOPIC_DENIED,
+                            "error_message": access.TOPIC_MESSAGE})
             continue
         try:
             await broker.run_io(broker.store.delete_topic, name)
@@ -140,8 +140,8 @@ async def create_partitions(broker: Broker, request: Request) -> dict[str, Any]:
         message: str | None
         if named[spec.name] > 1:
             code, message = ErrorCode.invalid_request, "Duplicate topic in request."
-        elif not authz.topic(broker, request, Operation.ALTER, spec.name):
-            code, message = authz.TOPIC_DENIED, authz.TOPIC_MESSAGE
+        elif not access.topic(broker, request, Operation.ALTER, spec.name):
+            code, message = access.TOPIC_DENIED, access.TOPIC_MESSAGE
         else:
             code, message = await broker.run_io(_partition_increase, broker, spec)
         results.append({"name": spec.name, "error_code": code, "error_message": message})
