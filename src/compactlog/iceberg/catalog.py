@@ -1,5 +1,5 @@
 """The read-only Iceberg REST catalog's answers: which tables there are, and each one's
-current metadata (the routes are server/admin_catalog.py's, on the admin listener).
+current metadata (the routes are server/admin/iceberg_catalog.py's, on the admin listener).
 
 Invariant: the catalog only reads. A table it names is a compacted topic's state table,
 or a topic's raw table (iceberg.raw.enabled), whose metadata a sync has committed, and

@@ -5,8 +5,8 @@ went with it, `Partition.view`), never a mix of two; it holds a lease on each Pa
 file while it reads it (filecache.py), so no file closes under it; and if a file that
 its view lists is gone (a newer manifest retired it and the sweep deleted it, here or in
 another process), `with_view` reads again from a fresh view. Every reader (records,
-Arrow tables, the server's wire batches in server/wire.py, the compacted view) goes
-through `with_view` and the table sources below.
+Arrow tables, the server's wire batches in server/protocol/record_batches.py, the
+compacted view) goes through `with_view` and the table sources below.
 
 The raw log: sealed segments from the one holding the offset, then the log segments.
 Raw offsets are dense from the log start, so each part must begin where the one before

@@ -3,9 +3,9 @@ every read path applies (DESIGN.md, contract items 2, 10, 13 and 14).
 
 Invariant: a read of a view serves exactly the rows `partition_rows` names, from one
 manifest, one upper bound and one instant, and nothing else. The Reader and Kafka Fetch
-(storage/reads.py, server/wire.py), the Spark data source and `read_topic` (spark/),
-and `tables.view_dataset` (DuckDB, Polars) all take their files, offset ranges and row
-conditions from here; none of them restates a rule.
+(storage/reads.py, server/protocol/record_batches.py), the Spark data source and
+`read_topic` (spark/), and `tables.view_dataset` (DuckDB, Polars) all take their files,
+offset ranges and row conditions from here; none of them restates a rule.
 
 The compacted view of a partition, for a read from offset `start`:
   1. the ledger's rows, offsets <= horizon, minus
