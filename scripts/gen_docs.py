@@ -1,7 +1,7 @@
-"""Regenerate docs/cli.md and docs/configuration.md from the code.
+"""Regenerate docs/cli.md, docs/configuration.md and docs/code-map.md from the code.
 
-    .venv/bin/python scripts/gen_docs.py          # rewrite both files
-    .venv/bin/python scripts/gen_docs.py --check  # exit 1 if either is stale (tests do this)
+    .venv/bin/python scripts/gen_docs.py          # rewrite the three files
+    .venv/bin/python scripts/gen_docs.py --check  # exit 1 if one is stale (tests do this)
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 from click.testing import CliRunner
+from code_map import render_code_map
 
 from compactlog.cli import cli
 from compactlog.config import render_docs
@@ -58,6 +59,7 @@ def outputs() -> dict[Path, str]:
     return {
         ROOT / "docs" / "cli.md": render_cli(),
         ROOT / "docs" / "configuration.md": render_docs() + "\n",
+        ROOT / "docs" / "code-map.md": render_code_map() + "\n",
     }
 
 
