@@ -1,6 +1,7 @@
 """The broker's periodic upkeep of every partition, one failure at a time.
 
-Every round runs, for every partition, the steps of `LogStore.upkeep_steps`: reopen a
+Every round (storage/upkeep.py's `run_round`, the loop `LogStore.tick` runs too) runs,
+for every partition, the steps of `LogStore.upkeep_steps`: reopen a
 partition that failed, flush by flush.ms, roll by segment.ms, seal rolled segments into
 Parquet, apply retention, sweep unreachable files, and pick up manifests committed by
 other processes (a compaction by `compactlog compact`); then, for each compacted topic,
@@ -20,6 +21,7 @@ from compactlog.iceberg.upkeep import StateTableUpkeep
 from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.protocol.error_codes import error_message
 from compactlog.storage.store import LogStore
+from compactlog.storage.upkeep import run_round
 
 log = logging.getLogger("compactlog.server")
 
@@ -31,33 +33,8 @@ class Upkeep:
         self.tables = StateTableUpkeep(store)
 
     def run_once(self) -> None:
-        try:
-            self.store.renew_lease()
-        except Exception as error:  # the store was unreachable: the next round retries
-            self._failed("the data location", "renewing the writer lease", error)
-        if self.store.lease_lost is not None:
-            return  # another server writes these partitions now
-        try:
-            names = self.store.list_topics()
-        except Exception as error:  # EMFILE: the next round tries again
-            self._failed("the data directory", "listing topics", error)
-            return
-        for name in names:
-            try:
-                partitions = self.store.topic(name).partitions
-            except Exception as error:
-                self._failed(name, "opening the topic", error)
-                continue
-            for partition in partitions:
-                for step, call in self.store.upkeep_steps(partition):
-                    try:
-                        call()
-                    except Exception as error:
-                        self._failed(f"{name}/{partition.index}", step, error)
-            try:
-                self.tables.run(name)
-            except Exception as error:
-                self._failed(name, "syncing the Iceberg state table", error)
+        run_round(self.store, self._failed,
+                  ("syncing the Iceberg state table", self.tables.run))
 
     def _failed(self, where: str, step: str, error: Exception) -> None:
         held = self.failures.allow((where, step))

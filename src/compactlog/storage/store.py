@@ -57,6 +57,7 @@ from compactlog.storage.object_probe import check_conditional_writes
 from compactlog.storage.partition import AppendResult, Clock, Partition, RecoveryReport
 from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
 from compactlog.storage.records import MAX_UNCOMPRESSED_BATCH_BYTES, ProducerRecord
+from compactlog.storage.upkeep import run_round
 from compactlog.storage.volume import Volume
 
 log = logging.getLogger(__name__)
@@ -565,27 +566,12 @@ class LogStore:
                     partition.flush()
 
     def tick(self) -> None:
-        """Periodic upkeep for a long-running writer (`upkeep_steps` for every
-        partition). One step's failure is logged and never stops the other steps or
-        partitions."""
+        """Periodic upkeep for a long-running writer: one round of storage/upkeep.py
+        (`upkeep_steps` for every partition), each failure logged once a minute."""
         if self.lease_lost is not None:
             return  # nothing to keep up: the partitions belong to the newer writer
         self._require_writable()
-        self.renew_lease()
-        if self.lease_lost is not None:
-            return
-        for name in self.list_topics():
-            try:
-                partitions = self.topic(name).partitions
-            except Exception as error:  # a topic deleted meanwhile, or damaged metadata
-                self._report(name, error)
-                continue
-            for partition in partitions:
-                for step, call in self.upkeep_steps(partition):
-                    try:
-                        call()
-                    except Exception as error:  # logged; the next tick tries again
-                        self._report(f"{partition.name} ({step})", error)
+        run_round(self, lambda where, step, error: self._report(f"{where} ({step})", error))
 
     def renew_lease(self) -> None:
         """Renew the writer lease when due (lease.py); a lost lease stops every
