@@ -95,8 +95,8 @@ def cases(kinds: tuple[str, ...]) -> list[tuple[str, int, str]]:
 
 
 # Steps each operation passes; test_step_counts_are_current keeps these in line.
-STEPS = {"append": 23, "seal": 30, "compact-1": 26, "compact-2": 42, "retention": 15,
-         "alter": 9, "compact-dv-1": 25, "compact-dv-2": 50, "merge": 28}
+STEPS = {"append": 23, "seal": 30, "compact-1": 52, "compact-2": 88, "retention": 15,
+         "alter": 9, "compact-dv-1": 61, "compact-dv-2": 102, "merge": 28}
 
 
 def test_step_counts_are_current(tmp_path_factory: pytest.TempPathFactory) -> None:
