@@ -17,8 +17,9 @@ and the next sync catches it up. The data files are the ledger files themselves.
 Mapping onto the ledger (zero-copy)
   - Data files: the ledger files the committed manifests list, by their absolute path
     (an `s3://` URL on S3), never copied, never rewritten; a test compares them byte for
-    byte. Moving a local data directory breaks the table's paths (Iceberg has no
-    relative paths): delete `iceberg/` and sync again.
+    byte. Iceberg has no relative paths: a table whose `location` is not where it now
+    is (a moved or copied data directory) is started afresh by the next sync, with one
+    snapshot, its history dropped and its holds released (relocate.py).
   - Schema (`schema.py`): partition int (id 1), offset long (2), timestamp long (3, epoch
     milliseconds as in the files), key binary (4), value binary (5), headers
     list<struct<key string, value binary>> (6; element 7, key 8, value 9). Identity
@@ -72,7 +73,9 @@ Where the files are: beside the data
 
 Commit: `sync(topic)`, never ahead of the compaction commit
   1. load the table's current version N: version-hint.text, then v<N+1>... while one
-     exists (a crash after step 5 leaves the hint behind), and its metadata;
+     exists (a crash after step 5 leaves the hint behind), and its metadata; one written
+     at another location (a moved data directory) is taken as no table, and the
+     snapshot of step 5 starts it afresh (relocate.py);
   2. load each partition's committed manifest (after 1);
   3. per partition, its ledger files and each one's deleted positions, at one instant
      (`now_ms`); a partition whose data and delete files equal those of the current
@@ -142,7 +145,8 @@ Modules: `schema.py` (schema, partition spec, name mapping), `deletes.py` (delet
 positions from the view's definition, position-delete files), `files.py` (the table's
 files on a disk or a bucket), `avro.py` (manifests and manifest lists, through
 pyiceberg's writers), `kinds.py` (the state table and the raw table: which files and
-rows each shows), `state.py` (sync: steps 1 to 6, for either kind), `expiry.py`
+rows each shows), `state.py` (sync: steps 1 to 6, for either kind), `relocate.py` (a
+table found where it was not written, started afresh), `expiry.py`
 (snapshot expiry and the holds), `drop.py` (a table the topic no longer keeps),
 `catalog.py` (what the read-only REST catalog on the admin listener answers: namespace
 `state`, one table per compacted topic, and `raw`).

@@ -50,8 +50,9 @@ from pyiceberg.manifest import DataFileContent, ManifestEntryStatus, ManifestFil
 from pyiceberg.table.metadata import TableMetadataUtil
 
 from compactlog.iceberg.avro import TableIO, entries, read_list
-from compactlog.iceberg.files import TableFiles, relative_of, table_files
+from compactlog.iceberg.files import relative_of, remove_unreferenced, table_files
 from compactlog.iceberg.kinds import STATE, TableKind
+from compactlog.iceberg.relocate import moved_from
 from compactlog.iceberg.state import HINT, Current, load_current, metadata_name
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
@@ -91,6 +92,8 @@ def expire(store: LogStore, topic_name: str, now_ms: int | None = None,
             for partition in topic.partitions:
                 partition.holds.replace(kind.holder, [], now, grace_ms)
             return result
+        if moved_from(current.body, files) is not None:  # its paths name another place:
+            return result  # the next sync starts it afresh here (relocate.py)
         expired = expired_snapshots(current.body, now, int(topic.config[MAX_AGE]),
                                     int(topic.config[MIN_KEEP]))  # 2.
         table_io = TableIO(files)
@@ -211,21 +214,3 @@ def referenced(table_io: TableIO, body: dict[str, Any],
                 else:
                     table.add(entry.data_file.file_path)
     return data, table
-
-
-def remove_unreferenced(files: TableFiles, referenced_urls: set[str], partitions: list[int],
-                        now_ms: int, grace_ms: int) -> int:
-    """Step 5: the table's manifests, manifest lists and delete files that no retained
-    snapshot references, older than the grace period."""
-    removed = 0
-    folders = ["metadata", *(f"deletes/{index}" for index in partitions)]
-    for folder in folders:
-        for found in files.listing(folder):
-            relative = f"{folder}/{found.name}"
-            if not found.name.endswith((".avro", ".parquet")):
-                continue  # metadata files and the hint stay
-            if files.url(relative) in referenced_urls or now_ms - found.modified_ms < grace_ms:
-                continue
-            if files.remove(relative):
-                removed += 1
-    return removed

@@ -263,3 +263,21 @@ def relative_of(volume: Volume, url: str) -> str | None:
     probe = "ledger/x"
     base = data_file_url(volume, probe)[:-len(probe)]
     return url[len(base):] if url.startswith(base) else None
+
+
+def remove_unreferenced(files: TableFiles, referenced_urls: set[str], partitions: list[int],
+                        now_ms: int, grace_ms: int) -> int:
+    """Step 5: the table's manifests, manifest lists and delete files that no retained
+    snapshot references, older than the grace period."""
+    removed = 0
+    folders = ["metadata", *(f"deletes/{index}" for index in partitions)]
+    for folder in folders:
+        for found in files.listing(folder):
+            relative = f"{folder}/{found.name}"
+            if not found.name.endswith((".avro", ".parquet")):
+                continue  # metadata files and the hint stay
+            if files.url(relative) in referenced_urls or now_ms - found.modified_ms < grace_ms:
+                continue
+            if files.remove(relative):
+                removed += 1
+    return removed

@@ -45,16 +45,13 @@ from compactlog.iceberg.deletes import (
 )
 from compactlog.iceberg.files import TableFiles, data_file_url, table_files
 from compactlog.iceberg.kinds import STATE, TableKind
+from compactlog.iceberg.relocate import moved_from, new_table, release_history
 from compactlog.iceberg.schema import (
     DELETE_FILE_PATH_ID,
     DELETE_POS_ID,
-    LAST_COLUMN_ID,
     OFFSET_ID,
-    PARTITION_FIELD_ID,
     SCHEMA,
-    SPEC,
     TIMESTAMP_ID,
-    table_properties,
 )
 from compactlog.storage.manifest import PartitionManifest
 from compactlog.storage.partition import Partition
@@ -79,6 +76,9 @@ class Current:
 
     version: int
     body: dict[str, Any] | None
+    # The location the table at this version was written at, when not here: the body
+    # is then a new table's, to start afresh at the next version (relocate.py).
+    moved_from: str | None = None
 
     @property
     def snapshot(self) -> dict[str, Any] | None:
@@ -171,7 +171,7 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
     result = SyncResult(topic_name)
     for _attempt in range(ATTEMPTS):
         topic = store.topic(topic_name)
-        current = load_current(files)  # 1.
+        current = relocated(load_current(files), files, topic_name, kind)  # 1.
         manifests = [_committed(partition) for partition in topic.partitions]  # 2.
         clock_ms = int(store.clock() * 1000)
         instant = clock_ms if now_ms is None else now_ms
@@ -189,7 +189,7 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
                      for index, (version, manifest) in enumerate(manifests)]  # 3.
         except FileNotFoundError:  # retired and deleted since step 2: load again
             continue
-        if not any(part.changed for part in parts):
+        if current.moved_from is None and not any(part.changed for part in parts):
             result.current = current
             result.seconds = time.monotonic() - started
             return result
@@ -212,6 +212,11 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
         except Exception as error:  # a stale hint shows an older snapshot; step 1 probes
             log.warning("%s: version-hint.text not updated to %d: %s", topic_name,
                         version, error)
+        if current.moved_from is not None:
+            release_history(topic_name, kind.name, kind.holder, files, topic.partitions,
+                            {part.index: part.relatives for part in parts},
+                            {files.url(name) for name, _ in written}, clock_ms,
+                            int(topic.config["file.delete.delay.ms"]))
         result.snapshot_id = snapshot_id
         result.version = version
         result.current = Current(version, body)
@@ -222,6 +227,19 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
         return result
     raise ConflictError(f"{topic_name}: the Iceberg state table changed under {ATTEMPTS} "
                         "syncs in a row; the next sync tries again")
+
+
+def relocated(current: Current, files: TableFiles, topic_name: str,
+              kind: TableKind) -> Current:
+    """`current`, or, when it was written at another location (a moved or copied data
+    directory), no table at its version: the sync then starts the table afresh."""
+    moved = moved_from(current.body, files)
+    if moved is None:
+        return current
+    log.warning("%s: the Iceberg %s table at %s was written at %s (a moved or copied data "
+                "directory); it starts afresh with one snapshot, its history is dropped",
+                topic_name, kind.name, files.url(""), moved)
+    return Current(current.version, new_table(files, current.body), moved)
 
 
 def _still_listed(partitions: list[Partition], parts: list[Partial]) -> bool:
@@ -394,7 +412,7 @@ def _next_metadata(files: TableFiles, current: Current, parts: list[Partial],
                    snapshot_id: int, cause: str, run_id: str, instant: int, clock_ms: int,
                    written: list[tuple[str, bytes]], kind: TableKind) -> dict[str, Any]:
     """Step 4's last files: the manifest list, and the metadata of version N+1."""
-    body = current.body or _new_table(files)
+    body = current.body or new_table(files)
     sequence = int(body.get("last-sequence-number", 0)) + 1
     parent = body.get("current-snapshot-id")
     timestamp = max(clock_ms, int(body.get("last-updated-ms", 0)) + 1)
@@ -427,7 +445,7 @@ def _next_metadata(files: TableFiles, current: Current, parts: list[Partial],
     body["snapshots"] = [*body.get("snapshots", []), snapshot]
     body["snapshot-log"] = [*body.get("snapshot-log", []),
                             {"snapshot-id": snapshot_id, "timestamp-ms": timestamp}]
-    if current.version:
+    if current.version and current.moved_from is None:  # no entry of another place's
         log_entry = {"metadata-file": files.url(metadata_name(current.version)),
                      "timestamp-ms": body["last-updated-ms"]}
         body["metadata-log"] = [*body.get("metadata-log", []),
@@ -463,27 +481,3 @@ def _operation(parts: list[Partial], kind: TableKind) -> str:
         return "overwrite"
     same = all(p.added_rows == p.removed_rows for p in parts)
     return "replace" if same else "overwrite"
-
-
-def _new_table(files: TableFiles) -> dict[str, Any]:
-    return {
-        "format-version": 2,
-        "table-uuid": str(uuid.uuid4()),
-        "location": files.url(""),
-        "last-sequence-number": 0,
-        "last-updated-ms": 0,
-        "last-column-id": LAST_COLUMN_ID,
-        "current-schema-id": SCHEMA.schema_id,
-        "schemas": [json.loads(SCHEMA.model_dump_json())],
-        "default-spec-id": SPEC.spec_id,
-        "partition-specs": [json.loads(SPEC.model_dump_json())],
-        "last-partition-id": PARTITION_FIELD_ID,
-        "default-sort-order-id": 0,
-        "sort-orders": [{"order-id": 0, "fields": []}],
-        "properties": table_properties(),
-        "current-snapshot-id": None,
-        "snapshots": [],
-        "snapshot-log": [],
-        "metadata-log": [],
-        "refs": {},
-    }
