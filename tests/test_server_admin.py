@@ -268,6 +268,12 @@ def test_requested_compaction_and_metrics_match_the_run(
                   topic="t") == records_in - records_out
     assert sample(scraped, "compactlog_compaction_bytes_in_total", topic="t") == sum(
         p["bytes_in"] for p in parts)
+    # What the I/O cap counts, as the run's report has it (no cap: nothing throttled).
+    assert sample(scraped, "compactlog_compaction_io_bytes_total", topic="t",
+                  direction="read") == report["io_read_bytes"] >= sum(p["bytes_in"] for p in parts)
+    assert sample(scraped, "compactlog_compaction_io_bytes_total", topic="t",
+                  direction="written") == report["io_written_bytes"] > 0
+    assert sample(scraped, "compactlog_compaction_throttled_seconds_total", topic="t") == 0
     assert sample(scraped, "compactlog_compaction_duration_seconds_count", topic="t") == 1
     assert sample(scraped, "compactlog_compaction_duration_seconds_sum",
                   topic="t") >= report["duration_s"]

@@ -79,6 +79,15 @@ class ServerMetrics:
         self.compaction_bytes_in = Counter(
             "compactlog_compaction_bytes_in", "Bytes read by successful compaction runs.",
             ["topic"], registry=r)
+        self.compaction_io_bytes = Counter(
+            "compactlog_compaction_io_bytes", "Bytes the compaction tasks of successful "
+            "runs read (Parquet column chunks, checksum reads) and wrote (ledger files): "
+            "what io_max_bytes_per_s (log.cleaner.io.max.bytes.per.second) caps.",
+            ["topic", "direction"], registry=r)
+        self.compaction_throttled = Counter(
+            "compactlog_compaction_throttled_seconds", "Seconds the compaction tasks of "
+            "successful runs slept to stay under io_max_bytes_per_s, summed over tasks.",
+            ["topic"], registry=r)
 
     def watch(self, collector: Collector) -> None:
         self.registry.register(collector)
