@@ -1,6 +1,7 @@
 """docs/code-map.md, written from the code: every package and module of compactlog with
-the first sentence of its docstring (its one job) and its length, and the import layers
-that lint-imports enforces (pyproject.toml's [tool.importlinter] contracts).
+the first sentence of its docstring (its one job), and the import layers that
+lint-imports enforces (pyproject.toml's [tool.importlinter] contracts). No line counts:
+the page changes when a module is added, moved or re-described, not at every edit.
 
 Invariant: the page lists exactly the modules under src/compactlog, in package order, and
 says nothing a module's own docstring does not; scripts/gen_docs.py --check fails when a
@@ -40,10 +41,6 @@ def summary(path: Path) -> str:
     return sentence.replace("|", "\\|")
 
 
-def lines_of(path: Path) -> int:
-    return len(path.read_text().splitlines())
-
-
 def packages() -> list[Path]:
     return sorted(path.parent for path in PACKAGE.rglob("__init__.py")
                   if "__pycache__" not in path.parts)
@@ -58,10 +55,9 @@ def render_code_map() -> str:
     for package in packages():
         dotted = ".".join(package.relative_to(PACKAGE.parent).parts)
         modules = sorted(p for p in package.glob("*.py") if p.name != "__init__.py")
-        total = sum(lines_of(p) for p in [package / "__init__.py", *modules])
-        out += [f"### `{dotted}` ({total:,} lines)", "", summary(package / "__init__.py"), ""]
+        out += [f"### `{dotted}`", "", summary(package / "__init__.py"), ""]
         if modules:
-            out += ["| module | lines | its job |", "|---|---:|---|"]
-            out += [f"| `{p.stem}` | {lines_of(p)} | {summary(p)} |" for p in modules]
+            out += ["| module | its job |", "|---|---|"]
+            out += [f"| `{p.stem}` | {summary(p)} |" for p in modules]
             out.append("")
     return "\n".join(out)
