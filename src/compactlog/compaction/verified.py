@@ -20,10 +20,9 @@ one computed from their bytes for the manifest.
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from pathlib import Path
 
+from compactlog.bounded_cache import BoundedCache
 from compactlog.compaction.io_throttle import observe_read
 from compactlog.storage.sealed import verify_file
 
@@ -31,8 +30,7 @@ MEMO_LIMIT = 65536  # files; an entry is about 200 bytes
 
 Key = tuple[str, int, int, int, int, int]  # path, size, inode, mtime, ctime, CRC32C
 
-_memo: OrderedDict[Key, None] = OrderedDict()
-_lock = threading.Lock()
+_memo: BoundedCache[Key, bool] = BoundedCache(max_entries=MEMO_LIMIT)
 
 
 def _key(path: Path, crc32c: int) -> Key:
@@ -43,11 +41,7 @@ def _key(path: Path, crc32c: int) -> Key:
 def remember(path: Path, crc32c: int) -> None:
     """Record `path` as whole with checksum `crc32c` (just computed from its bytes)."""
     key = _key(path, crc32c)
-    with _lock:
-        _memo[key] = None
-        _memo.move_to_end(key)
-        while len(_memo) > MEMO_LIMIT:
-            _memo.popitem(last=False)
+    _memo.put(key, True)
 
 
 def verify_input(path: Path, size_bytes: int | None, crc32c: int | None, what: str) -> None:
@@ -57,11 +51,8 @@ def verify_input(path: Path, size_bytes: int | None, crc32c: int | None, what: s
         verify_file(path, size_bytes, None, what)
         return
     key = _key(path, crc32c)
-    if size_bytes is None or key[1] == size_bytes:
-        with _lock:
-            if key in _memo:
-                _memo.move_to_end(key)
-                return
+    if (size_bytes is None or key[1] == size_bytes) and key in _memo:
+        return
     verify_file(path, size_bytes, crc32c, what)
     observe_read(key[1])  # the CRC32C read the whole file
     remember(path, crc32c)
@@ -69,5 +60,4 @@ def verify_input(path: Path, size_bytes: int | None, crc32c: int | None, what: s
 
 def forget_all() -> None:
     """Empty the memo (for tests)."""
-    with _lock:
-        _memo.clear()
+    _memo.clear()

@@ -13,8 +13,6 @@ and pyiceberg's Avro reader costs milliseconds a file.
 from __future__ import annotations
 
 import io
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -30,13 +28,13 @@ from pyiceberg.manifest import (
     write_manifest_list,
 )
 
+from compactlog.bounded_cache import BoundedCache
 from compactlog.iceberg.files import TableFiles
 from compactlog.iceberg.schema import SCHEMA, SPEC
 
 COMPRESSION: Literal["deflate"] = "deflate"
 ENTRIES_KEPT = 512
-_entries: OrderedDict[str, list[ManifestEntry]] = OrderedDict()
-_entries_lock = threading.Lock()
+_entries: BoundedCache[str, list[ManifestEntry]] = BoundedCache(max_entries=ENTRIES_KEPT)
 
 
 class _Buffer(io.BytesIO):
@@ -169,27 +167,21 @@ def read_list(table_io: TableIO, location: str) -> list[ManifestFile]:
 
 def entries(table_io: TableIO, manifest: ManifestFile) -> list[ManifestEntry]:
     """The live entries of `manifest` (sequence numbers inherited as readers do)."""
-    with _entries_lock:
-        found = _entries.get(manifest.manifest_path)
-        if found is not None:
-            _entries.move_to_end(manifest.manifest_path)
-            return list(found)
+    found = _entries.get(manifest.manifest_path)
+    if found is not None:
+        return list(found)
     fetched = manifest.fetch_manifest_entry(table_io, discard_deleted=True)
     _keep(manifest.manifest_path, fetched)
     return fetched
 
 
 def _keep(location: str, live: list[ManifestEntry]) -> None:
-    with _entries_lock:
-        _entries[location] = list(live)
-        while len(_entries) > ENTRIES_KEPT:
-            _entries.popitem(last=False)
+    _entries.put(location, list(live))
 
 
 def forget_entries() -> None:
     """Empty the kept entries (for tests: a reader in a process of its own)."""
-    with _entries_lock:
-        _entries.clear()
+    _entries.clear()
 
 
 def data_file(**fields: Any) -> DataFile:

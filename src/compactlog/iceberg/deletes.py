@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import uuid
-from collections import OrderedDict
 from dataclasses import replace
 
 import numpy as np
@@ -37,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from compactlog.bounded_cache import BoundedCache
 from compactlog.compaction.verified import verify_input
 from compactlog.iceberg.schema import DELETE_SCHEMA
 from compactlog.storage.deletion import cached_deletion_vector, deleted_mask
@@ -45,12 +44,12 @@ from compactlog.storage.view_rows import FileRows, TimeRules
 from compactlog.storage.volume import Volume
 
 # Positions computed in this process, by inputs (a ledger file never changes).
-_CACHE_LIMIT = 4096
-_cache: OrderedDict[str, np.ndarray] = OrderedDict()
-_cache_lock = threading.Lock()
+POSITIONS_KEPT = 4096
+_positions: BoundedCache[str, np.ndarray] = BoundedCache(max_entries=POSITIONS_KEPT)
 # The columns read of files (a file never changes), by file and columns.
 COLUMNS_KEPT_BYTES = 64 << 20
-_columns: OrderedDict[tuple[str, tuple[str, ...]], pa.Table] = OrderedDict()
+_columns: BoundedCache[tuple[str, tuple[str, ...]], pa.Table] = BoundedCache(
+    max_weight=COLUMNS_KEPT_BYTES, weigh=lambda table: table.nbytes)
 
 
 def may_hold_tombstones(manifest: PartitionManifest, rules: TimeRules) -> bool:
@@ -82,11 +81,9 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: 
     `null_keys`: the ledger may hold null-key records (null.key.policy=keep), which are
     never tombstones; only then is the key column read. `drop_tombstones`: False for
     the raw table, which shows them."""
-    with _cache_lock:
-        found = _cache.get(inputs)
-        if found is not None:
-            _cache.move_to_end(inputs)
-            return found
+    found = _positions.get(inputs)
+    if found is not None:
+        return found
     info = rows.info
     # Every tombstone leaves the state: the view's tombstone retention adds nothing.
     condition = replace(rows.condition, tombstone_cutoff_ms=None)
@@ -105,10 +102,7 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: 
         gone |= tombstones(table, rules.empty_value_is_tombstone)
     positions = np.flatnonzero(gone).astype(np.int64)
     positions.setflags(write=False)
-    with _cache_lock:
-        _cache[inputs] = positions
-        while len(_cache) > _CACHE_LIMIT:
-            _cache.popitem(last=False)
+    _positions.put(inputs, positions)
     return positions
 
 
@@ -117,22 +111,16 @@ def _columns_of(volume: Volume, rows: FileRows, columns: tuple[str, ...]) -> pa.
     kept (up to COLUMNS_KEPT_BYTES): a compaction that gives an old ledger file a new
     deletion vector changes its positions, never its columns."""
     key = (volume.describe(rows.relative), columns)
-    with _cache_lock:
-        found = _columns.get(key)
-        if found is not None:
-            _columns.move_to_end(key)
-            return found
+    found = _columns.get(key)
+    if found is not None:
+        return found
     info = rows.info
     path = volume.fetch(rows.relative)
     what = "ledger file" if rows.is_ledger else "sealed segment"
     verify_input(path, info.size_bytes, info.crc32c,
                  f"{what} with offsets {info.base_offset}..{info.last_offset}")
     table = pq.read_table(path, columns=list(columns))
-    with _cache_lock:
-        _columns[key] = table
-        kept = sum(each.nbytes for each in _columns.values())
-        while kept > COLUMNS_KEPT_BYTES and len(_columns) > 1:
-            kept -= _columns.popitem(last=False)[1].nbytes
+    _columns.put(key, table)
     return table
 
 
@@ -177,7 +165,6 @@ def delete_file_bytes(data_file_url: str, positions: np.ndarray) -> bytes:
 
 
 def forget_cache() -> None:
-    """Empty the positions cache (for tests)."""
-    with _cache_lock:
-        _cache.clear()
-        _columns.clear()
+    """Empty the positions and columns kept (for tests)."""
+    _positions.clear()
+    _columns.clear()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from compactlog.bounded_cache import BoundedCache
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.sealed import SealedSegment
 
@@ -33,43 +34,27 @@ RowGroupKey = tuple[Path, int, tuple[str, ...] | None]
 
 
 class RowGroupCache:
-    """Decoded row groups, least recently used out first, within a byte budget."""
+    """Decoded row groups, least recently used out first, within a byte budget; a row
+    group larger than the whole budget is not kept."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
-        self._tables: OrderedDict[RowGroupKey, pa.Table] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._tables: BoundedCache[RowGroupKey, pa.Table] = BoundedCache(
+            max_weight=budget_bytes, weigh=lambda table: table.nbytes)
 
     def get(self, key: RowGroupKey) -> pa.Table | None:
-        with self._lock:
-            table = self._tables.get(key)
-            if table is not None:
-                self._tables.move_to_end(key)
-            return table
+        return self._tables.get(key)
 
     def put(self, key: RowGroupKey, table: pa.Table) -> None:
-        size = table.nbytes
-        if size > self.budget_bytes:
-            return
-        with self._lock:
-            previous = self._tables.pop(key, None)
-            if previous is not None:
-                self._bytes -= previous.nbytes
-            self._tables[key] = table
-            self._bytes += size
-            while self._bytes > self.budget_bytes:
-                _, dropped = self._tables.popitem(last=False)
-                self._bytes -= dropped.nbytes
+        if table.nbytes <= self.budget_bytes:
+            self._tables.put(key, table)
 
     def drop_file(self, path: Path) -> None:
-        with self._lock:
-            for key in [key for key in self._tables if key[0] == path]:
-                self._bytes -= self._tables.pop(key).nbytes
+        self._tables.drop_where(lambda key: key[0] == path)
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return self._tables.weight
 
 
 class VerifiedFiles:
@@ -77,21 +62,14 @@ class VerifiedFiles:
 
     def __init__(self, limit: int = _VERIFIED_MEMO) -> None:
         self.limit = limit
-        self._seen: OrderedDict[tuple[Path, int | None, int | None], None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._seen: BoundedCache[tuple[Path, int | None, int | None], bool] = BoundedCache(
+            max_entries=limit)
 
     def __contains__(self, key: tuple[Path, int | None, int | None]) -> bool:
-        with self._lock:
-            if key in self._seen:
-                self._seen.move_to_end(key)
-                return True
-            return False
+        return key in self._seen
 
     def add(self, key: tuple[Path, int | None, int | None]) -> None:
-        with self._lock:
-            self._seen[key] = None
-            if len(self._seen) > self.limit:
-                self._seen.popitem(last=False)
+        self._seen.put(key, True)
 
 
 class _Entry:

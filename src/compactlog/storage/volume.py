@@ -24,12 +24,12 @@ import os
 import shutil
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from compactlog.bounded_cache import BoundedCache
 from compactlog.errors import StorageError
 from compactlog.storage import faults, fsutil
 from compactlog.storage.commit import LocalDocument
@@ -172,27 +172,18 @@ class ReadCache:
     def __init__(self, root: Path, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.root = root
         self.max_bytes = max_bytes
-        self._sizes: OrderedDict[Path, int] = OrderedDict()
-        self._total = 0
-        self._lock = threading.Lock()
+        self._sizes: BoundedCache[Path, int] = BoundedCache(
+            max_weight=max_bytes, weigh=lambda size: size,
+            on_evict=lambda path, _size: path.unlink(missing_ok=True))
 
     def touch(self, path: Path) -> None:
-        with self._lock:
-            if path in self._sizes:
-                self._sizes.move_to_end(path)
+        self._sizes.get(path)
 
     def add(self, path: Path, size: int) -> None:
-        with self._lock:
-            self._total += size - self._sizes.pop(path, 0)
-            self._sizes[path] = size
-            while self._total > self.max_bytes and len(self._sizes) > 1:
-                victim, victim_size = self._sizes.popitem(last=False)
-                self._total -= victim_size
-                victim.unlink(missing_ok=True)
+        self._sizes.put(path, size)
 
     def forget(self, path: Path) -> None:
-        with self._lock:
-            self._total -= self._sizes.pop(path, 0)
+        self._sizes.pop(path)
         path.unlink(missing_ok=True)
 
 
