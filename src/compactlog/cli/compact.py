@@ -167,7 +167,7 @@ def compact(
         # Spark's JVM, its Python workers and py4j print into a file, not over the
         # progress bar and the summary (created only if the run starts Spark).
         "spark.log.file": spark_log_path(),
-        "without.spark": without_spark,
+        "compaction.without.spark": without_spark,
     }
     if ctx.debug:
         console.print(f"Spark's output (JVM, Python workers, py4j), if this run starts "
@@ -465,7 +465,7 @@ def compact_worker(ctx: Context, spark_master: str, spark_conf: tuple[str, ...],
     answers = protocol_stdout()
     settings: dict[str, Any] = {"spark.master": spark_master,
                                 "spark.conf": parse_assignments(spark_conf),
-                                "without.spark": without_spark}
+                                "compaction.without.spark": without_spark}
     worker = CompactionWorker(ctx.data_dir, load_factory(service), settings, ctx.target)
     serve_requests(worker, sys.stdin, answers, report_json)
 

@@ -74,7 +74,7 @@ def uses_arrow(plan: PartitionPlan) -> bool:
 def runs_without_spark(plans: list[PartitionPlan], asked: bool = False) -> bool:
     """Whether `plans` (one run's partitions) run in this process rather than as a Spark
     job: only when asked for by name, by the topic (compaction.without.spark) or by the
-    caller (`asked`: the service's `without.spark` setting, `compact --without-spark`).
+    caller (`asked`: the service's `compaction.without.spark` setting, `compact --without-spark`).
     Such a run cannot take a plan whose phase 1 is Spark SQL's: it fails, naming the
     partition and why, before any work."""
     if not asked and not any(plan.without_spark for plan in plans):

@@ -61,6 +61,9 @@ class SparkEngine:
         self.inline_tasks = 0
         self.io_max_bytes_per_s = io_max_bytes_per_s
         self.io: dict[str, float] = {}
+        # Whether this run's Arrow tasks run in this process: decided once, in
+        # find_survivors (the runner's step 3), for the plans write_ledgers then takes.
+        self._in_process: bool | None = None
 
     def _spark(self) -> tuple[SparkSession, RunJobs]:
         session = self._session()
@@ -70,7 +73,7 @@ class SparkEngine:
 
     def find_survivors(self, plans: list[PartitionPlan]) -> None:
         # A run asked to go without Spark fails here, before any work, if it cannot.
-        runs_without_spark(plans, self._without_spark)
+        self._in_process = runs_without_spark(plans, self._without_spark)
         # Only plans with input: phase 1 of the others starts no job.
         sql = [plan for plan in plans if not uses_arrow(plan) and plan.inputs]
         if sql:
@@ -89,7 +92,9 @@ class SparkEngine:
             with jobs.job(f"compaction run {run_id}, phase 2: write ledgers"):
                 results.update(write_ledgers(session, sql, run_id))
         cores = self._local_cores() if arrow else 0
-        if arrow and runs_without_spark(plans, self._without_spark):
+        if self._in_process is None:  # called without find_survivors
+            self._in_process = runs_without_spark(plans, self._without_spark)
+        if arrow and self._in_process:
             self.inline_tasks += len(arrow)
             results.update(compact_inline(arrow, run_id, self.stages,
                                           threads=cores or os.cpu_count() or 1,
@@ -118,13 +123,13 @@ class SparkEngine:
 
 class SparkCompactionService(LedgerReads, TopicCompactionService):
     """Settings: `spark.master` (default local[*]), `spark.conf` (a mapping of Spark
-    settings), `spark.session` (an existing SparkSession to use), `without.spark` (true:
-    run every topic's tasks in this process, as compaction.without.spark does for one
-    topic), `spark.log.file` (a
-    Path: where the JVM this service starts, its Python workers and py4j write their
-    output; by default this process' stdout and stderr), `clock`, `progress`. The Spark
-    setting `spark.compactlog.log.cleaner.io.max.bytes.per.second` caps each run's
-    compaction I/O (compaction/io_throttle.py; the server's cleaner sets it from its
+    settings), `spark.session` (an existing SparkSession to use),
+    `compaction.without.spark` (true: every topic's tasks run in this process, as the
+    topic config of that name asks for one topic), `spark.log.file` (a Path: where the
+    JVM this service starts, its Python workers and py4j write their output; by default
+    this process' stdout and stderr), `clock`, `progress`. The Spark setting
+    `spark.compactlog.log.cleaner.io.max.bytes.per.second` caps each run's compaction
+    I/O (compaction/io_throttle.py; the server's cleaner sets it from its
     `io_max_bytes_per_s`)."""
 
     def __init__(self, store: LogStore, topic: str, settings: Mapping[str, Any]) -> None:
@@ -159,7 +164,7 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
 
     def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
         engine = SparkEngine(self.session, self.local_cores, self.progress,
-                             bool(self.settings.get("without.spark")),
+                             bool(self.settings.get("compaction.without.spark")),
                              self.io_max_bytes_per_s())
         self._startup_s = 0.0
         if self.progress is None:

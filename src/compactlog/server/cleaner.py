@@ -385,11 +385,12 @@ class Cleaner:
         m.compaction_records_out.labels(job.topic).inc(records_out)
         m.compaction_records_removed.labels(job.topic).inc(records_in - records_out)
         m.compaction_bytes_in.labels(job.topic).inc(bytes_in)
+        # A successful run's report comes from this build's worker (CompactionReport's
+        # fields): a missing field is a bug to see, not a 0 to count.
         report = outcome.report or {}
-        m.compaction_io_bytes.labels(job.topic, "read").inc(report.get("io_read_bytes", 0))
-        m.compaction_io_bytes.labels(job.topic, "written").inc(
-            report.get("io_written_bytes", 0))
-        m.compaction_throttled.labels(job.topic).inc(report.get("throttled_s", 0.0))
+        m.compaction_io_bytes.labels(job.topic, "read").inc(report["io_read_bytes"])
+        m.compaction_io_bytes.labels(job.topic, "written").inc(report["io_written_bytes"])
+        m.compaction_throttled.labels(job.topic).inc(report["throttled_s"])
         log.info("compacted %s partition(s) %s in %.1fs: %d records in, %d out",
                  job.topic, job.partitions, seconds, records_in, records_out)
 
