@@ -16,8 +16,8 @@ import pytest
 
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
+from iceberg_support import expected_state
 from local_engine import LocalCompactionService
-from test_iceberg_state import expected_state
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "querying.md"
 SECTION = "## The compacted state as an Iceberg table"

@@ -32,8 +32,8 @@ from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 from fakes import FakeClock
 from iceberg_readers import ENGINES, StateRow, read_state, snapshots
+from iceberg_support import expected_state
 from local_engine import LocalCompactionService
-from test_iceberg_state import expected_state
 
 TOPIC = "ticks"
 PARTITIONS = 2

@@ -19,7 +19,7 @@ from compactlog.storage.holds import Holds
 from compactlog.storage.store import LogStore
 from fakes import FakeClock
 from iceberg_readers import StateRow, snapshots
-from test_iceberg_state import TOPIC, assert_engines_read, compact, expected_state, produce, updates
+from iceberg_support import TOPIC, assert_engines_read, compact, expected_state, produce, updates
 
 DELAY_MS = 1000
 CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",

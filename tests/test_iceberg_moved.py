@@ -20,7 +20,7 @@ from compactlog.iceberg.kinds import RAW, STATE
 from compactlog.storage.store import LogStore
 from fakes import FakeClock
 from iceberg_readers import data_files, read_state, snapshots
-from test_iceberg_state import CONFIG, TOPIC, compact, expected_state, produce, updates
+from iceberg_support import CONFIG, TOPIC, compact, expected_state, produce, updates
 
 DELAY_S = 3600  # CONFIG's file.delete.delay.ms
 

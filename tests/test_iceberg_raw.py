@@ -181,7 +181,7 @@ def test_switching_the_raw_table_off_drops_it_and_frees_its_segments(
     holds, and the sweep deletes them; the state table keeps its snapshots and holds."""
     from compactlog.iceberg.catalog import table_names
     from compactlog.iceberg.kinds import RAW, STATE
-    from test_iceberg_state import compact, expected_state
+    from iceberg_support import compact, expected_state
 
     name = "both"
     store.create_topic(name, 2, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",

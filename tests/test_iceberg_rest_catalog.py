@@ -36,10 +36,17 @@ from compactlog.server.security.acl_model import ResourceType as Kind
 from compactlog.server.security.authorizer import AuthorizationConfig, Authorizer
 from compactlog.storage.store import LogStore
 from iceberg_readers import StateRow, _row, duckdb_connection, extension_path
+from iceberg_support import (
+    CONFIG,
+    compact,
+    duckdb_on_s3,
+    expected_state,
+    produce,
+    pyiceberg_properties,
+    updates,
+)
 from kafka_server import LoggedServer, logged_server
 from s3_support import S3Server, s3_fixture  # noqa: F401  (the `s3` fixture)
-from test_iceberg_state import CONFIG, compact, expected_state, produce, updates
-from test_iceberg_state_s3 import duckdb_on_s3, pyiceberg_properties
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "querying.md"
 SECTION = "## The REST catalog"

@@ -10,9 +10,7 @@ next sync.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,59 +20,16 @@ from compactlog.storage.records import ProducerRecord
 from compactlog.storage.sealed import file_crc32c
 from compactlog.storage.store import LogStore
 from fakes import FakeClock
-from iceberg_readers import ENGINES, StateRow, data_files, read_state, snapshots
-from local_engine import LocalCompactionService
-
-TOPIC = "prices"
-# Retired ledger files stay for an hour (retained snapshots keep theirs whatever the
-# delay: tests/test_iceberg_expiry.py).
-CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
-          "compaction.deletion.vectors": "true",
-          "compaction.ledger.rewrite.live.fraction": "0",
-          "file.delete.delay.ms": "3600000"}
-
-
-def compact(store: LogStore, topic: str = TOPIC, clock: Callable[[], float] | None = None,
-            engine: str = "arrow") -> None:
-    options: dict[str, Any] = {"engine": engine}
-    if clock is not None:
-        options["clock"] = clock
-    LocalCompactionService(store, topic, options).compact()
-
-
-def produce(store: LogStore, records: list[ProducerRecord], topic: str = TOPIC) -> None:
-    store.append(topic, records)
-    for partition in store.topic(topic).partitions:
-        partition.roll()
-
-
-def expected_state(store: LogStore, topic: str = TOPIC) -> list[StateRow]:
-    """The compacted view as the Reader serves it, up to each horizon, less tombstones."""
-    rows: list[StateRow] = []
-    empty_is_tombstone = bool(store.topic(topic).config["empty.value.is.tombstone"])
-    for partition in store.topic(topic).partitions:
-        horizon = partition.manifest.horizon
-        if horizon is None:
-            continue
-        offset = 0
-        while batch := partition.read_compacted(offset, 500):
-            for record in batch:
-                tombstone = record.value is None or (empty_is_tombstone and not record.value)
-                if record.offset <= horizon and not tombstone:
-                    rows.append((partition.index, record.offset, record.key, record.value,
-                                 tuple(record.headers)))
-            offset = batch[-1].offset + 1
-            if offset > horizon:
-                break
-    return sorted(rows)
-
-
-def updates(start: int, count: int, keys: int, tombstone_every: int = 0) -> list[ProducerRecord]:
-    return [ProducerRecord(b"sym%d" % ((start + i) % keys),
-                           None if tombstone_every and i % tombstone_every == 3
-                           else b"%d.%d" % (start + i, i % 100),
-                           (("source", b"feed-%d" % (i % 3)),) if i % 4 == 0 else ())
-            for i in range(count)]
+from iceberg_readers import StateRow, data_files, read_state, snapshots
+from iceberg_support import (
+    CONFIG,
+    TOPIC,
+    assert_engines_read,
+    compact,
+    expected_state,
+    produce,
+    updates,
+)
 
 
 @pytest.fixture
@@ -82,12 +37,6 @@ def topic_store(tmp_path: Path, clock: FakeClock) -> LogStore:
     store = LogStore.open(tmp_path / "data", clock=clock)
     store.create_topic(TOPIC, 3, CONFIG)
     return store
-
-
-def assert_engines_read(table: str, expected: list[StateRow],
-                        snapshot_id: int | None = None) -> None:
-    for engine in ENGINES:
-        assert read_state(engine, table, snapshot_id) == expected, engine
 
 
 def test_the_state_table_equals_the_compacted_view_in_every_engine(

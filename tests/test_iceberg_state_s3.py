@@ -7,37 +7,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
-import duckdb_extension_httpfs
 import polars as pl
 import pytest
 from pyiceberg.table import StaticTable
 
 from compactlog.iceberg import state_table_location
 from compactlog.storage.store import LogStore
-from iceberg_readers import StateRow, _row, duckdb_connection, extension_path
+from iceberg_readers import StateRow, _row
+from iceberg_support import duckdb_on_s3, expected_state, pyiceberg_properties, updates
 from local_engine import LocalCompactionService
 from s3_faults import S3Proxy, s3_proxy_fixture  # noqa: F401  (the `s3_proxy` fixture)
 from s3_support import S3Server, s3_fixture  # noqa: F401  (the `s3` fixture)
-from test_iceberg_state import expected_state, updates
-
-
-def pyiceberg_properties(s3: S3Server) -> dict[str, str]:
-    return {"s3.endpoint": s3.endpoint_url, "s3.access-key-id": s3.env["AWS_ACCESS_KEY_ID"],
-            "s3.secret-access-key": s3.env["AWS_SECRET_ACCESS_KEY"],
-            "s3.session-token": s3.env["AWS_SESSION_TOKEN"], "s3.region": "us-east-1"}
-
-
-def duckdb_on_s3(s3: S3Server) -> duckdb.DuckDBPyConnection:
-    """DuckDB with its iceberg and httpfs extensions and a secret for moto's server."""
-    con = duckdb_connection()
-    con.execute(f"LOAD '{extension_path(duckdb_extension_httpfs)}'")
-    host = s3.endpoint_url.removeprefix("http://")
-    con.execute(f"""CREATE SECRET moto (TYPE s3, KEY_ID '{s3.env["AWS_ACCESS_KEY_ID"]}',
-                    SECRET '{s3.env["AWS_SECRET_ACCESS_KEY"]}',
-                    SESSION_TOKEN '{s3.env["AWS_SESSION_TOKEN"]}', REGION 'us-east-1',
-                    ENDPOINT '{host}', URL_STYLE 'path', USE_SSL false)""")
-    return con
 
 
 def test_the_state_table_in_the_bucket(s3: S3Server, monkeypatch: pytest.MonkeyPatch,
