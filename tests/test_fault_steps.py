@@ -8,7 +8,10 @@ each step, the operation runs again on a fresh copy of its data directory with t
 step failing with ENOSPC, failing with EIO, stalling while another committer commits
 to the same manifests, or (tests marked slow, and a sample by default) killed with
 SIGKILL. The store is then reopened and the contract checked against the oracle of
-what was acknowledged (tests/faultkit.py), and it must go on working.
+what was acknowledged (tests/faultkit.py), and it must go on working; after a
+compaction scenario, the Iceberg state table read by pyiceberg must then be the
+compacted view. Every replay runs where the template was prepared (`home`), so the
+sync after a compaction is the incremental one, building on the previous snapshot.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from typing import Any
 
 import pytest
 
+from compactlog.iceberg import state_table_location
 from compactlog.storage import faults
 from compactlog.storage.store import LogStore
 from fakes import T0, FakeClock
 from fault_scenarios import SCENARIOS, Scenario, parse_ack
 from faultkit import (
+    TOPIC,
     Oracle,
     Step,
     check_contract,
@@ -34,21 +39,33 @@ from faultkit import (
     join_stalled,
     stall_with_a_concurrent_commit,
 )
+from iceberg_readers import pyiceberg_rows
+from iceberg_support import expected_state
 
 TESTS = Path(__file__).parent
 KINDS = ("enospc", "eio", "stall")
 _TEMPLATES: dict[str, tuple[Path, list[Step]]] = {}
 
 
+def home(name: str, root: Path) -> Path:
+    """Where the scenario's data directory is prepared and every replay runs: a fresh
+    copy of its template is put back there each time, so that the Iceberg table, whose
+    metadata names absolute paths, is found where it was written and the sync after a
+    compaction builds on the previous snapshot (the incremental sync), as in a store
+    that was never moved (iceberg/relocate.py)."""
+    return root / f"at-{name}"
+
+
 def template(name: str, root: Path) -> tuple[Path, list[Step]]:
-    """The scenario's prepared data directory and the steps its operation passes."""
+    """The scenario's prepared data directory (a pristine copy, never opened) and the
+    steps its operation passes."""
     if name not in _TEMPLATES:
         scenario = SCENARIOS[name]
-        data = root / f"template-{name}"
         clock = FakeClock()
-        with LogStore.open(data, clock=clock) as store:
+        with LogStore.open(home(name, root), clock=clock) as store:
             scenario.prepare(store, clock)
-        probe = fresh_copy(data, root / f"probe-{name}")
+        data = fresh_copy(home(name, root), root / f"template-{name}")
+        probe = fresh_copy(data, home(name, root))
         steps = _steps_with(scenario, probe, FakeClock())
         _TEMPLATES[name] = (data, steps)
     return _TEMPLATES[name]
@@ -68,7 +85,7 @@ def _steps_with(scenario: Scenario, data: Path, clock: FakeClock) -> list[Step]:
 def run_with_fault(name: str, root: Path, step: int, kind: str) -> None:
     scenario = SCENARIOS[name]
     data_template, steps = template(name, root)
-    data = fresh_copy(data_template, root / f"run-{name}")
+    data = fresh_copy(data_template, home(name, root))
     clock = FakeClock()
     where = f"{name}: {kind} at {steps[step].describe()}"
     store = scenario.open(data, clock)
@@ -86,6 +103,20 @@ def run_with_fault(name: str, root: Path, step: int, kind: str) -> None:
     with scenario.open(data, clock) as reopened:
         scenario.verify(reopened, where)
     check_goes_on(data, clock, where)
+    check_state_table(name, data, clock, where)
+
+
+def check_state_table(name: str, data: Path, clock: FakeClock, where: str) -> None:
+    """After a compaction scenario went on (check_goes_on compacts again, and that run's
+    sync repairs whatever the fault left of the table), the Iceberg state table as
+    pyiceberg reads it is the compacted view, and every file it names exists (the sweep
+    that followed kept what the table holds)."""
+    if not name.startswith("compact"):
+        return
+    with SCENARIOS[name].open(data, clock, read_only=True) as store:
+        expected = expected_state(store, TOPIC)
+        table = state_table_location(store, TOPIC)
+    assert pyiceberg_rows(table) == expected, f"{where}: the state table after going on"
 
 
 def cases(kinds: tuple[str, ...]) -> list[Any]:
@@ -103,16 +134,17 @@ def cases(kinds: tuple[str, ...]) -> list[Any]:
 
 
 # Steps each operation passes; test_step_counts_are_current keeps these in line.
-STEPS = {"append": 23, "seal": 30, "compact-1": 52, "compact-2": 88, "retention": 15,
-         "alter": 9, "compact-dv-1": 61, "compact-dv-2": 102, "merge": 28}
+STEPS = {"append": 23, "seal": 30, "compact-1": 50, "compact-2": 86, "retention": 15,
+         "alter": 9, "compact-dv-1": 59, "compact-dv-2": 100, "merge": 28}
 # The steps [first, end) of the Iceberg sync after a compaction (runner step 5b: the
-# table's files and the partitions' hold documents; in a fresh copy the table was
-# written elsewhere, so it starts afresh, iceberg/relocate.py). A failed sync is only
-# logged and the next one repairs it (tests/test_iceberg_state.py), so faults at its
-# steps run by default only at its first step and its commit point (v<N+1>.metadata.json
-# renamed into place), and at every step in the slow run.
-SYNC_STEPS = {"compact-1": (22, 48), "compact-2": (34, 80), "compact-dv-1": (21, 57),
-              "compact-dv-2": (42, 94)}
+# table's files and the partitions' hold documents; the replay runs where the table was
+# written, so the sync builds v2 on the template's v1, incrementally). A failed sync is
+# only logged and the next one repairs it (check_state_table, and
+# tests/test_iceberg_state.py), so faults at its steps run by default only at its first
+# step and its commit point (v2.metadata.json renamed into place), and at every step in
+# the slow run.
+SYNC_STEPS = {"compact-1": (22, 46), "compact-2": (34, 78), "compact-dv-1": (21, 55),
+              "compact-dv-2": (42, 92)}
 SYNC_SAMPLE = {"compact-1": (22, 40), "compact-2": (34, 72), "compact-dv-1": (21, 49),
                "compact-dv-2": (42, 86)}
 
@@ -152,7 +184,7 @@ def _root(factory: pytest.TempPathFactory) -> Path:
 def run_with_kill(name: str, root: Path, step: int) -> None:
     scenario = SCENARIOS[name]
     data_template, steps = template(name, root)
-    data = fresh_copy(data_template, root / f"kill-{name}")
+    data = fresh_copy(data_template, home(name, root))
     clock = FakeClock()
     with scenario.open(data, clock) as store:
         oracle = Oracle.of(store)
@@ -171,9 +203,12 @@ def run_with_kill(name: str, root: Path, step: int) -> None:
     with scenario.open(data, clock) as reopened:
         scenario.verify(reopened, where)
     check_goes_on(data, clock, where)
+    check_state_table(name, data, clock, where)
 
 
-KILL_SAMPLE = {"append": (0, 5, 13), "seal": (3, 7), "compact-1": (10, 20),
+# compact-1's 32: the hold document's new version written and being fsynced (its
+# temporary file was once left behind by recovery).
+KILL_SAMPLE = {"append": (0, 5, 13), "seal": (3, 7), "compact-1": (10, 20, 32),
                "compact-2": (30,), "retention": (4,), "alter": (2,),
                # a DV renamed into place but not committed; the new ledger file written
                "compact-dv-1": (6, 10), "compact-dv-2": (20,),

@@ -7,7 +7,8 @@ and no temporary file; nothing that a committed manifest lists has been deleted.
 
 Recovery steps for a writer (each repairs one crash point of a protocol in sealing.py,
 commit.py or the compaction runner; the crash tests name them):
-  1. remove temporary files in manifest/, log/ and segments/ (a crash before a rename);
+  1. remove temporary files in manifest/, holds/, log/ and segments/ (a crash before a
+     rename; tests/test_fault_steps.py kills at every step of the hold commit);
   2. sweep (sweep.py): orphans in segments/ (a seal that crashed after its rename but
      before its commit), orphans in ledger/ if no compaction holds the partition, and
      retired files whose delay has passed;
@@ -151,6 +152,10 @@ def _recover_files(partition: Partition) -> None:
     for directory in (partition.log_dir, partition.segment_dir):
         removed.extend(fsutil.remove_temp_files(directory))
     removed.extend(Path(item) for item in partition.document.recover())
+    # The hold document's commits (a compaction's Iceberg sync, the upkeep's expiry) can
+    # be killed between writing and renaming too: its leftovers go the same way, under
+    # its commit lock, so a holder committing now keeps its files (commit.py, recover).
+    removed.extend(Path(item) for item in partition.holds.document.recover())
     # Orphans are what a crash left; retired files past their delay are housekeeping.
     # A sweep that fails deletes nothing it should keep: open goes on, upkeep retries.
     try:
