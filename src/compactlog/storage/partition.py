@@ -78,6 +78,7 @@ from compactlog.storage.records import (
     validate_records,
 )
 from compactlog.storage.sealed import SegmentMissingError
+from compactlog.storage.sweep import delete_forgotten
 from compactlog.storage.volume import LocalVolume, Volume
 
 log = logging.getLogger(__name__)
@@ -342,20 +343,10 @@ class Partition:
             self.commit_manifest(lambda manifest: manifest)
 
     def _delete_forgotten(self, base: PartitionManifest, updated: PartitionManifest) -> None:
-        """Delete the retired files whose delay had passed and that this commit stopped
-        mentioning: no manifest names them any more, so they go now (a failure leaves
-        an orphan for the next sweep)."""
-        kept = {item.path for item in updated.retired}
-        forgotten = [item.path for item in base.retired if item.path not in kept]
+        """The retired files this commit stopped mentioning go now (sweep.py's rules)."""
         try:
-            if forgotten:  # kept for the Iceberg table's retained snapshots (holds.py)
-                held = self.holds.held()
-                forgotten = [path for path in forgotten if path not in held]
-            for relative in forgotten:
-                self.files.retire(self.volume.path_of(relative))
-                if self.volume.remove(relative):
-                    log.info("%s: deleted %s, retired by an earlier commit", self.name,
-                             relative)
+            delete_forgotten(self.volume, base, updated, self.holds.held,
+                                   self.files.retire, self.name)
         except (OSError, StorageError) as error:  # StorageError: an object store's DELETE
             log.warning("%s: could not delete a retired file (the sweep retries): %s",
                         self.name, error)

@@ -20,8 +20,10 @@ Who may write uncommitted files where decides who may call an orphan an orphan:
   orphans are swept only by whoever holds that lock (the run itself at its start and
   end, or the writer when it can take the lock without waiting).
 Retired files past their delay may be deleted by either; a file that is already gone
-is fine. The sweep is idempotent: running it twice, or after a crash midway, deletes
-nothing that the first run would have kept.
+is fine. A commit that stops mentioning retired files (their delay had passed, so
+manifest.retiring dropped them) deletes them at once (`delete_forgotten`), by the same
+rules: not live, not held. The sweep is idempotent: running it twice, or after a crash
+midway, deletes nothing that the first run would have kept.
 """
 
 from __future__ import annotations
@@ -119,3 +121,33 @@ def sweep(
         log.info("%s: deleted %s, written but never committed", name or volume, relative)
     return SweepResult([volume.path_of(r) for r in retired],
                        [volume.path_of(r) for r in orphans], done)
+
+
+def delete_forgotten(
+    volume: Volume,
+    base: PartitionManifest,
+    updated: PartitionManifest,
+    held: Callable[[], frozenset[str]],
+    release: Callable[[Path], None] = lambda path: None,
+    name: str = "",
+) -> list[str]:
+    """Delete the retired files of `base` that the commit of `updated` stopped
+    mentioning (their delay had passed): no manifest names them now, so they go unless
+    `updated` lists them live again or a holder holds them (`held`, read only when
+    there is something to delete). A failure raises (OSError, or StorageError on an
+    object store) and leaves an orphan for the next sweep. The relative paths deleted."""
+    kept = {item.path for item in updated.retired} | updated.live_files()
+    forgotten = [item.path for item in base.retired if item.path not in kept]
+    if not forgotten:
+        return []
+    holds_now = held()
+    deleted: list[str] = []
+    for relative in forgotten:
+        if relative in holds_now:
+            continue
+        release(volume.path_of(relative))
+        if volume.remove(relative):
+            deleted.append(relative)
+            log.info("%s: deleted %s, retired by an earlier commit", name or volume,
+                     relative)
+    return deleted
