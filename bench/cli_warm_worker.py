@@ -1,5 +1,6 @@
-"""`compactlog compact` of the demo topic: cold (Spark starts in the command) against a
-warm worker left by `compactlog worker start`, in the same run.
+"""`compactlog compact` of the demo topic: cold (Spark starts in the command), with and
+without the driver JVM's class archive (compaction/spark_class_archive.py; the two
+interleaved), against a warm worker left by `compactlog worker start`, in the same run.
 
 Each case gets the demo's topic afresh (examples/demo.py's produce(): 300,000 price
 updates for 3,000 symbols in 4 partitions), then times the whole `compactlog compact`
@@ -28,6 +29,10 @@ sys.path.insert(0, str(ROOT / "examples"))
 from demo import TOPIC, produce  # type: ignore[import-not-found]  # noqa: E402
 
 from compactlog import LogStore  # noqa: E402
+from compactlog.compaction.spark_class_archive import (  # noqa: E402
+    ENABLED_CONF,
+    java_options,
+)
 
 COMPACTLOG = str(Path(sys.executable).with_name("compactlog"))
 
@@ -53,10 +58,11 @@ def compacted_view(data: Path) -> dict[bytes, bytes]:
     return {key: value for key, value in latest.items() if value is not None}
 
 
-def timed_compact(data: Path, expected: dict[bytes, bytes]) -> dict[str, Any]:
+def timed_compact(data: Path, expected: dict[bytes, bytes],
+                  extra: tuple[str, ...] = ()) -> dict[str, Any]:
     started = time.perf_counter()
-    done = subprocess.run([COMPACTLOG, "--data-dir", str(data), "compact", TOPIC, "--json"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run([COMPACTLOG, "--data-dir", str(data), "compact", TOPIC, "--json",
+                           *extra], capture_output=True, text=True, check=True)
     wall = time.perf_counter() - started
     report = json.loads(done.stdout)
     if compacted_view(data) != expected:
@@ -67,6 +73,19 @@ def timed_compact(data: Path, expected: dict[bytes, bytes]) -> dict[str, Any]:
             "on_worker": "warm compaction worker" in done.stderr}
 
 
+def ensure_class_archive(data: Path) -> float:
+    """Make sure the driver JVM's class archive exists: a cold command writes it at its
+    JVM's exit, and the next start promotes it. The seconds this took."""
+    started = time.perf_counter()
+    if not any("SharedArchiveFile" in option for option in java_options()):
+        timed_compact(data, fresh_topic(data))
+        while not any("SharedArchiveFile" in option for option in java_options()):
+            if time.perf_counter() - started > 600:
+                raise SystemExit("no class archive after 600 s")
+            time.sleep(5)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per case")
@@ -75,9 +94,14 @@ def main() -> None:
     scratch = args.dir or Path(tempfile.mkdtemp(prefix="cli-bench-"))
     data = scratch / "data"
     shutil.rmtree(data, ignore_errors=True)
-    results: dict[str, list[dict[str, Any]]] = {"cold": [], "warm worker": []}
+    results: dict[str, list[dict[str, Any]]] = {
+        "cold, no class archive": [], "cold": [], "warm worker": []}
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    waited = ensure_class_archive(data)
+    print(f"class archive ready ({waited:.0f} s spent writing it)")
     for _ in range(args.runs):
+        results["cold, no class archive"].append(timed_compact(
+            data, fresh_topic(data), ("--spark-conf", f"{ENABLED_CONF}=false")))
         results["cold"].append(timed_compact(data, fresh_topic(data)))
     started = time.perf_counter()
     subprocess.run([COMPACTLOG, "--data-dir", str(data), "worker", "start"], check=True,
@@ -89,7 +113,7 @@ def main() -> None:
     finally:
         subprocess.run([COMPACTLOG, "--data-dir", str(data), "worker", "stop"], check=True,
                        capture_output=True)
-    assert all(not r["on_worker"] for r in results["cold"])
+    assert all(not r["on_worker"] for r in results["cold"] + results["cold, no class archive"])
     assert all(r["on_worker"] for r in results["warm worker"])
     print(f"worker start (Spark warm-up included): {worker_start_s:.1f} s")
     print("| case | runs | wall, whole command (s) | compaction in the report (s) | "

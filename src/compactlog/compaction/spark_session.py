@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from compactlog.compaction import spark_class_archive
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -38,15 +40,34 @@ LOCAL_CONF: dict[str, str] = {
 }
 
 
-def spark_environment() -> None:
-    """Environment Spark's launcher and Python workers need; set before the JVM starts."""
+LOG4J2_SETTINGS = Path(__file__).with_name("spark-conf") / "log4j2.properties"
+
+
+def spark_environment() -> bool:
+    """Environment Spark's launcher and Python workers need; set before the JVM starts.
+    True when the JVM's configuration directory is compactlog's (empty) one rather
+    than the user's SPARK_CONF_DIR."""
     # Workers run the first `python3` on PATH otherwise, which may lack pyarrow.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Errors only from the JVM's logging (spark-conf/log4j2.properties), unless the user
-    # has a Spark configuration directory of their own.
-    os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).with_name("spark-conf")))
+    # Unless the user has a Spark configuration directory of their own, an empty one
+    # (the class archive needs it: spark_class_archive.py), and errors only from the
+    # JVM's logging (LOG4J2_SETTINGS, passed by `driver_java_options`).
+    ours = str(spark_class_archive.empty_conf_dir())
+    return os.environ.setdefault("SPARK_CONF_DIR", ours) == ours
+
+
+def driver_java_options(settings: Mapping[str, str], our_conf_dir: bool) -> str:
+    """spark.driver.extraJavaOptions for a driver JVM this process starts: the user's,
+    then compactlog's log4j2 settings and class archive (spark_class_archive.py) when
+    the configuration directory is compactlog's."""
+    options = [settings.get("spark.driver.extraJavaOptions", "")]
+    if our_conf_dir:
+        options.append(f'"-Dlog4j2.configurationFile={LOG4J2_SETTINGS}"')
+        if str(settings.get(spark_class_archive.ENABLED_CONF, "true")).lower() != "false":
+            options += [f'"{option}"' for option in spark_class_archive.java_options()]
+    return " ".join(option for option in options if option)
 
 
 def start_session(
@@ -57,7 +78,8 @@ def start_session(
 ) -> SparkSession:
     """The session; with `log_file`, everything Spark's side prints goes there instead of
     this process' stdout and stderr (see launch_jvm_logging_to)."""
-    spark_environment()
+    our_conf_dir = spark_environment()
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
@@ -67,6 +89,10 @@ def start_session(
     ):
         settings.update(LOCAL_CONF)
     settings.update(conf or {})
+    # PySpark keeps its gateway (the JVM) in a class attribute: only a JVM about to
+    # start takes options.
+    if getattr(SparkContext, "_gateway", None) is None:
+        settings["spark.driver.extraJavaOptions"] = driver_java_options(settings, our_conf_dir)
     for key, value in settings.items():
         builder = builder.config(key, value)
     if log_file is not None:

@@ -1,0 +1,128 @@
+"""The Spark driver JVM's class-data-sharing archive (compaction/spark_class_archive.py):
+its protocol's steps on part files, and (slow) two real JVMs, the first writing the
+archive at its exit and the second loading Spark's classes from it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from compactlog.compaction import spark_class_archive
+from compactlog.compaction.spark_session import LOG4J2_SETTINGS, driver_java_options
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path / "compactlog" / "spark"
+
+
+def dead_pid() -> int:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    return int(child.stdout)
+
+
+def part_file(cache: Path, pid: int, age_s: float, size: int = 100) -> Path:
+    key = spark_class_archive.archive_key()
+    cache.mkdir(parents=True, exist_ok=True)
+    part = cache / f"{key}.jsa.{pid}.part"
+    part.write_bytes(b"x" * size)
+    stamp = time.time() - age_s
+    os.utime(part, (stamp, stamp))
+    return part
+
+
+def test_with_no_archive_the_jvm_writes_one_of_its_own_at_exit(cache: Path) -> None:
+    options = spark_class_archive.java_options()
+    key = spark_class_archive.archive_key()
+    assert options == ["-XX:+IgnoreUnrecognizedVMOptions", "-Xlog:cds*=off",
+                       f"-XX:ArchiveClassesAtExit={cache / f'{key}.jsa.{os.getpid()}.part'}"]
+
+
+def test_a_part_file_still_being_written_is_not_used_and_no_second_is_started(
+        cache: Path) -> None:
+    alive = part_file(cache, os.getpid(), age_s=3600)  # its process runs: maybe writing
+    young = part_file(cache, dead_pid(), age_s=1)  # its JVM may still be dumping
+    assert spark_class_archive.java_options() == []
+    assert alive.exists() and young.exists()
+    assert not list(cache.glob("*.jsa"))
+
+
+def test_a_finished_part_file_is_promoted_and_handed_to_the_next_jvm(cache: Path) -> None:
+    part = part_file(cache, dead_pid(), age_s=spark_class_archive.PROMOTE_AFTER_S + 1)
+    empty = part_file(cache, dead_pid() + 100_000, age_s=3600, size=0)  # a dump that died
+    key = spark_class_archive.archive_key()
+    assert spark_class_archive.java_options() == [
+        "-XX:+IgnoreUnrecognizedVMOptions", "-Xlog:cds*=off",
+        f"-XX:SharedArchiveFile={cache / f'{key}.jsa'}", "-Xshare:auto"]
+    assert not part.exists() and not empty.exists()
+    # A later part file of the same key is removed once done: the archive stands.
+    later = part_file(cache, dead_pid(), age_s=spark_class_archive.PROMOTE_AFTER_S + 1)
+    spark_class_archive.java_options()
+    assert not later.exists() and (cache / f"{key}.jsa").read_bytes() == b"x" * 100
+
+
+def test_the_users_options_come_first_and_a_setting_turns_the_archive_off(
+        cache: Path) -> None:
+    settings = {"spark.driver.extraJavaOptions": "-Xmx1g"}
+    options = driver_java_options(settings, our_conf_dir=True)
+    assert options.startswith(f'-Xmx1g "-Dlog4j2.configurationFile={LOG4J2_SETTINGS}"')
+    assert "ArchiveClassesAtExit" in options
+    off = driver_java_options({**settings, spark_class_archive.ENABLED_CONF: "false"}, True)
+    assert off == f'-Xmx1g "-Dlog4j2.configurationFile={LOG4J2_SETTINGS}"'
+    # A user's own SPARK_CONF_DIR: their log4j2 settings, no archive.
+    assert driver_java_options(settings, our_conf_dir=False) == "-Xmx1g"
+
+
+def processes_naming(text: str) -> list[int]:
+    """Pids of the processes whose command line holds `text` (the JVM writing a part)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+START = """
+import sys
+from compactlog.compaction import spark_class_archive
+from compactlog.compaction.spark_session import start_session
+spark_class_archive.PROMOTE_AFTER_S = 1.0
+session = start_session("local[1]", {"spark.driver.extraJavaOptions":
+                                     "-Xlog:class+load=info:file=" + sys.argv[1]})
+session.range(0, 4, 1, 2).collect()
+session.stop()
+"""
+
+
+@pytest.mark.slow
+def test_the_second_jvm_loads_sparks_classes_from_the_archive_the_first_wrote(
+        cache: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env.pop("SPARK_CONF_DIR", None)
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    with (tmp_path / "first.out").open("w") as out:  # what a terminal would show
+        subprocess.run([sys.executable, "-c", START, str(first)], env=env, check=True,
+                       timeout=300, stdout=out, stderr=subprocess.STDOUT)
+    key = spark_class_archive.archive_key()
+    deadline = time.monotonic() + 180  # the JVM dumps after the Python process ended
+    while time.monotonic() < deadline and processes_naming(f"{key}.jsa."):
+        time.sleep(1)
+    assert list(cache.glob(f"{key}.jsa.*.part")), "the first JVM wrote no archive"
+    assert "[cds]" not in (tmp_path / "first.out").read_text()  # nor said so
+    time.sleep(2)  # past the second start's PROMOTE_AFTER_S (1 s)
+    subprocess.run([sys.executable, "-c", START, str(second)], env=env, check=True,
+                   timeout=300)
+    assert (cache / f"{key}.jsa").exists()
+    shared = [line for line in second.read_text().splitlines()
+              if "org.apache.spark" in line and "shared objects file (top)" in line]
+    assert len(shared) > 1000, "Spark's classes were not loaded from the archive"
