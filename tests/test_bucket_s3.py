@@ -109,3 +109,20 @@ def test_errors_name_the_request_and_never_a_credential(s3: S3Server) -> None:
         assert message.startswith("s3://no-such-bucket-b1/")
         assert "failed" in message and "\n" not in message
         assert SECRET_ACCESS_KEY not in message and SESSION_TOKEN not in message
+
+
+def test_create_tells_its_own_retried_put_from_a_taken_name(s3: S3Server) -> None:
+    client = s3.client()
+    landed: list[str] = []
+
+    def land_first(operation: str, kwargs: dict[str, Any]) -> None:
+        # The first attempt landed and its answer was lost: the client's retry meets it.
+        if operation == "put_object" and not landed:
+            landed.append(operation)
+            client.put_object(**kwargs)
+
+    bucket = Bucket(FaultyClient(client, before=land_first), s3.bucket)
+    key = prefix_in(s3) + "segments/a.parquet"
+    assert bucket.create(key, b"mine") is True and landed
+    assert Bucket(client, s3.bucket).create(key, io.BytesIO(b"other")) is False
+    assert bucket.get(key) == (b"mine", bucket.head(key).etag)  # type: ignore[union-attr]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 import logging
 import shutil
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 
 _CONFLICT_STATUS = (409, 412)  # 409: S3's ConditionalRequestConflict under a race
 _CHUNK = 8 * 1024 * 1024
+# User metadata on every object `create` makes: a random token of that call.
+TOKEN = "compactlog-put"
 
 
 class PreconditionFailed(ConflictError):
@@ -231,6 +234,23 @@ class Bucket:
             if not _never_sent(error) and isinstance(failed, StorageError):
                 raise PutOutcomeUnknown(str(failed)) from error
             raise failed from error
+
+    def create(self, key: str, body: bytes | IO[bytes]) -> bool:
+        """Create the object where there is none (`If-None-Match: *`); False if another
+        writer has that name. The PUT is tagged with a token of this call (TOKEN), so
+        that when its answer was lost and the client's retry met the object it had
+        created after all (a 412), a HEAD tells that the name holds these bytes."""
+        token = uuid.uuid4().hex
+        try:
+            self.put(key, body, if_none_match=True, metadata={TOKEN: token})
+            return True
+        except PreconditionFailed:
+            pass
+        try:
+            head = self.head(key)
+        except (StorageError, ObjectStoreSetupError):
+            return False  # not told: taken, as far as this writer can know
+        return head is not None and head.metadata.get(TOKEN) == token
 
     def delete(self, key: str, *, if_match: str | None = None,
                missing_ok: bool = False) -> bool:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from compactlog.bounded_cache import BoundedCache
 from compactlog.errors import StorageError
 from compactlog.storage import faults, fsutil
-from compactlog.storage.bucket import Bucket, PreconditionFailed
+from compactlog.storage.bucket import Bucket
 from compactlog.storage.commit import LocalDocument
 from compactlog.storage.document import Document
 from compactlog.storage.location import Location, S3Settings
@@ -45,8 +44,6 @@ if TYPE_CHECKING:
 DEFAULT_CACHE_BYTES = 2 * 1024**3
 # A download whose body is cut short is read again, up to this many times in all.
 READ_ATTEMPTS = 3
-# User metadata on every data object: a random token of the PUT that created it.
-TOKEN = "compactlog-put"
 
 
 @dataclass(frozen=True)
@@ -276,40 +273,28 @@ class ObjectVolume:
         return size
 
     def publish(self, temp: Path, relative: str) -> None:
-        """Create-only PUT, tagged with a token of this call: if the answer is lost and
-        botocore's retry of the same PUT meets its own object (412), the token tells
-        that the name holds these bytes, not someone else's."""
-        token = uuid.uuid4().hex
+        """Create-only PUT (Bucket.create: a lost answer whose retry meets this PUT's
+        own object is told from a name someone else took)."""
         try:
             faults.point("upload", temp)
             with open(temp, "rb") as body:
-                self.objects.put(self.key(relative), body, if_none_match=True,
-                                 metadata={TOKEN: token})
-        except PreconditionFailed as error:
-            if not self._holds(relative, token):
-                temp.unlink(missing_ok=True)
-                raise StorageError(f"{self.describe(relative)}: the name is taken; a "
-                                   "data file is never replaced") from error
+                created = self.objects.create(self.key(relative), body)
         except (StorageError, ObjectStoreSetupError):
             temp.unlink(missing_ok=True)
             raise
         except OSError as error:  # the local file, or a fault point, as a failed PUT
             temp.unlink(missing_ok=True)
             raise self.objects.failed("PUT", self.key(relative), error) from error
+        if not created:
+            temp.unlink(missing_ok=True)
+            raise StorageError(f"{self.describe(relative)}: the name is taken; a data file "
+                               "is never replaced")
         # The uploaded bytes are the local file's: keep it as the cached copy.
         path = self.path_of(relative)
         path.parent.mkdir(parents=True, exist_ok=True)
         size = temp.stat().st_size
         os.replace(temp, path)
         self.cache.add(path, size)
-
-    def _holds(self, relative: str, token: str) -> bool:
-        """Whether `relative` is the object a PUT tagged `token` created."""
-        try:
-            head = self.objects.head(self.key(relative))
-        except (StorageError, ObjectStoreSetupError):
-            return False
-        return head is not None and head.metadata.get(TOKEN) == token
 
     def remove(self, relative: str) -> bool:
         faults.point("unlink", self.path_of(relative))
