@@ -29,12 +29,12 @@ import builtins
 import logging
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from botocore.exceptions import (
     BotoCoreError,
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 _CONFLICT_STATUS = (409, 412)  # 409: S3's ConditionalRequestConflict under a race
 _CHUNK = 8 * 1024 * 1024
+T = TypeVar("T")
 # User metadata on every object `create` makes: a random token of that call.
 TOKEN = "compactlog-put"
 
@@ -145,6 +146,21 @@ class Bucket:
         """The object's bytes and ETag; None if there is none. A body cut short or
         stalled while it is read is read again, up to `body_attempts` GETs in all (the
         client's own retries end with its answer's headers)."""
+        return self._read(key, body_attempts,
+                          lambda response: (response["Body"].read(), response["ETag"]))
+
+    def download(self, key: str, path: Path, *, body_attempts: int) -> int | None:
+        """GET the object into the file `path`, in chunks; its size, or None if there is
+        no such object. A body cut short is downloaded again, as `get` says."""
+        def copy(response: Any) -> int:
+            with open(path, "wb") as out:
+                shutil.copyfileobj(response["Body"], out, _CHUNK)
+            return path.stat().st_size
+
+        return self._read(key, body_attempts, copy)
+
+    def _read(self, key: str, body_attempts: int, read: Callable[[Any], T]) -> T | None:
+        """GET `key` and `read` its answer; None if there is no such object."""
         for attempt in range(1, body_attempts + 1):
             try:
                 response = self.client.get_object(Bucket=self.name, Key=key)
@@ -155,36 +171,12 @@ class Bucket:
             except BotoCoreError as error:
                 raise self.failed("GET", key, error) from error
             try:
-                return response["Body"].read(), response["ETag"]
+                return read(response)
             except BotoCoreError as error:
                 if attempt == body_attempts:
                     raise self.failed("GET", key, error) from error
                 log.info("%s: GET's body was cut short (%s); retrying", self.url(key),
                          type(error).__name__)
-        raise AssertionError("unreachable")
-
-    def download(self, key: str, path: Path, *, body_attempts: int) -> int | None:
-        """GET the object into the file `path`, in chunks; its size, or None if there is
-        no such object. A body cut short is downloaded again, as `get` says."""
-        for attempt in range(1, body_attempts + 1):
-            try:
-                response = self.client.get_object(Bucket=self.name, Key=key)
-            except ClientError as error:
-                if no_such_key(error):
-                    return None
-                raise self.failed("GET", key, error) from error
-            except BotoCoreError as error:
-                raise self.failed("GET", key, error) from error
-            try:
-                with open(path, "wb") as out:
-                    shutil.copyfileobj(response["Body"], out, _CHUNK)
-            except BotoCoreError as error:
-                if attempt == body_attempts:
-                    raise self.failed("GET", key, error) from error
-                log.info("%s: the download was cut short (%s); retrying", self.url(key),
-                         type(error).__name__)
-                continue
-            return path.stat().st_size
         raise AssertionError("unreachable")
 
     def head(self, key: str) -> Head | None:
