@@ -3,15 +3,16 @@ delete, list, and the few transfers the callers need, each one request (or one l
 with one error mapping.
 
 Invariant: every request to the store that compactlog makes through boto3 goes through a
-`Bucket`, and every failure of one leaves it as the one-line error object_errors.py makes
-(`request_error`: the operation, the s3:// URL, what to do, never a credential), except
-the answers that are outcomes rather than failures, which come back as values or as
-their own exceptions:
-- an object that is not there: `get` and `head` return None, `download` too;
-- a failed precondition (409 or 412 to a conditional PUT or DELETE): PreconditionFailed,
-  a ConflictError. moto answers a failed If-Match or If-None-Match with 412
-  PreconditionFailed; S3 answers a race of two conditional writes with 409
-  ConditionalRequestConflict, which means the same to a committer;
+`Bucket` (but object_probe.py's, which reads a store's raw refusal of a conditional
+header to tell an unsupported store from a failure), and every failure of one leaves it
+as the one-line error object_errors.py makes (`request_error`: the operation, the s3://
+URL, what to do, never a credential), except the answers that are outcomes rather than
+failures, which come back as values or as their own exceptions:
+- an object that is not there: `get`, `head` and `download` return None;
+- a failed precondition: to a conditional DELETE (412), `delete` returns False; to a
+  conditional PUT (409 or 412), PreconditionFailed, a ConflictError. moto answers a
+  failed If-Match or If-None-Match with 412 PreconditionFailed; S3 answers a race of two
+  conditional writes with 409 ConditionalRequestConflict, the same to a committer;
 - a PUT that may have landed (a 5xx answer, or no answer after it was sent): the
   PutOutcomeUnknown subclass of StorageError, so a committer knows to read back.
 boto3's client retries each request with backoff first (S3Settings in location.py), and
