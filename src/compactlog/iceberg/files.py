@@ -11,7 +11,6 @@ changes nothing). Names given here are relative to the table's location, '/'-sep
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -25,10 +24,6 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
     from compactlog.storage.store import LogStore
-
-# User metadata on each object a create made: its token, to recognise our own PUT when
-# botocore retried it after a lost answer (as storage/volume.py does).
-TOKEN = "compactlog-put"
 
 
 class TableFiles(Protocol):
@@ -140,62 +135,25 @@ class LocalTableFiles:
 
 
 class ObjectTableFiles:
-    """A table under an S3 prefix, through boto3 (conditional PUTs)."""
+    """A table under an S3 prefix, through storage/bucket.py (conditional PUTs)."""
 
     def __init__(self, location: Location, client: S3Client, cache_dir: Path) -> None:
         assert location.bucket is not None
         self.location = location
         self.bucket: str = location.bucket
-        self.client = client
         self.volume = ObjectVolume(location, cache_dir, client)
+        self.objects = self.volume.objects
 
     def url(self, relative: str) -> str:
         key = self.location.key(relative) if relative else self.location.path
         return f"s3://{self.bucket}/{key}"
 
     def read(self, relative: str) -> bytes | None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from compactlog.storage.object_errors import no_such_key, request_error
-
-        try:
-            response = self.client.get_object(Bucket=self.bucket,
-                                              Key=self.location.key(relative))
-            return response["Body"].read()
-        except ClientError as error:
-            if no_such_key(error):
-                return None
-            raise request_error(self.client, "GET", self.url(relative), error) from error
-        except BotoCoreError as error:
-            raise request_error(self.client, "GET", self.url(relative), error) from error
+        found = self.objects.get(self.location.key(relative))
+        return None if found is None else found[0]
 
     def create(self, relative: str, data: bytes) -> bool:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from compactlog.storage.object_errors import request_error
-
-        token = uuid.uuid4().hex
-        key = self.location.key(relative)
-        try:
-            self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*",
-                                   Metadata={TOKEN: token})
-            return True
-        except ClientError as error:
-            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status in (409, 412):
-                return self._holds(key, token)
-            raise request_error(self.client, "PUT", self.url(relative), error) from error
-        except BotoCoreError as error:
-            raise request_error(self.client, "PUT", self.url(relative), error) from error
-
-    def _holds(self, key: str, token: str) -> bool:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=key)
-        except (ClientError, BotoCoreError):
-            return False
-        return bool(head.get("Metadata", {}).get(TOKEN) == token)
+        return self.objects.create(self.location.key(relative), data)
 
     def create_all(self, items: list[tuple[str, bytes]]) -> None:
         for relative, data in items:
@@ -203,30 +161,11 @@ class ObjectTableFiles:
                 raise ConflictError(f"{self.url(relative)}: the name is taken")
 
     def replace(self, relative: str, data: bytes) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from compactlog.storage.object_errors import request_error
-
-        try:
-            self.client.put_object(Bucket=self.bucket, Key=self.location.key(relative),
-                                   Body=data)
-        except (ClientError, BotoCoreError) as error:
-            raise request_error(self.client, "PUT", self.url(relative), error) from error
+        self.objects.put(self.location.key(relative), data)
 
     def size(self, relative: str) -> int | None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from compactlog.storage.object_errors import no_such_key, request_error
-
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self.location.key(relative))
-        except ClientError as error:
-            if no_such_key(error) or error.response.get("Error", {}).get("Code") == "404":
-                return None
-            raise request_error(self.client, "HEAD", self.url(relative), error) from error
-        except BotoCoreError as error:
-            raise request_error(self.client, "HEAD", self.url(relative), error) from error
-        return int(head["ContentLength"])
+        head = self.objects.head(self.location.key(relative))
+        return None if head is None else head.size
 
     def listing(self, folder: str) -> list[Listed]:
         return self.volume.listing(folder)
@@ -235,7 +174,7 @@ class ObjectTableFiles:
         return self.volume.remove(relative)
 
     def remove_all(self) -> int:
-        return remove_prefix(self.location, self.client)
+        return remove_prefix(self.location, self.objects.client)
 
 
 def table_files(store: LogStore, topic: str, table: str) -> TableFiles:

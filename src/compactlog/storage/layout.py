@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from compactlog.errors import ConflictError, TopicExistsError, UnknownTopicError
 from compactlog.storage import faults, fsutil
+from compactlog.storage.bucket import Bucket
 from compactlog.storage.commit import LocalDocument, Snapshot
 from compactlog.storage.document import Document, clear_dead_claim
 from compactlog.storage.location import Location
@@ -195,24 +196,9 @@ class ObjectLayout:
         return ObjectDocument(self.client, self.location.bucket, self.location.key(name))
 
     def names(self) -> list[str]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from compactlog.storage.object_errors import request_error
-
         assert self.location.bucket is not None
-        start = self.location.key("topics") + "/"
-        found: list[str] = []
-        try:
-            paginator = self.client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.location.bucket, Prefix=start,
-                                           Delimiter="/"):
-                found.extend(item["Prefix"][len(start):].rstrip("/")
-                             for item in page.get("CommonPrefixes", []))
-        except (ClientError, BotoCoreError) as error:
-            # The documented messages (docs/object-storage.md), as every other request.
-            raise request_error(self.client, "LIST", f"{self.location}/topics/",
-                                error) from error
-        return sorted(found)
+        bucket = Bucket(self.client, self.location.bucket)
+        return sorted(bucket.folders(self.location.key("topics") + "/"))
 
     def partition_dir(self, name: str, topic_id: str, index: int) -> Path:
         return self.local_dir / "topics" / name / topic_id / str(index)

@@ -86,15 +86,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-)
-
 from compactlog.errors import ConflictError, CorruptionError, StorageError
 from compactlog.storage import faults
+from compactlog.storage.bucket import Bucket, PreconditionFailed, PutOutcomeUnknown, answered
 from compactlog.storage.commit import (
     CURRENT,
     DEFAULT_KEEP,
@@ -107,8 +101,7 @@ from compactlog.storage.commit import (
     _version_of,
 )
 from compactlog.storage.location import Location, S3Settings
-from compactlog.storage.object_errors import ObjectStoreSetupError, no_such_key, request_error
-from compactlog.storage.object_errors import http_status as _status
+from compactlog.storage.object_errors import ObjectStoreSetupError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -117,7 +110,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CONFLICT_STATUS = (409, 412)  # 409: S3's ConditionalRequestConflict under a race
 # Every this many versions, pruning LISTs the audit copies (else it deletes by name).
 FULL_PRUNE_EVERY = 16
 # What a failed request raises (object_errors.py): retryable, or a setup error.
@@ -162,17 +154,12 @@ def _commit_id_of(raw: bytes) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _not_sent(error: Exception) -> bool:
-    """The request certainly never reached the store."""
-    return isinstance(error, EndpointConnectionError | ConnectTimeoutError)
-
-
 class ObjectDocument:
     """A metadata document under an S3 prefix, committed by conditional PUT."""
 
     def __init__(self, client: S3Client, bucket: str, prefix: str,
                  keep: int = DEFAULT_KEEP) -> None:
-        self.client = client
+        self.objects = Bucket(client, bucket)
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.keep = keep
@@ -213,62 +200,30 @@ class ObjectDocument:
     def url_of(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
-    # -- requests ---------------------------------------------------------------------
+    # -- requests (storage/bucket.py) --------------------------------------------------
 
     @property
-    def _attempts(self) -> int:
-        retries: dict[str, Any] = getattr(self.client.meta.config, "retries", None) or {}
-        return int(retries.get("total_max_attempts") or retries.get("max_attempts") or 1)
+    def client(self) -> S3Client:
+        """The boto3 client the requests go through (tests wrap it to inject faults)."""
+        return self.objects.client
 
-    def _failed(self, operation: str, key: str,
-                error: Exception) -> StorageError | ObjectStoreSetupError:
-        """A request's failure, after botocore's retries, as object_errors.py says."""
-        return request_error(self.client, operation, self.url_of(key), error)
+    @client.setter
+    def client(self, client: S3Client) -> None:
+        self.objects = Bucket(client, self.bucket)
 
     def _get(self, key: str) -> _Object | None:
-        """GET an object (None if there is none). botocore retries the request; a body
-        cut short or stalled while being read is retried here, as often."""
-        for attempt in range(1, self._attempts + 1):
-            try:
-                response = self.client.get_object(Bucket=self.bucket, Key=key)
-            except ClientError as error:
-                if no_such_key(error):
-                    return None
-                raise self._failed("GET", key, error) from error
-            except BotoCoreError as error:
-                raise self._failed("GET", key, error) from error
-            try:
-                raw = response["Body"].read()
-            except BotoCoreError as error:
-                if attempt == self._attempts:
-                    raise self._failed("GET", key, error) from error
-                log.info("%s: GET's body was cut short (%s); retrying", self.url_of(key),
-                         type(error).__name__)
-                continue
-            return _Object(response["ETag"], raw)
-        raise AssertionError("unreachable")
+        """GET an object (None if there is none). The client retries the request; a
+        body cut short or stalled while being read is read again, as often."""
+        found = self.objects.get(key, body_attempts=self.objects.attempts)
+        return None if found is None else _Object(found[1], found[0])
 
     def _delete(self, key: str, if_match: str | None = None) -> None:
-        try:
-            if if_match is None:
-                self.client.delete_object(Bucket=self.bucket, Key=key)
-            else:
-                self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=if_match)
-        except (ClientError, BotoCoreError) as error:
-            if isinstance(error, ClientError) and _status(error) in (404, 412):
-                return  # gone already, or no longer ours
-            raise self._failed("DELETE", key, error) from error
+        # A 404 or a 412: gone already, or no longer ours.
+        self.objects.delete(key, if_match=if_match, missing_ok=True)
 
     def _keys(self) -> list[str]:
-        names: list[str] = []
         start = self.key_of("")
-        try:
-            paginator = self.client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=start, Delimiter="/"):
-                names.extend(item["Key"][len(start):] for item in page.get("Contents", []))
-        except (ClientError, BotoCoreError) as error:
-            raise self._failed("LIST", start, error) from error
-        return names
+        return [entry.key[len(start):] for entry in self.objects.list(start, delimiter=True)]
 
     # -- reading ----------------------------------------------------------------------
 
@@ -337,15 +292,10 @@ class ObjectDocument:
 
     def changed_since(self, snapshot: Snapshot | None) -> bool:
         """Whether the current version may differ from `snapshot` (one HEAD)."""
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self.current_key)
-        except ClientError as error:
-            if _status(error) != 404:
-                raise self._failed("HEAD", self.current_key, error) from error
+        head = self.objects.head(self.current_key)
+        if head is None:
             return snapshot is None or snapshot.stamp is not None or bool(self.history())
-        except BotoCoreError as error:
-            raise self._failed("HEAD", self.current_key, error) from error
-        return snapshot is None or snapshot.stamp != head["ETag"]
+        return snapshot is None or snapshot.stamp != head.etag
 
     # -- committing -------------------------------------------------------------------
 
@@ -373,62 +323,52 @@ class ObjectDocument:
     def _put_audit(self, version: int, key: str, data: bytes, commit_id: str) -> str:
         """Step 3: create the audit copy; its ETag. An answer lost (or a retry by botocore
         that finds its own first attempt landed, as a 412) is settled by reading it back."""
+        # Refused (any other 4xx) or never sent: not written, and raised as it is.
         try:
-            return self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
-                                          IfNoneMatch="*")["ETag"]
-        except ClientError as error:
-            status = _status(error)
-            if status < 500 and status not in _CONFLICT_STATUS:
-                raise self._failed("PUT", key, error) from error
-            cause: Exception = error
-        except BotoCoreError as error:
-            if _not_sent(error):
-                raise self._failed("PUT", key, error) from error
-            cause = error
+            return self.objects.put(key, data, if_none_match=True)
+        except (PreconditionFailed, PutOutcomeUnknown) as error:
+            cause: PreconditionFailed | PutOutcomeUnknown = error
         try:
             found = self._get(key)
         except _REQUEST_FAILED:
             found = None
         if found is not None and _commit_id_of(found.raw) == commit_id:
             return found.etag
-        if isinstance(cause, ClientError) and _status(cause) in _CONFLICT_STATUS:
+        if isinstance(cause, PreconditionFailed):
             raise ConflictError(
                 f"{self.where}: version {version} is being committed by another writer "
                 f"(its audit copy {key} exists; if that writer died, the owner's "
                 "purge_uncommitted removes it)") from None
         # Perhaps written later: then an audit copy of a version never committed, which
         # blocks commits of that version until purge_uncommitted; never a wrong current.
-        raise self._failed("PUT", key, cause) from cause
+        raise cause
 
     def _put_current(self, version: int, body: dict[str, Any], commit_id: str,
                      data: bytes, based_on: str | None, audit_key: str,
                      audit_etag: str) -> Snapshot:
         key = self.current_key
         try:
-            if based_on is None:
-                response = self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
-                                                  IfNoneMatch="*")
-            else:
-                response = self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
-                                                  IfMatch=based_on)
-            return Snapshot(version, body, response["ETag"])
-        except ClientError as error:
-            status = _status(error)
-            if status in _CONFLICT_STATUS or status < 500:
+            etag = self.objects.put(key, data, if_match=based_on,
+                                    if_none_match=based_on is None)
+            return Snapshot(version, body, etag)
+        except PreconditionFailed:
+            mine = self._own_current(commit_id)
+            if mine is not None:
+                return Snapshot(version, body, mine)
+            self._drop_audit(audit_key, audit_etag)
+            raise ConflictError(f"{self.where}: another commit replaced version "
+                                f"{version - 1} first") from None
+        except PutOutcomeUnknown as error:
+            cause = error
+        except _REQUEST_FAILED as error:
+            # Refused by the store (a 4xx: unless an earlier attempt of this PUT landed)
+            # or never sent: not written.
+            if answered(error):
                 mine = self._own_current(commit_id)
                 if mine is not None:
                     return Snapshot(version, body, mine)
-                self._drop_audit(audit_key, audit_etag)
-                if status in _CONFLICT_STATUS:
-                    raise ConflictError(f"{self.where}: another commit replaced version "
-                                        f"{version - 1} first") from None
-                raise self._failed("PUT", key, error) from error
-            cause: Exception = error
-        except BotoCoreError as error:
-            if _not_sent(error):
-                self._drop_audit(audit_key, audit_etag)
-                raise self._failed("PUT", key, error) from error
-            cause = error
+            self._drop_audit(audit_key, audit_etag)
+            raise
         mine = self._own_current(commit_id)
         if mine is not None:
             return Snapshot(version, body, mine)

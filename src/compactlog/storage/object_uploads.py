@@ -20,10 +20,8 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from botocore.exceptions import BotoCoreError, ClientError
-
+from compactlog.storage.bucket import Bucket
 from compactlog.storage.location import Location, LocationError
-from compactlog.storage.object_errors import request_error
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -40,33 +38,15 @@ def abort_incomplete_uploads(client: S3Client, location: Location,
     before `now`; the keys whose uploads were aborted."""
     if location.bucket is None:
         raise LocationError(f"{location} is a local directory, not an s3:// location")
-    bucket = location.bucket
-    prefix = location.path + "/" if location.path else ""
+    bucket = Bucket(client, location.bucket)
     cutoff = (now or datetime.now(UTC)) - timedelta(seconds=older_than_s)
     aborted: list[str] = []
-    try:
-        paginator = client.get_paginator("list_multipart_uploads")
-        uploads = [upload for page in paginator.paginate(Bucket=bucket, Prefix=prefix)
-                   for upload in page.get("Uploads", [])]
-    except (ClientError, BotoCoreError) as error:
-        raise request_error(client, "LIST uploads", f"s3://{bucket}/{prefix}",
-                            error) from error
-    for upload in uploads:
-        if upload["Initiated"] > cutoff:
+    for upload in bucket.uploads(location.path + "/" if location.path else ""):
+        if upload.initiated > cutoff:
             continue
-        key = upload["Key"]
-        try:
-            client.abort_multipart_upload(Bucket=bucket, Key=key,
-                                          UploadId=upload["UploadId"])
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") == "NoSuchUpload":
-                continue  # completed or aborted meanwhile
-            raise request_error(client, "ABORT upload", f"s3://{bucket}/{key}",
-                                error) from error
-        except BotoCoreError as error:
-            raise request_error(client, "ABORT upload", f"s3://{bucket}/{key}",
-                                error) from error
-        log.info("s3://%s/%s: aborted a multipart upload started at %s and never completed",
-                 bucket, key, upload["Initiated"].isoformat())
-        aborted.append(key)
+        if not bucket.abort_upload(upload):
+            continue  # completed or aborted meanwhile
+        log.info("%s: aborted a multipart upload started at %s and never completed",
+                 bucket.url(upload.key), upload.initiated.isoformat())
+        aborted.append(upload.key)
     return aborted

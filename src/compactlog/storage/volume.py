@@ -19,12 +19,9 @@ Relative names are '/'-separated: `segments/<file>`, `ledger/<file>`, `manifest`
 
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 import threading
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,24 +29,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 from compactlog.bounded_cache import BoundedCache
 from compactlog.errors import StorageError
 from compactlog.storage import faults, fsutil
+from compactlog.storage.bucket import Bucket
 from compactlog.storage.commit import LocalDocument
 from compactlog.storage.document import Document
 from compactlog.storage.location import Location, S3Settings
-from compactlog.storage.object_errors import ObjectStoreSetupError, no_such_key, request_error
+from compactlog.storage.object_errors import ObjectStoreSetupError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-log = logging.getLogger(__name__)
 
 # Bytes of downloaded copies a process keeps in its read cache before evicting the
 # least recently used (`storage.cache.max.bytes` in the server's config).
 DEFAULT_CACHE_BYTES = 2 * 1024**3
-_CHUNK = 8 * 1024 * 1024
 # A download whose body is cut short is read again, up to this many times in all.
 READ_ATTEMPTS = 3
-# User metadata on every data object: a random token of the PUT that created it.
-TOKEN = "compactlog-put"
 
 
 @dataclass(frozen=True)
@@ -225,8 +219,12 @@ class ObjectVolume:
         self.location = location
         self.bucket: str = location.bucket
         self.cache_dir = cache_dir
-        self.client = client if client is not None else s3_client()
+        self.objects = Bucket(client if client is not None else s3_client(), self.bucket)
         self.cache = cache if cache is not None else read_cache(cache_dir)
+
+    @property
+    def client(self) -> S3Client:
+        return self.objects.client
 
     @property
     def spec(self) -> dict[str, str]:
@@ -250,10 +248,6 @@ class ObjectVolume:
     def path_of(self, relative: str) -> Path:
         return self.cache_dir / self.key(relative)
 
-    def _failed(self, operation: str, relative: str,
-                error: Exception) -> StorageError | ObjectStoreSetupError:
-        return request_error(self.client, operation, self.describe(relative), error)
-
     def fetch(self, relative: str) -> Path:
         path = self.path_of(relative)
         if path.exists():
@@ -271,54 +265,30 @@ class ObjectVolume:
         return path
 
     def _download(self, relative: str, temp: Path) -> int:
-        """GET `relative` into `temp`; its size. botocore retries the request; a body cut
-        short or stalled while it is read is retried here, as often."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        for attempt in range(1, READ_ATTEMPTS + 1):
-            try:
-                response = self.client.get_object(Bucket=self.bucket, Key=self.key(relative))
-            except ClientError as error:
-                if no_such_key(error):
-                    raise FileNotFoundError(self.describe(relative)) from None
-                raise self._failed("GET", relative, error) from error
-            except BotoCoreError as error:
-                raise self._failed("GET", relative, error) from error
-            try:
-                with open(temp, "wb") as out:
-                    shutil.copyfileobj(response["Body"], out, _CHUNK)
-            except BotoCoreError as error:
-                if attempt == READ_ATTEMPTS:
-                    raise self._failed("GET", relative, error) from error
-                log.info("%s: the download was cut short (%s); retrying",
-                         self.describe(relative), type(error).__name__)
-                continue
-            return temp.stat().st_size
-        raise AssertionError("unreachable")
+        """GET `relative` into `temp`; its size. The client retries the request; a body
+        cut short or stalled while it is read is downloaded again (READ_ATTEMPTS)."""
+        size = self.objects.download(self.key(relative), temp, body_attempts=READ_ATTEMPTS)
+        if size is None:
+            raise FileNotFoundError(self.describe(relative))
+        return size
 
     def publish(self, temp: Path, relative: str) -> None:
-        """Create-only PUT, tagged with a token of this call: if the answer is lost and
-        botocore's retry of the same PUT meets its own object (412), the token tells
-        that the name holds these bytes, not someone else's."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        token = uuid.uuid4().hex
+        """Create-only PUT (Bucket.create: a lost answer whose retry meets this PUT's
+        own object is told from a name someone else took)."""
         try:
             faults.point("upload", temp)
             with open(temp, "rb") as body:
-                self.client.put_object(Bucket=self.bucket, Key=self.key(relative), Body=body,
-                                       IfNoneMatch="*", Metadata={TOKEN: token})
-        except ClientError as error:
-            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status not in (409, 412) or not self._holds(relative, token):
-                temp.unlink(missing_ok=True)
-                if status in (409, 412):
-                    raise StorageError(f"{self.describe(relative)}: the name is taken; a "
-                                       "data file is never replaced") from error
-                raise self._failed("PUT", relative, error) from error
-        except (BotoCoreError, OSError) as error:
+                created = self.objects.create(self.key(relative), body)
+        except (StorageError, ObjectStoreSetupError):
             temp.unlink(missing_ok=True)
-            raise self._failed("PUT", relative, error) from error
+            raise
+        except OSError as error:  # the local file, or a fault point, as a failed PUT
+            temp.unlink(missing_ok=True)
+            raise self.objects.failed("PUT", self.key(relative), error) from error
+        if not created:
+            temp.unlink(missing_ok=True)
+            raise StorageError(f"{self.describe(relative)}: the name is taken; a data file "
+                               "is never replaced")
         # The uploaded bytes are the local file's: keep it as the cached copy.
         path = self.path_of(relative)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -326,25 +296,10 @@ class ObjectVolume:
         os.replace(temp, path)
         self.cache.add(path, size)
 
-    def _holds(self, relative: str, token: str) -> bool:
-        """Whether `relative` is the object a PUT tagged `token` created."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self.key(relative))
-        except (ClientError, BotoCoreError):
-            return False
-        return bool(head.get("Metadata", {}).get(TOKEN) == token)
-
     def remove(self, relative: str) -> bool:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         faults.point("unlink", self.path_of(relative))
         self.cache.forget(self.path_of(relative))
-        try:
-            self.client.delete_object(Bucket=self.bucket, Key=self.key(relative))
-        except (ClientError, BotoCoreError) as error:
-            raise self._failed("DELETE", relative, error) from error
+        self.objects.delete(self.key(relative))
         return True
 
     def evict(self, relative: str) -> None:
@@ -354,42 +309,17 @@ class ObjectVolume:
         """Nothing to do: an object store's DELETE is durable when it answers."""
 
     def listing(self, folder: str) -> list[Listed]:
-        return [Listed(name, modified) for name, modified in self._list(folder)]
-
-    def _list(self, folder: str) -> Iterator[tuple[str, int]]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         start = self.key(folder) + "/"
-        try:
-            paginator = self.client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=start, Delimiter="/"):
-                for item in page.get("Contents", []):
-                    yield (item["Key"][len(start):],
-                           int(item["LastModified"].timestamp() * 1000))
-        except (ClientError, BotoCoreError) as error:
-            raise self._failed("LIST", folder, error) from error
+        return [Listed(entry.key[len(start):], entry.modified_ms)
+                for entry in self.objects.list(start, delimiter=True)]
 
 
 def remove_prefix(location: Location, client: S3Client | None = None) -> int:
     """Delete every object under an s3:// prefix (a deleted topic's partitions); the
     number deleted."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     assert location.bucket is not None
-    client = client if client is not None else s3_client()
-    start = location.path + "/" if location.path else ""
-    removed = 0
-    try:
-        paginator = client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=location.bucket, Prefix=start):
-            keys = [item["Key"] for item in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=location.bucket,
-                                      Delete={"Objects": [{"Key": key} for key in keys]})
-                removed += len(keys)
-    except (ClientError, BotoCoreError) as error:
-        raise request_error(client, "DELETE", str(location), error) from error
-    return removed
+    bucket = Bucket(client if client is not None else s3_client(), location.bucket)
+    return bucket.delete_all(location.path + "/" if location.path else "", str(location))
 
 
 def volume_from_spec(spec: Mapping[str, Any], cache_dir: Path | None = None) -> Volume:

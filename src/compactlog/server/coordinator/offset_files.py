@@ -55,9 +55,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from compactlog.errors import FencedError, StorageError
 from compactlog.storage import fsutil
+from compactlog.storage.bucket import Bucket, PreconditionFailed
 from compactlog.storage.lease import EPOCH_KEY, LeaseLostError, WriterLease
 from compactlog.storage.location import Location
-from compactlog.storage.object_errors import http_status, no_such_key, request_error
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -66,7 +66,6 @@ log = logging.getLogger("compactlog.server.groups")
 
 DIRECTORY = "groups"
 DELETED = "deleted"
-_CONFLICT_STATUS = (409, 412)
 _PUT_ATTEMPTS = 8
 
 
@@ -173,7 +172,7 @@ class ObjectOffsetFiles:
         self.location = location
         self.epoch = epoch
         self.check_owner = check_owner
-        self.client = client if client is not None else s3_client()
+        self.objects = Bucket(client if client is not None else s3_client(), self.bucket)
         self.prefix = location.key(DIRECTORY) + "/"
         self._etags: dict[str, str] = {}  # by object key: the ETag this writer last saw
 
@@ -183,34 +182,12 @@ class ObjectOffsetFiles:
     def where(self, group_id: str) -> str:
         return f"s3://{self.bucket}/{self._key(group_id)}"
 
-    def _failed(self, operation: str, key: str, error: Exception) -> Exception:
-        return request_error(self.client, operation, f"s3://{self.bucket}/{key}", error)
-
     def _get(self, key: str) -> tuple[bytes, str] | None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=key)
-            return response["Body"].read(), response["ETag"]
-        except ClientError as error:
-            if no_such_key(error):
-                return None
-            raise self._failed("GET", key, error) from error
-        except BotoCoreError as error:
-            raise self._failed("GET", key, error) from error
+        return self.objects.get(key)
 
     def _keys(self) -> list[str]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        keys: list[str] = []
-        try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.bucket, Prefix=self.prefix):
-                keys.extend(item["Key"] for item in page.get("Contents", [])
-                            if item["Key"].endswith(".json"))
-        except (ClientError, BotoCoreError) as error:
-            raise self._failed("LIST", self.prefix, error) from error
-        return sorted(keys)
+        return sorted(entry.key for entry in self.objects.list(self.prefix)
+                      if entry.key.endswith(".json"))
 
     # 1. load
     def load(self) -> list[dict[str, Any]]:
@@ -256,8 +233,6 @@ class ObjectOffsetFiles:
              replace_older: bool = True) -> None:
         """PUT `body` on the version `based_on` (step 2); with `replace_older` off, a
         version of an older epoch met instead is not replaced but reported (_Changed)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         data = json.dumps(body).encode()
         if based_on is None and self.check_owner is not None:
             try:
@@ -266,19 +241,11 @@ class ObjectOffsetFiles:
                 raise FencedError(str(error)) from None
         for _ in range(_PUT_ATTEMPTS):
             try:
-                if based_on is None:
-                    response = self.client.put_object(Bucket=self.bucket, Key=key,
-                                                      Body=data, IfNoneMatch="*")
-                else:
-                    response = self.client.put_object(Bucket=self.bucket, Key=key,
-                                                      Body=data, IfMatch=based_on)
-                self._etags[key] = response["ETag"]
+                self._etags[key] = self.objects.put(key, data, if_match=based_on,
+                                                    if_none_match=based_on is None)
                 return
-            except ClientError as error:
-                if http_status(error) not in _CONFLICT_STATUS:
-                    raise self._failed("PUT", key, error) from error
-            except BotoCoreError as error:
-                raise self._failed("PUT", key, error) from error
+            except PreconditionFailed:
+                pass  # another write, or an earlier attempt of this one: read it
             found = self._get(key)
             if found is None:
                 based_on = None  # removed from outside: write it anew
