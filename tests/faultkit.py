@@ -260,7 +260,9 @@ def stall_with_a_concurrent_commit(data: Path, clock: FakeClock,
                                    oracle: Oracle) -> Callable[[], None]:
     """A committer in the role of a compaction process: a read-only view of the same
     partitions commits a marker to each manifest from another thread, while the stalled
-    step waits up to a second for it (it may have to wait for the commit lock)."""
+    step waits up to STALL_S for it (it may have to wait for the commit lock the step
+    holds: then it lands after the step, which is an interleaving worth checking too;
+    unblocked, it takes well under STALL_S)."""
     marker = f"stall-{len(oracle.markers)}"
 
     def commit_marker() -> None:
@@ -275,13 +277,14 @@ def stall_with_a_concurrent_commit(data: Path, clock: FakeClock,
     def stall() -> None:
         thread = threading.Thread(target=_quietly(commit_marker))
         thread.start()
-        thread.join(timeout=1.0)
+        thread.join(timeout=STALL_S)
         STALLED.append(thread)
 
     return stall
 
 
 STALLED: list[threading.Thread] = []
+STALL_S = 0.4
 
 
 def _quietly(call: Callable[[], None]) -> Callable[[], None]:

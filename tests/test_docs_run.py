@@ -166,6 +166,10 @@ def run_session(blocks: list[Block], cwd: Path, env: dict[str, str],
         stop_everything(cwd, env)
 
 
+# Slow (about 2 minutes: Spark starts twice); the README's main job is the default run's
+# (test_the_main_job_and_the_next_steps_it_prints), and its Python block's output too
+# (tests/test_cli_output.py).
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="needs kcat (scripts/setup.sh --dev)")
 def test_the_readme_runs_as_written_in_its_order(tmp_path: Path) -> None:
     blocks = session("readme")

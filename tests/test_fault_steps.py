@@ -122,14 +122,18 @@ def check_state_table(name: str, data: Path, clock: FakeClock, where: str) -> No
 def cases(kinds: tuple[str, ...]) -> list[Any]:
     """(scenario, step, kind) for every step; the step counts are fixed per scenario
     (STEPS below is checked against a recording). A step of the Iceberg sync is the
-    slow run's but for SYNC_SAMPLE."""
+    slow run's but for SYNC_SAMPLE. ENOSPC and EIO take the same path (an OSError
+    raised by the step), so by default they take turns, step by step, and the slow run
+    has both at every step; a stall runs at every step."""
     found: list[Any] = []
     for name, count in STEPS.items():
         first, end = SYNC_STEPS.get(name, (0, 0))
         for step in range(count):
-            slow = first <= step < end and step not in SYNC_SAMPLE[name]
-            found += [pytest.param(name, step, kind, marks=pytest.mark.slow) if slow
-                      else (name, step, kind) for kind in kinds]
+            in_sync = first <= step < end and step not in SYNC_SAMPLE[name]
+            for kind in kinds:
+                slow = in_sync or kind == ("eio", "enospc")[step % 2]
+                found.append(pytest.param(name, step, kind, marks=pytest.mark.slow)
+                             if slow else (name, step, kind))
     return found
 
 

@@ -345,7 +345,7 @@ def test_every_read_path_serves_the_same_view(spark: SparkSession) -> None:
 
 
 def test_every_read_path_serves_the_same_view_without_spark() -> None:
-    run(machine_with(None), examples=80, steps=30)
+    run(machine_with(None), examples=40, steps=30)
 
 
 @pytest.mark.slow
