@@ -90,6 +90,38 @@ def test_listing_pages_folders_and_deleting_a_prefix(s3: S3Server) -> None:
     assert bucket.list(prefix) == []
 
 
+class RefusingDeletes:
+    """A client whose multi-object DELETE answers that it left the first key (as S3
+    does with a 200 and an Errors entry, e.g. AccessDenied for one key)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def delete_objects(self, **kwargs: Any) -> dict[str, Any]:
+        objects = kwargs["Delete"]["Objects"]
+        kept, *rest = objects
+        answer: dict[str, Any] = self._client.delete_objects(
+            Bucket=kwargs["Bucket"], Delete={"Objects": rest})
+        answer["Errors"] = [{"Key": kept["Key"], "Code": "AccessDenied"}]
+        return answer
+
+
+def test_delete_all_fails_when_the_store_kept_some_keys(s3: S3Server) -> None:
+    prefix = prefix_in(s3)
+    writer = Bucket(s3.client(), s3.bucket)
+    for number in range(3):
+        writer.put(f"{prefix}k{number}", b"")
+    bucket = Bucket(RefusingDeletes(s3.client()), s3.bucket)  # type: ignore[arg-type]
+    url = f"s3://{s3.bucket}/{prefix}"
+    with pytest.raises(StorageError, match=rf"^{url}: DELETE left 1 of 3 objects: "
+                                           rf"s3://{s3.bucket}/{prefix}k0 \(AccessDenied\)"):
+        bucket.delete_all(prefix, url)
+    assert [entry.key for entry in writer.list(prefix)] == [f"{prefix}k0"]
+
+
 def test_a_download_cut_short_is_read_again(s3: S3Server, tmp_path: Path) -> None:
     bucket = Bucket(s3.client(), s3.bucket)
     key = prefix_in(s3) + "data"

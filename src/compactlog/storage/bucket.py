@@ -265,15 +265,27 @@ class Bucket:
 
     def delete_all(self, prefix: str, url: str) -> int:
         """Delete every object under `prefix` (one DELETE of many keys per page listed);
-        how many there were. A failure names `url`, the prefix as the caller knows it."""
+        how many there were. A failure names `url`, the prefix as the caller knows it.
+        S3 answers a multi-object DELETE 200 even when some keys were not deleted, and
+        lists those under Errors: they fail the call (StorageError naming the first
+        key and its code) once the rest of the page is gone, so a caller never reports
+        as removed what is still there."""
         removed = 0
         try:
             for page in self._pages(prefix, delimiter=False):
                 keys = [item["Key"] for item in page.get("Contents", [])]
-                if keys:
-                    self.client.delete_objects(
-                        Bucket=self.name, Delete={"Objects": [{"Key": key} for key in keys]})
-                    removed += len(keys)
+                if not keys:
+                    continue
+                answer = self.client.delete_objects(
+                    Bucket=self.name, Delete={"Objects": [{"Key": key} for key in keys]})
+                refused = answer.get("Errors") or []
+                if refused:
+                    first = refused[0]
+                    raise StorageError(
+                        f"{url}: DELETE left {len(refused)} of {len(keys)} objects: "
+                        f"{self.url(first.get('Key', '?'))} "
+                        f"({first.get('Code', 'no code')}); try again")
+                removed += len(keys)
         except (ClientError, BotoCoreError) as error:
             raise request_error(self.client, "DELETE", url, error) from error
         return removed
