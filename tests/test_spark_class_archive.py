@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 
 from compactlog.compaction import spark_class_archive
-from compactlog.compaction.spark_session import LOG4J2_SETTINGS, driver_java_options
+from compactlog.compaction.spark_session import (
+    LOG4J2_SETTINGS,
+    driver_java_options,
+    spark_environment,
+)
 
 
 @pytest.fixture
@@ -90,6 +94,17 @@ def processes_naming(text: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_an_unwritable_cache_leaves_sparks_configuration_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the cache directory would be
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    assert spark_environment() is False
+    assert os.environ["SPARK_CONF_DIR"] == str(LOG4J2_SETTINGS.parent)
+    assert spark_class_archive.java_options() == []
 
 
 START = """

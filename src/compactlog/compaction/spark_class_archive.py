@@ -119,8 +119,12 @@ def java_options(now: float | None = None) -> list[str]:
     return [*options, f"-XX:ArchiveClassesAtExit={directory / f'{key}.jsa.{os.getpid()}.part'}"]
 
 
-def empty_conf_dir() -> Path:
-    """An empty directory for SPARK_CONF_DIR (the archive needs one: see the module)."""
+def empty_conf_dir() -> Path | None:
+    """An empty directory for SPARK_CONF_DIR (the archive needs one: see the module);
+    None when the cache directory cannot be written (then no archive either)."""
     path = cache_dir() / "conf-empty"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
     return path

@@ -53,9 +53,13 @@ def spark_environment() -> bool:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Unless the user has a Spark configuration directory of their own, an empty one
     # (the class archive needs it: spark_class_archive.py), and errors only from the
-    # JVM's logging (LOG4J2_SETTINGS, passed by `driver_java_options`).
-    ours = str(spark_class_archive.empty_conf_dir())
-    return os.environ.setdefault("SPARK_CONF_DIR", ours) == ours
+    # JVM's logging (LOG4J2_SETTINGS, passed by `driver_java_options`); where no
+    # empty one can be made, LOG4J2_SETTINGS' own directory, without the archive.
+    empty = spark_class_archive.empty_conf_dir()
+    if empty is None:
+        os.environ.setdefault("SPARK_CONF_DIR", str(LOG4J2_SETTINGS.parent))
+        return False
+    return os.environ.setdefault("SPARK_CONF_DIR", str(empty)) == str(empty)
 
 
 def driver_java_options(settings: Mapping[str, str], our_conf_dir: bool) -> str:

@@ -346,7 +346,7 @@ class Partition:
         """The retired files this commit stopped mentioning go now (sweep.py's rules)."""
         try:
             delete_forgotten(self.volume, base, updated, self.holds.held,
-                                   self.files.retire, self.name)
+                             self.files.retire, self.name)
         except (OSError, StorageError) as error:  # StorageError: an object store's DELETE
             log.warning("%s: could not delete a retired file (the sweep retries): %s",
                         self.name, error)
