@@ -4,7 +4,7 @@ afresh where it now is.
 Iceberg has no relative paths: a table's metadata names its `location`, its manifest
 lists, manifests and delete files, and its data files (the ledger files, the sealed
 segments) by absolute path. A data directory restored from a backup to another path,
-renamed, or copied (tests/test_fault_steps.py copies one before each replay) keeps
+renamed, or copied (tests/test_fault_steps_s3.py copies a prefix before each replay) keeps
 metadata that names the old directory: reading it there fails (moved) or reads the old
 directory's files (copied), and a sync could not read the previous snapshot's manifests.
 
