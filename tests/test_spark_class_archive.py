@@ -32,11 +32,14 @@ def dead_pid() -> int:
     return int(child.stdout)
 
 
-def part_file(cache: Path, pid: int, age_s: float, size: int = 100) -> Path:
+def part_file(cache: Path, pid: int, age_s: float, whole: bool = True) -> Path:
+    """A part file as a dump leaves it: whole (its header's magic written last), or
+    cut short (the header still blank)."""
     key = spark_class_archive.archive_key()
     cache.mkdir(parents=True, exist_ok=True)
     part = cache / f"{key}.jsa.{pid}.part"
-    part.write_bytes(b"x" * size)
+    header = spark_class_archive.DYNAMIC_ARCHIVE_MAGIC if whole else bytes(4)
+    part.write_bytes(header + b"x" * 96)
     stamp = time.time() - age_s
     os.utime(part, (stamp, stamp))
     return part
@@ -60,16 +63,25 @@ def test_a_part_file_still_being_written_is_not_used_and_no_second_is_started(
 
 def test_a_finished_part_file_is_promoted_and_handed_to_the_next_jvm(cache: Path) -> None:
     part = part_file(cache, dead_pid(), age_s=spark_class_archive.PROMOTE_AFTER_S + 1)
-    empty = part_file(cache, dead_pid() + 100_000, age_s=3600, size=0)  # a dump that died
+    cut = part_file(cache, dead_pid() + 100_000, age_s=3600, whole=False)  # a dump cut short
     key = spark_class_archive.archive_key()
     assert spark_class_archive.java_options() == [
         "-XX:+IgnoreUnrecognizedVMOptions", "-Xlog:cds*=off",
         f"-XX:SharedArchiveFile={cache / f'{key}.jsa'}", "-Xshare:auto"]
-    assert not part.exists() and not empty.exists()
+    assert not part.exists() and not cut.exists()
     # A later part file of the same key is removed once done: the archive stands.
     later = part_file(cache, dead_pid(), age_s=spark_class_archive.PROMOTE_AFTER_S + 1)
     spark_class_archive.java_options()
-    assert not later.exists() and (cache / f"{key}.jsa").read_bytes() == b"x" * 100
+    assert not later.exists()
+    assert (cache / f"{key}.jsa").read_bytes()[:4] == spark_class_archive.DYNAMIC_ARCHIVE_MAGIC
+
+
+def test_a_dump_cut_short_is_never_promoted(cache: Path) -> None:
+    cut = part_file(cache, dead_pid(), age_s=spark_class_archive.PROMOTE_AFTER_S + 1,
+                    whole=False)
+    options = spark_class_archive.java_options()
+    assert not cut.exists() and not list(cache.glob("*.jsa"))
+    assert any(option.startswith("-XX:ArchiveClassesAtExit=") for option in options)
 
 
 def test_the_users_options_come_first_and_a_setting_turns_the_archive_off(

@@ -17,8 +17,10 @@ and the archive can never stop a JVM from starting. The protocol:
      this process' pid (the JVM outlives this process by the seconds the dump takes).
      JVMs started while a part file may still be written go without an archive.
   3. The next start promotes a part file to `<key>.jsa` (a rename, atomic) once its
-     process is gone and the file has not changed for PROMOTE_AFTER_S (the dump has
-     ended); other part files of that key are removed.
+     process is gone, the file has not changed for PROMOTE_AFTER_S (the dump has
+     ended) and it opens with the dynamic archive's magic number, which HotSpot writes
+     last, over the header it left blank (a dump cut short has none: it is removed);
+     other part files of that key are removed.
   4. An archive is handed to a JVM as -XX:SharedArchiveFile with -Xshare:auto: one that
      does not match (a changed class path, a dump cut short, which leaves its header
      unwritten) is refused by the JVM, which then starts without it. Options a JVM does
@@ -42,6 +44,8 @@ from pathlib import Path
 
 ENABLED_CONF = "spark.compactlog.driver.class.archive"
 PROMOTE_AFTER_S = 120.0
+# CDS_DYNAMIC_ARCHIVE_MAGIC (HotSpot's cds/filemap.hpp, JDK 13 on), as the file holds it.
+DYNAMIC_ARCHIVE_MAGIC = (0xF00BABA8).to_bytes(4, "little")
 
 
 def cache_dir() -> Path:
@@ -89,7 +93,9 @@ def _promote(directory: Path, key: str, now: float) -> tuple[Path | None, bool]:
         if _alive(pid) or now - stat.st_mtime < PROMOTE_AFTER_S:
             writing = True  # its JVM may still be writing it
             continue
-        if final.exists() or stat.st_size == 0:
+        with part.open("rb") as opened:
+            whole = opened.read(4) == DYNAMIC_ARCHIVE_MAGIC
+        if final.exists() or not whole:
             part.unlink(missing_ok=True)
         else:
             os.replace(part, final)
