@@ -465,9 +465,9 @@ def rebuild_entries(partition: Partition, now_ms: int) -> dict[int, ProducerEntr
     """Producer state from the tail of the partition's log (the bound is in the module
     doc). Damaged or vanished sealed segments are skipped with a warning: their
     producers are then unknown, which costs deduplication, not availability."""
-    with partition._lock:  # one consistent view of the manifest and the log segments
-        segments = partition.manifest.segments
-        logs = [(segment, len(segment.positions)) for segment in partition.logs]
+    view = partition.view()  # one consistent view of the manifest and the log segments
+    segments = view.manifest.segments
+    logs = list(zip(view.logs, view.log_batches, strict=True))
     entries: dict[int, ProducerEntry] = {}
     next_offset = -1  # batches below this were taken already
 

@@ -70,7 +70,7 @@ def append_encoded(partition: Partition, batch: bytearray, header: BatchHeader) 
         active.unflushed_records, active.first_unflushed_ms = 0, None
     else:
         active.unflushed_records, active.first_unflushed_ms = pending, first_unflushed
-    partition._appended.notify_all()
+    partition.notify_appended()
     return AppendResult(partition.index, header.base_offset, header.last_offset)
 
 

@@ -112,6 +112,9 @@ class View:
     logs: tuple[LogSegment, ...]
     log_end_offset: int
     high_watermark: int
+    # How many batches each of `logs` held at the view's instant (a log segment's
+    # positions only grow: reads of the view stop there).
+    log_batches: tuple[int, ...] = ()
 
 
 class Partition:
@@ -236,9 +239,16 @@ class Partition:
             self.seal_rolled_quietly()
 
     def view(self) -> View:
+        """One consistent view of the partition (see View), taken under its lock."""
         with self._lock:
             return View(self.manifest, self.manifest_version, tuple(self.logs),
-                        self.log_end_offset, self.high_watermark)
+                        self.log_end_offset, self.high_watermark,
+                        tuple(len(segment.positions) for segment in self.logs))
+
+    def notify_appended(self) -> None:
+        """Wake the reads waiting for records (`wait_for`); the caller holds the lock,
+        as an append does."""
+        self._appended.notify_all()
 
     # -- the manifest -----------------------------------------------------------------
 
@@ -265,7 +275,7 @@ class Partition:
             self.snapshot = snapshot
             self.manifest = manifest
             self.manifest_version = snapshot.version
-            self._schedule_sweep(manifest)
+            self.schedule_sweep(manifest)
         for relative in gone:
             # Readers holding the file finish with it; then it closes (filecache.py).
             self.files.retire(self.volume.path_of(relative))
@@ -376,7 +386,9 @@ class Partition:
         if self.document.changed_since(self.snapshot):
             self.load_manifest()
 
-    def _schedule_sweep(self, manifest: PartitionManifest) -> None:
+    def schedule_sweep(self, manifest: PartitionManifest) -> None:
+        """Set when the next sweep is due: when the first retired file of `manifest`
+        not yet deleted passes its delay."""
         waiting = [item.retired_ms for item in manifest.retired
                    if item.path not in self._swept]
         if waiting:

@@ -262,7 +262,7 @@ def sweep_as_writer(partition: Partition, seal_lock_held: bool = False) -> Sweep
     with contextlib.nullcontext() if seal_lock_held else partition.seal_lock:
         result = _sweep_with_seal_lock(partition)
     partition.sweep_at_ms = None
-    partition._schedule_sweep(partition.manifest)
+    partition.schedule_sweep(partition.manifest)
     return result
 
 

@@ -44,9 +44,9 @@ def apply_retention(partition: Partition) -> list[SegmentInfo]:
     partition.require_writable()
     config = partition.config
     now_ms = partition.now_ms()
-    with partition._lock:
-        log_bytes = sum(segment.size for segment in partition.logs)
-        doomed = expired_segments(partition.manifest, config, now_ms, log_bytes)
+    view = partition.view()
+    log_bytes = sum(segment.size for segment in view.logs)
+    doomed = expired_segments(view.manifest, config, now_ms, log_bytes)
     if not doomed:
         return []
     doomed_files = {info.file for info in doomed}
@@ -74,8 +74,7 @@ def delete_records(partition: Partition, before: int) -> int:
     next run. Raises OffsetOutOfRangeError past the high watermark (Kafka's rule: only
     records consumers may read can be deleted)."""
     partition.require_writable()
-    with partition._lock:
-        end = partition.high_watermark
+    end = partition.view().high_watermark
     if not 0 <= before <= end:
         raise OffsetOutOfRangeError(partition.topic, partition.index, before,
                                     partition.log_start_offset, end)
