@@ -47,7 +47,15 @@ from compactlog.errors import (
     RecordTooLargeError,
     StorageError,
 )
-from compactlog.storage import appending, log_validator, reads, recovery, retention, sealing
+from compactlog.storage import (
+    appending,
+    fsutil,
+    log_validator,
+    reads,
+    recovery,
+    retention,
+    sealing,
+)
 from compactlog.storage.appending import AppendResult as AppendResult
 from compactlog.storage.commit import (
     CommitLockTimeout,
@@ -244,6 +252,46 @@ class Partition:
             return View(self.manifest, self.manifest_version, tuple(self.logs),
                         self.log_end_offset, self.high_watermark,
                         tuple(len(segment.positions) for segment in self.logs))
+
+    def next_to_seal(self) -> LogSegment | None:
+        """The oldest rolled log segment with records to seal (sealing.py), dropping on
+        the way those with none (empty, or wholly below what DeleteRecords deleted);
+        None when only the active segment is left."""
+        with self._lock:
+            while len(self.logs) > 1:
+                segment = self.logs[0]
+                if segment.is_empty or segment.next_offset <= self.log_start_offset:
+                    self.drop_covered_logs(force=segment)
+                    continue
+                return segment
+            return None
+
+    def drop_covered_logs(self, force: LogSegment | None = None) -> None:
+        """Delete the rolled log files that the committed manifest's sealed segments
+        cover, or that lie wholly below the log start, and `force` (sealing.py, step 4).
+        The active segment always stays."""
+        with self._lock:
+            sealed_end = max(self.manifest.sealed_end_offset, self.log_start_offset)
+            doomed = [segment for segment in self.logs[:-1]
+                      if segment is force or segment.next_offset <= sealed_end]
+            if not doomed:
+                return
+            try:
+                for segment in doomed:
+                    # Not closed here: a concurrent read may still be using it; its
+                    # descriptor closes when the last reader lets go (LogSegment.__del__).
+                    fsutil.remove(segment.path)
+                fsutil.fsync_dir(self.log_dir)
+            except OSError as error:
+                # The commit stands and the records are read from the sealed file; a log
+                # file left behind (or brought back by a crash) is covered and goes at
+                # the next open.
+                log.warning("%s: deleting sealed log files failed (removed at the next "
+                            "open): %s", self.name, error)
+            finally:
+                for segment in doomed:
+                    if segment in self.logs:
+                        self.logs.remove(segment)
 
     def notify_appended(self) -> None:
         """Wake the reads waiting for records (`wait_for`); the caller holds the lock,

@@ -70,15 +70,7 @@ def seal_rolled(partition: Partition) -> list[SegmentInfo]:
     if not partition.seal_lock.acquire(blocking=False):
         return sealed
     try:
-        while True:
-            with partition._lock:
-                if len(partition.logs) <= 1:
-                    break
-                segment = partition.logs[0]
-                if segment.is_empty or segment.next_offset <= partition.log_start_offset:
-                    # Nothing to seal: empty, or wholly below what DeleteRecords deleted.
-                    _drop_covered_logs(partition, force=segment)
-                    continue
+        while (segment := partition.next_to_seal()) is not None:
             sealed.append(_seal(partition, segment))
     finally:
         partition.seal_lock.release()
@@ -125,8 +117,7 @@ def _seal(partition: Partition, segment: LogSegment) -> SegmentInfo:
             raise StorageError(f"{partition.name}: sealing {segment.path.name} failed: "
                                f"{error}") from error
         raise
-    with partition._lock:
-        _drop_covered_logs(partition)  # 4.
+    partition.drop_covered_logs()  # 4.
     log.info(
         "%s: sealed offsets %d..%d (%d records, %d bytes) into %s",
         partition.name, info.base_offset, info.last_offset, info.record_count,
@@ -152,29 +143,3 @@ def remove_unlisted(partition: Partition, name: str, what: str) -> None:
         partition.sweep_soon()
         log.warning("%s: could not remove %s, %s but not committed: %s", partition.name,
                     name, what, error)
-
-
-def _drop_covered_logs(partition: Partition, force: LogSegment | None = None) -> None:
-    """Delete the rolled log files that the committed manifest's sealed segments cover,
-    or that lie wholly below the log start (called with the partition's lock held). The
-    active segment always stays."""
-    sealed_end = max(partition.manifest.sealed_end_offset, partition.log_start_offset)
-    doomed = [segment for segment in partition.logs[:-1]
-              if segment is force or segment.next_offset <= sealed_end]
-    if not doomed:
-        return
-    try:
-        for segment in doomed:
-            # Not closed here: a concurrent read may still be using it; its descriptor
-            # closes when the last reader lets go (LogSegment.__del__).
-            fsutil.remove(segment.path)
-        fsutil.fsync_dir(partition.log_dir)
-    except OSError as error:
-        # The commit stands and the records are read from the sealed file; a log file
-        # left behind (or brought back by a crash) is covered and goes at the next open.
-        log.warning("%s: deleting sealed log files failed (removed at the next open): %s",
-                    partition.name, error)
-    finally:
-        for segment in doomed:
-            if segment in partition.logs:
-                partition.logs.remove(segment)
