@@ -104,8 +104,8 @@ def _promote(directory: Path, key: str, now: float) -> tuple[Path | None, bool]:
 
 def java_options(now: float | None = None) -> list[str]:
     """The options for the driver JVM about to start: use the archive (step 4), or
-    write it at exit (step 2). None when there is no java to key it by, or the cache
-    directory cannot be written."""
+    write it at exit (step 2). None of them when there is no java to key it by, the
+    cache directory cannot be written, or another JVM may be writing the archive."""
     key = archive_key()
     if key is None:
         return []
