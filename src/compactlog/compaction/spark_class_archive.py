@@ -10,8 +10,8 @@ job started in roughly half the time with the archive.
 Invariant: a JVM is only ever handed an archive that a JVM finished writing, or none,
 and the archive can never stop a JVM from starting. The protocol:
   1. The archive is named by what it depends on (`archive_key`: the java binary, the
-     PySpark version and its jars): a new JDK or PySpark gets a new archive, the old
-     one is never used for it.
+     PySpark version, its jars and where they are): a new JDK, PySpark or virtualenv
+     gets a new archive, the old one is never used for it.
   2. No archive yet, and none being written: this JVM writes one when it exits
      (-XX:ArchiveClassesAtExit) to a file of its own, `<key>.jsa.<pid>.part`, named by
      this process' pid (the JVM outlives this process by the seconds the dump takes).
@@ -63,9 +63,12 @@ def archive_key() -> str | None:
     if java is None or not Path(java).exists():
         return None
     java_path = Path(java).resolve()
-    jars = Path(pyspark.__file__).parent / "jars"
+    # The jars' directory by its path too: an archive records the class path it was
+    # written with, and HotSpot skips it for any other (another virtualenv's PySpark).
+    jars = (Path(pyspark.__file__).parent / "jars").resolve()
     names = sorted(path.name for path in jars.glob("*.jar")) if jars.is_dir() else []
-    decided_by = [str(java_path), java_path.stat().st_mtime_ns, pyspark.__version__, names]
+    decided_by = [str(java_path), java_path.stat().st_mtime_ns, pyspark.__version__,
+                  str(jars), names]
     return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()[:16]
 
 
