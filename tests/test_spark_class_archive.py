@@ -76,6 +76,20 @@ def test_a_finished_part_file_is_promoted_and_handed_to_the_next_jvm(cache: Path
     assert (cache / f"{key}.jsa").read_bytes()[:4] == spark_class_archive.DYNAMIC_ARCHIVE_MAGIC
 
 
+def test_only_the_most_recently_used_archives_are_kept(cache: Path) -> None:
+    cache.mkdir(parents=True)
+    others = [cache / f"other-{number}.jsa" for number in range(5)]
+    for age, path in enumerate(others):
+        path.write_bytes(spark_class_archive.DYNAMIC_ARCHIVE_MAGIC)
+        stamp = time.time() - 3600 * (age + 1)
+        os.utime(path, (stamp, stamp))
+    part_file(cache, dead_pid(), age_s=spark_class_archive.PROMOTE_AFTER_S + 1)
+    spark_class_archive.java_options()
+    key = spark_class_archive.archive_key()
+    kept = sorted(path.name for path in cache.glob("*.jsa"))
+    assert kept == sorted([f"{key}.jsa", "other-0.jsa", "other-1.jsa"])
+
+
 def test_a_dump_cut_short_is_never_promoted(cache: Path) -> None:
     cut = part_file(cache, dead_pid(), age_s=spark_class_archive.PROMOTE_AFTER_S + 1,
                     whole=False)

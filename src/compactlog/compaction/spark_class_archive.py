@@ -21,7 +21,9 @@ and the archive can never stop a JVM from starting. The protocol:
      ended) and it opens with the dynamic archive's magic number, which HotSpot writes
      last, over the header it left blank (a dump cut short has none: it is removed);
      other part files of that key are removed.
-  4. An archive is handed to a JVM as -XX:SharedArchiveFile with -Xshare:auto: one that
+  4. An archive is handed to a JVM as -XX:SharedArchiveFile with -Xshare:auto (and
+     marked used: only the ARCHIVES_KEPT most recently used stay, so virtualenvs
+     that come and go, as CI's clones do, cannot fill the disk): one that
      does not match (a changed class path, a dump cut short, which leaves its header
      unwritten) is refused by the JVM, which then starts without it. Options a JVM does
      not know (a JDK older than 13) are ignored (-XX:+IgnoreUnrecognizedVMOptions),
@@ -44,6 +46,9 @@ from pathlib import Path
 
 ENABLED_CONF = "spark.compactlog.driver.class.archive"
 PROMOTE_AFTER_S = 120.0
+# Archives kept, the most recently used first (one per JDK, PySpark and virtualenv):
+# about 120 MB each.
+ARCHIVES_KEPT = 3
 # CDS_DYNAMIC_ARCHIVE_MAGIC (HotSpot's cds/filemap.hpp, JDK 13 on), as the file holds it.
 DYNAMIC_ARCHIVE_MAGIC = (0xF00BABA8).to_bytes(4, "little")
 
@@ -105,6 +110,19 @@ def _promote(directory: Path, key: str, now: float) -> tuple[Path | None, bool]:
     return (final if final.exists() else None), writing
 
 
+def _keep_recent(directory: Path, used: Path) -> None:
+    """Mark `used` as just used, and remove all but the ARCHIVES_KEPT most recently used
+    archives (step 4)."""
+    try:
+        os.utime(used)
+        archives = sorted(directory.glob("*.jsa"), key=lambda path: path.stat().st_mtime,
+                          reverse=True)
+        for old in archives[ARCHIVES_KEPT:]:
+            old.unlink(missing_ok=True)  # a JVM that has it mapped reads on
+    except OSError:
+        pass  # another start pruned it meanwhile: nothing to do
+
+
 def java_options(now: float | None = None) -> list[str]:
     """The options for the driver JVM about to start: use the archive (step 4), or
     write it at exit (step 2). None of them when there is no java to key it by, the
@@ -122,6 +140,7 @@ def java_options(now: float | None = None) -> list[str]:
     # reach the user's terminal, even after the command ended (the dump runs at exit).
     options = ["-XX:+IgnoreUnrecognizedVMOptions", "-Xlog:cds*=off"]
     if archive is not None:
+        _keep_recent(directory, archive)
         return [*options, f"-XX:SharedArchiveFile={archive}", "-Xshare:auto"]
     if writing:  # one archive at a time: JVMs started meanwhile go without
         return []
