@@ -25,7 +25,9 @@ from typing import Any
 import pytest
 
 import s3_faults
-from jepsen.run import Settings, run_schedule
+from jepsen.clients import KV
+from jepsen.nemesis import FAULTS, HEALS, OPERATIONS, schedule
+from jepsen.run import TOPICS, Settings, run_schedule
 from s3_faults import (
     S3Proxy,
     s3_proxy_fixture,  # noqa: F401  (the `s3_proxy` fixture)
@@ -38,7 +40,11 @@ from s3_support import (
 SEED = int(os.environ.get("COMPACTLOG_JEPSEN_SEED", "2101"))
 SCHEDULES = int(os.environ.get("COMPACTLOG_JEPSEN_SCHEDULES", "20"))
 SECONDS = float(os.environ.get("COMPACTLOG_JEPSEN_SECONDS", "90"))
-SHORT_SECONDS = float(os.environ.get("COMPACTLOG_JEPSEN_SHORT_SECONDS", "60"))
+SHORT_SECONDS = float(os.environ.get("COMPACTLOG_JEPSEN_SHORT_SECONDS", "40"))
+# The short schedule's seed: of the seeds from 2101 on, 2103 is the first whose 40 s
+# draw every kind of fault and operation the nemesis has (38 steps, 15 kinds), so the
+# default run keeps every kind in a shorter schedule.
+SHORT_SEED = int(os.environ.get("COMPACTLOG_JEPSEN_SEED", "2103"))
 # The nodes' lease_ttl_s. With 2 s, a node that takes over here (a busy machine, moto)
 # takes longer to open the store than the lease lives, and the lease goes round the
 # standbys without a fault (see tests/jepsen/run.py, Settings.ttl_s).
@@ -47,9 +53,21 @@ TTL_S = float(os.environ.get("COMPACTLOG_JEPSEN_TTL", "4"))
 
 def test_a_short_seeded_schedule_keeps_the_contract(s3: S3Server, s3_proxy: S3Proxy,
                                                     tmp_path: Path) -> None:
-    result = run_schedule(Settings(SEED, SHORT_SECONDS, ttl_s=TTL_S), s3, s3_proxy, tmp_path)
+    result = run_schedule(Settings(SHORT_SEED, SHORT_SECONDS, ttl_s=TTL_S), s3, s3_proxy, tmp_path)
     assert result.counts["nemesis events"] >= 10, result.report()
     assert not result.failed, result.report()
+
+
+@pytest.mark.skipif("COMPACTLOG_JEPSEN_SEED" in os.environ, reason="a seed chosen by hand")
+def test_the_short_schedule_draws_every_kind_of_step() -> None:
+    """The default run's one schedule has every fault, heal and operation of the nemesis
+    (with the disk-full fault, which needs tmpfs): a change to the nemesis that leaves a
+    kind out of it fails here, not silently; a new seed is then chosen as above."""
+    settings = Settings(SHORT_SEED, SHORT_SECONDS, ttl_s=TTL_S)
+    names = [f"n{i}" for i in range(1, settings.nodes + 1)]
+    steps = schedule(settings.seed, settings.seconds, names, settings.ttl_s, True,
+                     TOPICS[KV])
+    assert {step.kind for step in steps} == set(FAULTS) | HEALS | set(OPERATIONS)
 
 
 # -- the slow suite: many schedules ------------------------------------------------------

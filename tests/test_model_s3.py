@@ -1,11 +1,14 @@
 """The log store's model test (test_model.py) with the store on an s3:// location: a
 moto server on loopback holds the manifests and sealed segments, a local directory the
-log segments. The same rules and invariants, fewer examples (every step is HTTP)."""
+log segments. The same rules and invariants, fewer examples (every step is HTTP): 8 in
+the default run, 60 in the slow suite (COMPACTLOG_MODEL_S3_EXAMPLES sets the default
+run's count)."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from compactlog.storage.location import Location
@@ -43,4 +46,10 @@ class S3LogStoreModel(LogStoreModel):
 def test_the_store_on_s3_agrees_with_the_model(s3_env: S3Server) -> None:
     S3LogStoreModel.server = s3_env
     run_state_machine_as_test(S3LogStoreModel, settings=model_settings(
-        int(os.environ.get("COMPACTLOG_MODEL_S3_EXAMPLES", "12"))))
+        int(os.environ.get("COMPACTLOG_MODEL_S3_EXAMPLES", "8"))))
+
+
+@pytest.mark.slow
+def test_the_store_on_s3_agrees_with_the_model_over_many_cases(s3_env: S3Server) -> None:
+    S3LogStoreModel.server = s3_env
+    run_state_machine_as_test(S3LogStoreModel, settings=model_settings(60))

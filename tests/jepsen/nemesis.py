@@ -43,6 +43,7 @@ CONFIGS = {
 FAULTS = {"kill": 2.0, "pause": 2.0, "stop-start": 1.0, "s3-500": 1.0, "s3-503": 1.0,
           "s3-stall": 1.0, "s3-lost": 1.0, "slow-lease": 1.5, "disk-full": 1.0}
 HEALS = {"restart", "resume", "disk-free"}
+OPERATIONS = {"delete-records": 2.0, "alter-config": 2.0, "compact": 1.0}
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def schedule(seed: int, seconds: float, nodes: list[str], ttl_s: float,
     # Operations, on a node drawn at random (one that stands by refuses them).
     at = rng.uniform(2.0, 6.0)
     while at < seconds:
-        kind = rng.choices(("delete-records", "alter-config", "compact"), (2, 2, 1))[0]
+        kind = rng.choices(tuple(OPERATIONS), tuple(OPERATIONS.values()))[0]
         if kind == "delete-records":
             steps.append(Step(at, kind, rng.choice(nodes), (
                 ("partition", rng.randrange(partitions)), ("ahead", rng.randint(3, 25)))))
