@@ -43,7 +43,7 @@ Found (each fixed in src/, its test named at the protocol step it guards):
 - a writer killed between a commit's audit copy and its PUT of current.json left an
   audit copy of a version never committed; every commit of that version conflicted, so
   the next writer's open (which stamps its epoch) gave up with "manifest kept changing"
-  and the store could not open. recovery.open_locked now purges such copies first:
+  and the store could not open. recovery.recover now purges such copies first:
   test_a_writer_killed_at_a_commit_point_does_not_block_the_next_writer.
 
 Not covered here: stalls that outlast the request timeout in process (a stalled commit

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ from compactlog.storage.filecache import OpenFiles
 from compactlog.storage.holds import HOLDS, Holds
 from compactlog.storage.inflate import InflateTooLarge
 from compactlog.storage.lease import EPOCH_KEY, LeaseLostError
-from compactlog.storage.logfile import LogSegment, TornTail, log_file_name
+from compactlog.storage.logfile import LogSegment, log_file_name
 from compactlog.storage.manifest import (
     LEDGER_DIR,
     SEGMENT_DIR,
@@ -94,19 +94,6 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 DEFAULT_MAX_RECORDS = 500
 DEFAULT_MAX_BYTES = 1024 * 1024
-
-
-@dataclass
-class RecoveryReport:
-    """What opening a partition had to repair, for logs and for `topics describe`."""
-
-    torn_tails: list[TornTail] = field(default_factory=list)
-    removed_files: list[Path] = field(default_factory=list)
-    corrupt_ranges: list[str] = field(default_factory=list)
-
-    @property
-    def clean(self) -> bool:
-        return not (self.torn_tails or self.removed_files or self.corrupt_ranges)
 
 
 @dataclass(frozen=True)
@@ -162,7 +149,7 @@ class Partition:
         self._lock = threading.RLock()
         self.seal_lock = threading.Lock()
         self._appended = threading.Condition(self._lock)
-        self.recovery = RecoveryReport()
+        self.recovery = recovery.RecoveryReport()
         self.auto_seal = True
         # What a producer's compressed batch may decompress to (the store sets it).
         self.max_uncompressed_batch_bytes = MAX_UNCOMPRESSED_BATCH_BYTES
@@ -217,7 +204,22 @@ class Partition:
                                       "listed by the manifest but gone") from None
 
     def open(self) -> Partition:
-        recovery.open_partition(self)
+        """Open with recovery (recovery.py) as a writer, or follow the writer's files as
+        a reader. A writer takes the seal lock, then the partition's lock, in the order
+        sealing takes them."""
+        if not self.volume.is_local:
+            # Its local directory is scratch space (locks, compaction status, staging),
+            # which a reader on another machine, or a compaction there, needs too.
+            self.directory.mkdir(parents=True, exist_ok=True)
+        if not self.writable:
+            with self._lock:
+                self.logs = recovery.open_as_reader(self)
+            return self
+        with self.seal_lock, self._lock:
+            recovered = recovery.recover(self)
+            self.logs, self.recovery = recovered.logs, recovered.report
+        if self.auto_seal:
+            self.seal_rolled_quietly()
         return self
 
     def reopen(self) -> None:
@@ -228,20 +230,18 @@ class Partition:
         partition stays failed with the new error. Takes the seal lock, then the
         partition's lock, in the order sealing takes them."""
         with self.seal_lock, self._lock:
-            old_logs, old_recovery = self.logs, self.recovery
             try:
-                for segment in old_logs:
+                for segment in self.logs:
                     segment.cut_pending()
-                # The old segments are not closed: reads in other threads may still hold
-                # them; each closes when its last reader lets go (LogSegment.__del__), so
-                # no descriptor is closed, and reused, under a read.
-                self.logs, self.recovery = [], RecoveryReport()
-                recovery.open_locked(self)
+                recovered = recovery.recover(self)
             except Exception as error:
-                self.logs, self.recovery = old_logs, old_recovery
                 self.failed = None
                 self.fail(error)
                 return
+            # The old segments are not closed: reads in other threads may still hold
+            # them; each closes when its last reader lets go (LogSegment.__del__), so no
+            # descriptor is closed, and reused, under a read.
+            self.logs, self.recovery = recovered.logs, recovered.report
             self.failed = None
         if self.auto_seal:
             self.seal_rolled_quietly()
@@ -428,7 +428,7 @@ class Partition:
                 if self.document.changed_since(self.snapshot):
                     self.load_manifest()
                 return
-            recovery.follow_writer(self, self._load_manifest_if_changed)
+            self.logs = recovery.follow_writer(self, self._load_manifest_if_changed)
 
     def _load_manifest_if_changed(self) -> None:
         if self.document.changed_since(self.snapshot):

@@ -1,7 +1,8 @@
 """Opening a partition: load its manifest, repair what a crash or a failure left, and
 find its log segments.
 
-Invariant: after `open_partition` a writable partition holds only what some committed
+Invariant: after `recover` (a value: the log segments and what was repaired, which
+Partition.open installs) a writable partition holds only what some committed
 manifest reaches, whole log segments (a torn tail cut back to the last whole batch),
 and no temporary file; nothing that a committed manifest lists has been deleted.
 
@@ -48,13 +49,14 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compactlog.errors import CorruptionError, StorageError
 from compactlog.storage import fsutil, locks
 from compactlog.storage.lease import EPOCH_KEY
-from compactlog.storage.logfile import LogSegment, base_offset_of, log_file_name
+from compactlog.storage.logfile import LogSegment, TornTail, base_offset_of, log_file_name
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
 from compactlog.storage.sweep import SweepResult, sweep
 
@@ -76,29 +78,33 @@ def log_files(log_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def open_partition(partition: Partition) -> None:
-    """Open `partition`, repairing as a writer (steps 1-5 above). The seal lock is taken
-    before the partition's lock, in the order sealing takes them."""
-    if not partition.volume.is_local:
-        # Its local directory is scratch space (locks, compaction status, staging), which
-        # a reader on another machine, or a compaction there, needs too.
-        partition.directory.mkdir(parents=True, exist_ok=True)
-    if partition.writable:
-        with partition.seal_lock, partition._lock:
-            open_locked(partition)
-        if partition.auto_seal:
-            partition.seal_rolled_quietly()
-    else:
-        with partition._lock:
-            open_locked(partition)
+@dataclass
+class RecoveryReport:
+    """What opening a partition had to repair, for logs and for `topics describe`."""
+
+    torn_tails: list[TornTail] = field(default_factory=list)
+    removed_files: list[Path] = field(default_factory=list)
+    corrupt_ranges: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.torn_tails or self.removed_files or self.corrupt_ranges)
 
 
-def open_locked(partition: Partition) -> None:
-    """Steps 0-4, with the seal lock (writers) and the partition's lock held; a reader
-    follows the writer's files instead (`follow_writer`)."""
-    if not partition.writable:
-        follow_writer(partition, lambda: _load_or_create_manifest(partition))
-        return
+@dataclass(frozen=True)
+class Recovered:
+    """What a writer's recovery found: the partition's log segments (rolled ones, then
+    the active one last) and what it repaired. The partition installs both (Partition.
+    open and reopen), so a recovery that fails leaves its state as it was."""
+
+    logs: list[LogSegment]
+    report: RecoveryReport
+
+
+def recover(partition: Partition) -> Recovered:
+    """Steps 0-4 for a writer. The caller holds the seal lock, then the partition's lock
+    (the order sealing takes them): Partition.open and Partition.reopen."""
+    report = RecoveryReport()
     _load_or_create_manifest(partition)
     if not partition.volume.is_local:
         # A writer killed between a commit's audit copy and its PUT of current.json
@@ -109,19 +115,24 @@ def open_locked(partition: Partition) -> None:
         # sweep does. test_a_writer_killed_at_a_commit_point_does_not_block_the_next_
         # writer (tests/test_fault_steps_s3.py)
         partition.document.purge_uncommitted()  # 0a.
-        _set_aside_after_take_over(partition)  # 0b.
+        _set_aside_after_take_over(partition, report)  # 0b.
         _write_local_epoch(partition)  # 0c.
     partition.stamp_epoch()  # on an object store: fence former writers (lease.py)
     if not partition.volume.is_local:
         partition.note_durable_at_open()
-    _recover_files(partition)
-    _open_logs(partition)
-    for segment in partition.logs:
+    _recover_files(partition, report)
+    logs = _open_logs(partition)
+    for segment in logs:
         if segment.torn_tail:
-            partition.recovery.torn_tails.append(segment.torn_tail)
-        partition.recovery.corrupt_ranges.extend(
-            hole.describe() for hole in segment.corrupt.values()
-        )
+            report.torn_tails.append(segment.torn_tail)
+        report.corrupt_ranges.extend(hole.describe() for hole in segment.corrupt.values())
+    return Recovered(logs, report)
+
+
+def open_as_reader(partition: Partition) -> list[LogSegment]:
+    """A reader's open: the writer's files, followed (`follow_writer`); nothing repaired.
+    The caller holds the partition's lock."""
+    return follow_writer(partition, lambda: _load_or_create_manifest(partition))
 
 
 def _load_or_create_manifest(partition: Partition) -> None:
@@ -143,8 +154,8 @@ def _load_or_create_manifest(partition: Partition) -> None:
     partition.load_manifest()
 
 
-def _recover_files(partition: Partition) -> None:
-    removed = partition.recovery.removed_files
+def _recover_files(partition: Partition, report: RecoveryReport) -> None:
+    removed = report.removed_files
     for directory in (partition.log_dir, partition.segment_dir):
         directory.mkdir(parents=True, exist_ok=True)
     if partition.volume.is_local:
@@ -177,7 +188,7 @@ def _recover_files(partition: Partition) -> None:
     if deleted:
         fsutil.fsync_dir(partition.log_dir)
     if not partition.volume.is_local:
-        _set_aside_superseded(partition, sealed_end)
+        _set_aside_superseded(partition, sealed_end, report)
 
 
 LOCAL_EPOCH_FILE = "writer_epoch"
@@ -203,7 +214,7 @@ def _write_local_epoch(partition: Partition) -> None:
     fsutil.publish_replace(temp, final)
 
 
-def _set_aside_after_take_over(partition: Partition) -> None:
+def _set_aside_after_take_over(partition: Partition, report: RecoveryReport) -> None:
     """Step 0b: every local log file goes aside when a newer writer stamped the manifest
     since this directory's writer last wrote."""
     stamped = int(partition.manifest.extra.get(EPOCH_KEY, 0))
@@ -212,7 +223,7 @@ def _set_aside_after_take_over(partition: Partition) -> None:
         return
     files = log_files(partition.log_dir)
     if any(path.stat().st_size > 0 for _, path in files):
-        _set_aside(partition, [path for _, path in files],
+        _set_aside(partition, report, [path for _, path in files],
                    f"written under epoch {local or 'unknown'}, and a newer writer (epoch "
                    f"{stamped}) took over since; the bucket's log ends at "
                    f"{partition.manifest.sealed_end_offset}")
@@ -223,7 +234,8 @@ def _set_aside_after_take_over(partition: Partition) -> None:
             fsutil.fsync_dir(partition.log_dir)
 
 
-def _set_aside_superseded(partition: Partition, sealed_end: int) -> None:
+def _set_aside_superseded(partition: Partition, sealed_end: int,
+                          report: RecoveryReport) -> None:
     """Step 3b, on an object store: the local log must continue the bucket's exactly. A
     file that starts below the sealed end and survived step 3 holds offsets that another
     writer sealed (its records never reached the bucket); a file that starts after it
@@ -233,20 +245,21 @@ def _set_aside_superseded(partition: Partition, sealed_end: int) -> None:
     files = log_files(partition.log_dir)
     for position, (base, _) in enumerate(files):
         if base != sealed_end:
-            _set_aside(partition, [path for _, path in files[position:]],
+            _set_aside(partition, report, [path for _, path in files[position:]],
                        f"the bucket's log ends at {sealed_end}, and this file starts at "
                        f"{base}")
         break
 
 
-def _set_aside(partition: Partition, paths: list[Path], why: str) -> None:
+def _set_aside(partition: Partition, report: RecoveryReport, paths: list[Path],
+               why: str) -> None:
     aside = partition.directory / "superseded"
     aside.mkdir(exist_ok=True)
     stamp = partition.now_ms()
     for path in paths:
         target = aside / f"{path.name}.{stamp}"
         os.replace(path, target)
-        partition.recovery.removed_files.append(path)
+        report.removed_files.append(path)
         log.error("%s: set aside %s (%s): its records were never uploaded by this writer; "
                   "moved to %s", partition.name, path.name, why, target)
     fsutil.fsync_dir(partition.log_dir)
@@ -292,9 +305,11 @@ def _sweep_with_seal_lock(partition: Partition) -> SweepResult:
 FOLLOW_ATTEMPTS = 5
 
 
-def follow_writer(partition: Partition, load_manifest: Callable[[], None]) -> None:
-    """A reader's view of the writer's files, at open (`load_manifest` loads it) and at
-    each refresh (it loads the manifest if it changed).
+def follow_writer(partition: Partition, load_manifest: Callable[[], None]
+                  ) -> list[LogSegment]:
+    """A reader's log segments, following the writer's files, at open (`load_manifest`
+    loads the manifest) and at each refresh (it loads the manifest if it changed); the
+    caller installs them.
 
     Order matters. The writer seals a log file by committing a manifest that lists its
     Parquet form, and only then deletes the file (sealing.py, steps 3 and 4). So the
@@ -306,27 +321,29 @@ def follow_writer(partition: Partition, load_manifest: Callable[[], None]) -> No
     and reads failed with a false "offset ... is missing" (issue 21, item 7;
     tests/test_reader_refresh.py). Should the log files still begin past the covered
     end, the reader does both steps again, a few times; a gap that stays is real."""
+    logs = list(partition.logs)
     for _ in range(FOLLOW_ATTEMPTS):
-        _open_new_logs(partition)
+        logs = _with_new_logs(partition, logs)
         load_manifest()
-        for segment in partition.logs:
+        for segment in logs:
             segment.scan(repair=False)
         manifest = partition.manifest
         covered = max(manifest.sealed_end_offset, manifest.log_start_offset)
-        logs = partition.logs
         while len(logs) > 1 and logs[0].next_offset <= covered:
             # Not closed: a read in another thread may hold it (LogSegment.__del__).
             logs.pop(0)
         if not logs or logs[0].base_offset <= covered:
-            return
+            break
         log.info("%s: the log files start at %d, past the sealed end %d: looking again",
                  partition.name, logs[0].base_offset, covered)
+    return logs
 
 
-def _open_new_logs(partition: Partition) -> None:
-    """Open the log files the reader does not hold yet (one deleted since it was listed
-    is skipped: a committed manifest covers it)."""
-    known = {segment.base_offset for segment in partition.logs}
+def _with_new_logs(partition: Partition, logs: list[LogSegment]) -> list[LogSegment]:
+    """`logs` and the log files not among them yet, by base offset (one deleted since it
+    was listed is skipped: a committed manifest covers it)."""
+    known = {segment.base_offset for segment in logs}
+    found = list(logs)
     for base, path in log_files(partition.log_dir):
         if base in known:
             continue
@@ -334,12 +351,13 @@ def _open_new_logs(partition: Partition) -> None:
             segment = LogSegment(path, base, writable=False, created_ms=partition.now_ms())
         except FileNotFoundError:
             continue
-        partition.logs.append(segment)
-    partition.logs.sort(key=lambda segment: segment.base_offset)
+        found.append(segment)
+    return sorted(found, key=lambda segment: segment.base_offset)
 
 
-def _open_logs(partition: Partition) -> None:
-    """The writer's log files (a reader follows them by `follow_writer`)."""
+def _open_logs(partition: Partition) -> list[LogSegment]:
+    """The writer's log segments, scanned and repaired (a reader follows them by
+    `follow_writer`)."""
     sealed_end = partition.manifest.sealed_end_offset
     files = log_files(partition.log_dir)
     now_ms = partition.now_ms()
@@ -348,7 +366,9 @@ def _open_logs(partition: Partition) -> None:
         path.touch()
         fsutil.fsync_dir(partition.log_dir)
         files = [(sealed_end, path)]
+    logs: list[LogSegment] = []
     for base, path in files:
         segment = LogSegment(path, base, writable=True, created_ms=now_ms)
         segment.scan(repair=True)
-        partition.logs.append(segment)
+        logs.append(segment)
+    return logs

@@ -54,9 +54,10 @@ from compactlog.storage.lease import DEFAULT_TTL_S, LeaseLostError, WriterLease
 from compactlog.storage.location import Location
 from compactlog.storage.merging import merge_small_segments
 from compactlog.storage.object_probe import check_conditional_writes
-from compactlog.storage.partition import AppendResult, Clock, Partition, RecoveryReport
+from compactlog.storage.partition import AppendResult, Clock, Partition
 from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
 from compactlog.storage.records import MAX_UNCOMPRESSED_BATCH_BYTES, ProducerRecord
+from compactlog.storage.recovery import RecoveryReport
 from compactlog.storage.upkeep import run_round
 from compactlog.storage.volume import Volume
 
