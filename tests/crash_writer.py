@@ -159,7 +159,7 @@ def install_kill_point(name: str) -> None:
 
         LogSegment.append = torn_append  # type: ignore[method-assign]
     elif name == "roll":
-        appending.roll = after(appending.roll, always)
+        appending.next_segment = after(appending.next_segment, always)
     elif name == "seal-parquet-written":
         kill_at(lambda point, path: point == "rename" and path.parent.name == "segments")
     elif name == "seal-published":

@@ -54,7 +54,7 @@ def append_encoded(partition: Partition, batch: bytearray, header: BatchHeader) 
     config = partition.config
     partition.check_size(len(batch))
     if should_roll(partition, len(batch), now_ms):
-        roll(partition)
+        partition.roll_locked()
     active = partition.active
     pending = active.unflushed_records + header.record_count
     first_unflushed = active.first_unflushed_ms if active.first_unflushed_ms is not None \
@@ -92,8 +92,10 @@ def should_roll(partition: Partition, incoming: int, now_ms: int) -> bool:
     return now_ms - active.created_ms >= roll_ms
 
 
-def roll(partition: Partition) -> None:
-    """Start a new active segment; the old one waits to be sealed."""
+def next_segment(partition: Partition) -> LogSegment:
+    """The new active segment a roll starts, after the old one is flushed and the new
+    file's directory entry fsynced; the partition installs it (Partition.roll_locked),
+    and the old one waits to be sealed."""
     old = partition.active
     flush_segment(partition, old)
     path = partition.log_dir / log_file_name(old.next_offset)
@@ -108,8 +110,8 @@ def roll(partition: Partition) -> None:
         partition.fail(error)
         raise PartitionFailedError(f"{partition.name}: fsync of {partition.log_dir} failed: "
                                    f"{error}") from error
-    partition.logs.append(segment)
     log.debug("%s: rolled segment at offset %d", partition.name, old.next_offset)
+    return segment
 
 
 def flush_segment(partition: Partition, segment: LogSegment) -> None:

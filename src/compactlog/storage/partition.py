@@ -594,7 +594,7 @@ class Partition:
         with self._lock:
             if self.active.is_empty:
                 return False
-            appending.roll(self)
+            self.roll_locked()
         if self.auto_seal:
             self.seal_rolled()
         return True
@@ -605,10 +605,16 @@ class Partition:
         with self._lock:
             if not appending.should_roll(self, 0, self.now_ms()):
                 return False
-            appending.roll(self)
+            self.roll_locked()
         if self.auto_seal:
             self.seal_rolled_quietly()
         return True
+
+    def roll_locked(self) -> None:
+        """Start a new active segment (appending.next_segment), with the partition's
+        lock held: the one place the segment list grows."""
+        with self._lock:  # re-entrant: the callers hold it already
+            self.logs.append(appending.next_segment(self))
 
     def flush_if_due(self) -> None:
         """fsync unflushed records that have waited flush.ms (appends alone may not come)."""
