@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from code_map import render_code_map
 
 from compactlog.cli import cli
-from compactlog.config import render_docs
+from compactlog.config_docs import render_docs
 
 ROOT = Path(__file__).resolve().parent.parent
 INTRO = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from compactlog.config import render_docs
+from compactlog.config_docs import render_docs
 
 
 @click.command(name="config-docs")
