@@ -483,8 +483,8 @@ def test_with_the_authorizer_off_every_operation_is_shown(tmp_path: Path) -> Non
 
 def test_bad_security_settings_stop_the_server_at_start(tmp_path: Path) -> None:
     from compactlog.errors import UserError
-    from compactlog.server.app import ServerConfig
     from compactlog.server.cleaner import CleanerConfig
+    from compactlog.server.server_config import ServerConfig
 
     config = ServerConfig(tmp_path)
     config.compaction = CleanerConfig(allowed_strategy_functions=["mod.only"])

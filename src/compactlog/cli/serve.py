@@ -13,11 +13,12 @@ import click
 
 from compactlog.cli import Context
 from compactlog.errors import UserError
-from compactlog.server.app import ServerConfig, serve_forever
+from compactlog.server.app import serve_forever
 from compactlog.server.cleaner import CleanerConfig
 from compactlog.server.network.listeners import Listener, parse_listener
 from compactlog.server.security.authorizer import AuthorizationConfig
 from compactlog.server.security.tls import TlsSettings
+from compactlog.server.server_config import ServerConfig
 
 # The server's settings file (TOML), every key optional:
 #
