@@ -35,7 +35,8 @@ from stock_ticker import ticks
 
 from compactlog import LogStore, ProducerRecord
 from compactlog.cli.admin_client import report_from_json
-from compactlog.cli.compact import compact_with_progress, spark_log_path, summary_table
+from compactlog.cli.compact import compact_with_progress, spark_log_path
+from compactlog.cli.compaction_report import summary_table
 from compactlog.cli.output import stdout_console
 from compactlog.client import TableView
 from compactlog.compaction import CompactionReport, load_factory

@@ -99,7 +99,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
              'Manage the server\'s ACLs (docs/server.md, "Authorization").'),
     "compact": ("compactlog.cli.compact:compact",
                 "Compact TOPIC: keep the surviving record per key in a new compacted ledger."),
-    "compaction-status": ("compactlog.cli.compact:compaction_status",
+    "compaction-status": ("compactlog.cli.compaction_status:compaction_status",
                           "Show the compaction status of each partition of TOPIC."),
     "compact-worker": ("compactlog.cli.compact:compact_worker", ""),
     "config-docs": ("compactlog.cli.docs:config_docs",

@@ -1,4 +1,6 @@
-"""`compactlog compact` and `compactlog compaction-status`."""
+"""`compactlog compact` (and the server's `compact-worker`): where a run goes (the
+server, a warm worker, or this process) and its progress; the summary it prints is
+cli/compaction_report.py's."""
 
 from __future__ import annotations
 
@@ -8,21 +10,18 @@ import os
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import click
 from click.core import ParameterSource
-from rich.console import Group, RenderableType
-from rich.filesize import decimal
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
 from compactlog.cli import Context
 from compactlog.cli.admin_client import AdminClient, BusyServerError, report_from_json
-from compactlog.cli.output import narrow_table, stderr_console, stdout_console
+from compactlog.cli.compaction_report import report_json, summary_table
+from compactlog.cli.output import stderr_console, stdout_console
 from compactlog.compaction import (
     CompactionReport,
     CompactionServiceFactory,
@@ -366,80 +365,6 @@ def spark_log_path() -> Path:
         f"compactlog-spark-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
 
 
-def report_json(report: CompactionReport) -> dict[str, Any]:
-    return {
-        "topic": report.topic,
-        "run_id": report.run_id,
-        "duration_s": round(report.duration_s, 3),
-        "startup_s": round(report.startup_s, 3),
-        "engine": report.engine,
-        "stages": {name: round(seconds, 3) for name, seconds in report.stages.items()},
-        "mb_per_s": round(report.mb_per_s, 2),
-        "io_read_bytes": report.io_read_bytes,
-        "io_written_bytes": report.io_written_bytes,
-        "throttled_s": round(report.throttled_s, 3),
-        "partitions": [
-            {**vars(p), "records_removed": p.records_removed} for p in report.partitions
-        ],
-    }
-
-
-def summary_table(report: CompactionReport) -> RenderableType:
-    """The run's summary, in 80 columns: one row per partition (and their total), what
-    this run read and wrote, the keys the compacted ledger holds after it (for a
-    partition with nothing new: the ledger it keeps), and why a partition had nothing to
-    do. A run that did nothing says so in its title."""
-    ran = [p for p in report.partitions if p.skipped is None]
-    if ran:
-        title = f"Compacted {report.topic} in {report.duration_s:.1f}s, run {report.run_id}"
-    else:
-        title = f"Nothing to compact in {report.topic} (run {report.run_id})"
-    table = narrow_table(title, "partition", "records\nin", "records\nout", "keys",
-                         "tombstones\nkept", "size\nin", "size\nout", "horizon")
-    for p in report.partitions:
-        horizon = "-" if p.horizon is None else str(p.horizon)
-        if p.old_horizon != p.horizon:
-            horizon = f"{'-' if p.old_horizon is None else p.old_horizon}→{horizon}"
-        if p.skipped is not None:
-            table.add_row(str(p.partition), "-", "-", f"{p.keys:,}", "-", "-", "-", horizon)
-            continue
-        table.add_row(
-            str(p.partition), f"{p.records_in:,}", f"{p.records_out:,}", f"{p.keys:,}",
-            f"{p.tombstones_kept:,}", decimal(p.bytes_in), decimal(p.bytes_out), horizon)
-    if len(report.partitions) > 1:
-        work = ([f"{report.total('records_in'):,}", f"{report.total('records_out'):,}"]
-                if ran else ["-", "-"])
-        sizes = ([decimal(report.total("bytes_in")), decimal(report.total("bytes_out"))]
-                 if ran else ["-", "-"])
-        table.add_row("all", *work, f"{report.total('keys'):,}",
-                      f"{report.total('tombstones_kept'):,}" if ran else "-", *sizes, "",
-                      style="bold")
-    notes: list[RenderableType] = [table]
-    if ran:
-        removed = report.total("records_in") - report.total("records_out")
-        tombstones = report.total("tombstones_removed")
-        notes.append(Text(
-            f"{removed:,} record{'' if removed == 1 else 's'} removed ({tombstones:,} "
-            f"tombstone{'' if tombstones == 1 else 's'}) · "
-            + " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report.stages.items())
-            + f" · {report.mb_per_s:.1f} MB/s after start-up"
-            + (f" · I/O throttled {report.throttled_s:.1f}s" if report.throttled_s else ""),
-            style="dim"))
-        if report.engine:
-            notes.append(Text(f"ran on: {report.engine}", style="dim"))
-    reasons: dict[str, list[str]] = {}
-    for p in report.partitions:
-        if p.skipped is not None:
-            reasons.setdefault(p.skipped, []).append(str(p.partition))
-        if p.rolled_unsealed:
-            reasons.setdefault("the writer had not sealed its rolled segments in time: the "
-                               "next run covers them", []).append(str(p.partition))
-    for reason, indexes in reasons.items():
-        which = "partition" if len(indexes) == 1 else "partitions"
-        notes.append(Text(f"{which} {', '.join(indexes)}: {reason}"))
-    return Group(*notes)
-
-
 @click.command("compact-worker", hidden=True)
 @click.option("--spark-master", default="local[*]", show_default=True,
               help="Where Spark runs, as for `compact`.")
@@ -468,61 +393,3 @@ def compact_worker(ctx: Context, spark_master: str, spark_conf: tuple[str, ...],
                                 "compaction.without.spark": without_spark}
     worker = CompactionWorker(ctx.data_dir, load_factory(service), settings, ctx.target)
     serve_requests(worker, sys.stdin, answers, report_json)
-
-
-@click.command("compaction-status")
-@click.argument("topic")
-@click.option("--server", "server_url", envvar="COMPACTLOG_SERVER", default=None,
-              metavar="URL",
-              help="Ask a running server (its admin API URL, or set COMPACTLOG_SERVER): "
-                   "shows runs in progress and uncleanable partitions too.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_obj
-def compaction_status(ctx: Context, topic: str, server_url: str | None, as_json: bool) -> None:
-    """Show the compaction status of each partition of TOPIC.
-
-    NOT_RUN, RUNNING, SUCCESS or ERROR (with the last error). The status is kept on
-    disk, so it survives restarts; a run whose process died shows as ERROR. With
-    --server, a running server also says which partitions are uncleanable (their last
-    run failed) and when they will be retried.
-
-    \b
-    Examples:
-      compactlog compaction-status prices --json
-      compactlog compaction-status prices --server http://127.0.0.1:9093
-    """
-    if server_url is not None:
-        body = AdminClient(server_url).get(f"/v1/topics/{quote(topic, safe='')}/compaction")
-        rows = body["partitions"]
-    else:
-        with LogStore.open(ctx.target, read_only=True) as store:
-            handle = store.topic(topic)
-            rows = []
-            for partition in handle.partitions:
-                status = read_status(partition.directory)
-                rows.append({"partition": partition.index, **status.to_json(),
-                             "horizon": partition.stats()["horizon"]})
-    if as_json:
-        click.echo(json.dumps({"topic": topic, "partitions": rows}, indent=2))
-        return
-    headers = ["partition", "status", "horizon", "last finished", "error"]
-    if server_url is not None:
-        headers.append("retry at")
-    table = narrow_table(f"Compaction status of {topic}", *headers, right=("horizon",))
-    for row in rows:
-        state = row["state"]
-        if row.get("uncleanable"):
-            state = f"{state} (uncleanable, {row['failures_in_a_row']} failures)"
-        cells = [str(row["partition"]), state,
-                 "-" if row["horizon"] is None else str(row["horizon"]),
-                 _time(row["finished_ms"]), row["error"] or ""]
-        if server_url is not None:
-            cells.append(_time(row.get("retry_at_ms")) if row.get("uncleanable") else "")
-        table.add_row(*cells)
-    stdout_console().print(table)
-
-
-def _time(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")

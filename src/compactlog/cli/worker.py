@@ -212,7 +212,7 @@ def run(ctx: Context, spark_master: str, spark_conf: tuple[str, ...], service: s
     Example:
       compactlog worker run --idle-timeout 60
     """
-    from compactlog.cli.compact import report_json
+    from compactlog.cli.compaction_report import report_json
 
     settings: dict[str, Any] = {"spark.master": spark_master,
                                 "spark.conf": parse_assignments(spark_conf)}
