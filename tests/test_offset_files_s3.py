@@ -23,7 +23,7 @@ from compactlog.cli import cli
 from compactlog.errors import ConflictError, FencedError
 from compactlog.server.coordinator.group_coordinator import GroupCoordinator, GroupError
 from compactlog.server.coordinator.offset_files import ObjectOffsetFiles, offset_files_of
-from compactlog.server.producers import ID_DOCUMENT, DocumentIdAllocator
+from compactlog.server.producer_ids import ID_DOCUMENT, DocumentIdAllocator
 from compactlog.server.security.acl_model import Operation, Permission, new_binding
 from compactlog.server.security.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 from compactlog.storage.credentials import DIRECTORY, CredentialStore, make_credential

@@ -22,8 +22,8 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from compactlog import LogStore
+from compactlog.server.producer_ids import ID_BLOCK_SIZE
 from compactlog.server.producers import (
-    ID_BLOCK_SIZE,
     INT32_MAX,
     REBUILD_WINDOW_MS,
     ProducerStateError,

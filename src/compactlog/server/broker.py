@@ -31,7 +31,8 @@ from compactlog.server.coordinator.group_coordinator import (
 from compactlog.server.coordinator.offset_files import offset_files_of
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.network import listeners
-from compactlog.server.producers import ID_DOCUMENT, DocumentIdAllocator, ProducerStates
+from compactlog.server.producer_ids import ID_DOCUMENT, DocumentIdAllocator
+from compactlog.server.producers import ProducerStates
 from compactlog.server.protocol.messages import Request
 from compactlog.server.security.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 from compactlog.server.security.sasl_users import SaslUsers
