@@ -12,9 +12,12 @@ holds its group for at most the maximum, not the 24.8 days of 2**31-1 ms.
 
 A JoinGroup with an empty member id (KIP-394's first step) hands out a pending member
 id, which expires after the member's session timeout unless the member comes back with
-it, as Kafka's pending members do. A group left Empty, with no member, no pending id and
-no committed offsets, is removed at the next upkeep round, as Kafka removes it (Dead):
-a client that joins 80,000 made-up groups and goes away leaves nothing behind. At most
+it, as Kafka's pending members do; a LeaveGroup naming it forgets it at once. A group
+left Empty, with no member, no pending id and no committed offsets, is removed at the
+next upkeep round, as Kafka removes it (Dead) at its next cleanup: a client that joins
+80,000 made-up groups and goes away leaves nothing behind. Kafka's cleanup runs every
+offsets.retention.check.interval.ms (10 min), the upkeep every second, so a group whose
+last member leaves without committing is gone from ListGroups within a second. At most
 `max_groups` groups are held, and at most as many pending member ids: a request that
 would make one more gets COORDINATOR_NOT_AVAILABLE (retriable: groups expire), with a
 log line naming the setting.
@@ -411,14 +414,48 @@ class GroupCoordinator:
         if generation != group.generation:
             raise GroupError(ErrorCode.illegal_generation)
 
-    def leave(self, group_id: str, member_ids: list[str]) -> list[ErrorCode]:
+    def leave(self, group_id: str,
+              leaving: list[tuple[str, str | None, str | None]]) -> list[ErrorCode]:
+        """Kafka's LeaveGroup (GroupMetadataManager.classicGroupLeaveToClassicGroup): one
+        code per (member id, group instance id, reason) in `leaving`. v0-v2 name one
+        member by id; v3+ name many, and an admin may name a static member by its
+        instance id alone (empty member id). A pending member id (handed out with
+        MEMBER_ID_REQUIRED, not yet joined with) is forgotten, as Kafka forgets its
+        pending members, so a client that closes between its two JoinGroups leaves
+        nothing behind. An unknown member (or group) gets UNKNOWN_MEMBER_ID; a member id
+        that is not the one holding the instance id named, FENCED_INSTANCE_ID."""
         group = self.groups.get(group_id)
+        if group is None:
+            return [ErrorCode.unknown_member_id] * len(leaving)
+        # Kafka's staticMemberId map, built once: a request may name many members.
+        static = {m.group_instance_id: m for m in group.members.values()
+                  if m.group_instance_id is not None}
         codes = []
-        for member_id in member_ids:
-            if group is None or member_id not in group.members:
+        for member_id, instance_id, reason in leaving:
+            said = f" (reason: {reason})" if reason else ""  # v5+; Kafka logs it too
+            why = f"left the group{said}"
+            holder = None if instance_id is None else static.get(instance_id)
+            if not member_id and holder is not None:
+                leaver: Member | None = holder
+                why = f"was removed by its instance id {instance_id}{said}"
+            elif member_id and group.pending_ids.pop(member_id, None) is not None:
+                self.pending -= 1
+                log.info("group %s: pending member %s %s", group_id, member_id, why)
+                codes.append(ErrorCode.none)
+                continue
+            elif instance_id is not None and (holder is None or holder.member_id != member_id):
+                # Kafka's validateMember: the instance id must be held, by this member.
+                codes.append(ErrorCode.unknown_member_id if holder is None
+                             else ErrorCode.fenced_instance_id)
+                continue
+            else:
+                leaver = group.members.get(member_id)
+            if leaver is None:
                 codes.append(ErrorCode.unknown_member_id)
                 continue
-            self._remove(group, group.members[member_id], "left the group")
+            if leaver.group_instance_id is not None:
+                static.pop(leaver.group_instance_id, None)
+            self._remove(group, leaver, why)
             codes.append(ErrorCode.none)
         return codes
 

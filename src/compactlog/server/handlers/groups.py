@@ -125,12 +125,14 @@ async def leave_group(broker: Broker, request: Request) -> dict[str, Any]:
     if not access.group(broker, request, Operation.READ, body.group_id):
         return {"error_code": access.GROUP_DENIED, "members": []}
     if request.api_version >= 3:
-        ids = [m.member_id for m in body.members]
-        codes = broker.groups.leave(body.group_id, ids)
+        codes = broker.groups.leave(body.group_id, [
+            (m.member_id, m.group_instance_id, getattr(m, "reason", None))  # reason: v5+
+            for m in body.members])
         return {"error_code": ErrorCode.none, "members": [
-            {"member_id": i, "group_instance_id": m.group_instance_id, "error_code": code}
-            for i, m, code in zip(ids, body.members, codes, strict=True)]}
-    (code,) = broker.groups.leave(body.group_id, [body.member_id])
+            {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+             "error_code": code}
+            for m, code in zip(body.members, codes, strict=True)]}
+    (code,) = broker.groups.leave(body.group_id, [(body.member_id, None, None)])
     return {"error_code": code}
 
 
