@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from compactlog.errors import CompactlogError
-from compactlog.storage.fsutil import TEMP_PREFIX
+from compactlog.fsutil import TEMP_PREFIX
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from compactlog import faults
 from compactlog.errors import ConflictError, CorruptionError
-from compactlog.storage import faults
+from compactlog.fsutil import TEMP_PREFIX
 from compactlog.storage.commit import CURRENT, CommitOutcomeUnknown, LocalDocument
-from compactlog.storage.fsutil import TEMP_PREFIX
 from compactlog.storage.manifest import (
     CompactionState,
     PartitionManifest,

@@ -43,8 +43,8 @@ from pathlib import Path
 
 import pytest
 
+from compactlog.fsutil import TEMP_PREFIX
 from compactlog.storage.commit import LocalDocument
-from compactlog.storage.fsutil import TEMP_PREFIX
 from compactlog.storage.layout import CREATING, DELETING
 from compactlog.storage.logfile import base_offset_of
 from compactlog.storage.manifest import PartitionManifest

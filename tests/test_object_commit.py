@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 
+from compactlog import faults
 from compactlog.errors import ConflictError, CorruptionError, StorageError
-from compactlog.storage import faults
 from compactlog.storage.commit import CURRENT, LocalDocument
 from compactlog.storage.document import Document
 from compactlog.storage.object_commit import ObjectCommitOutcomeUnknown, ObjectDocument

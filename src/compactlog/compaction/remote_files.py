@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from compactlog.storage.fsutil import TEMP_PREFIX
+from compactlog.fsutil import TEMP_PREFIX
 from compactlog.storage.manifest import LEDGER_DIR
 from compactlog.storage.volume import volume_from_spec
 

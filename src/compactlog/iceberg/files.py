@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from compactlog import fsutil
 from compactlog.errors import ConflictError, StorageError
-from compactlog.storage import fsutil
 from compactlog.storage.layout import ObjectLayout
 from compactlog.storage.location import Location
 from compactlog.storage.volume import Listed, LocalVolume, ObjectVolume, Volume, remove_prefix
@@ -59,7 +59,7 @@ class TableFiles(Protocol):
 
 class LocalTableFiles:
     """A table under a local directory: temporary file, fsync, link or rename, then a
-    directory fsync (storage/fsutil.py)."""
+    directory fsync (compactlog/fsutil.py)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()

@@ -75,6 +75,7 @@ import numpy as np
 import pyarrow as pa
 from kio.schema.errors import ErrorCode
 
+from compactlog import fsutil
 from compactlog.errors import (
     CompactlogError,
     ConflictError,
@@ -82,7 +83,6 @@ from compactlog.errors import (
     CorruptRecordError,
     InvalidRecordError,
 )
-from compactlog.storage import fsutil
 from compactlog.storage.commit import Snapshot
 from compactlog.storage.document import Document, clear_dead_claim
 from compactlog.storage.manifest import SegmentInfo

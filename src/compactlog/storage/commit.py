@@ -56,8 +56,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compactlog import faults, fsutil
 from compactlog.errors import ConflictError, CorruptionError, StorageError
-from compactlog.storage import faults, fsutil
 
 log = logging.getLogger(__name__)
 

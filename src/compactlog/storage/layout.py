@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from compactlog import faults, fsutil
 from compactlog.errors import ConflictError, TopicExistsError, UnknownTopicError
-from compactlog.storage import faults, fsutil
 from compactlog.storage.bucket import Bucket
 from compactlog.storage.commit import LocalDocument, Snapshot
 from compactlog.storage.document import Document, clear_dead_claim

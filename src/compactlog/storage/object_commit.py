@@ -86,8 +86,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from compactlog import faults
 from compactlog.errors import ConflictError, CorruptionError, StorageError
-from compactlog.storage import faults
 from compactlog.storage.bucket import Bucket, PreconditionFailed, PutOutcomeUnknown, answered
 from compactlog.storage.commit import (
     CURRENT,

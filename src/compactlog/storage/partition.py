@@ -36,6 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from compactlog import fsutil
 from compactlog.config import TopicConfig
 from compactlog.errors import (
     ConflictError,
@@ -49,7 +50,6 @@ from compactlog.errors import (
 )
 from compactlog.storage import (
     appending,
-    fsutil,
     log_validator,
     reads,
     recovery,

@@ -51,8 +51,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from compactlog import fsutil
 from compactlog.errors import CorruptionError, StorageError
-from compactlog.storage import fsutil, locks
+from compactlog.storage import locks
 from compactlog.storage.lease import EPOCH_KEY
 from compactlog.storage.logfile import LogSegment, base_offset_of, log_file_name
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest

@@ -42,8 +42,8 @@ import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from compactlog import fsutil
 from compactlog.errors import FencedError, StorageError
-from compactlog.storage import fsutil
 from compactlog.storage.logfile import LogSegment
 from compactlog.storage.manifest import SEGMENT_DIR, PartitionManifest, SegmentInfo
 from compactlog.storage.sealed import WriteOptions, write_segment

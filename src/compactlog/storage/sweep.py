@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from compactlog.storage import fsutil
+from compactlog import fsutil
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
 from compactlog.storage.volume import Volume
 

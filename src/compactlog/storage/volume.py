@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from compactlog import faults, fsutil
 from compactlog.bounded_cache import BoundedCache
 from compactlog.errors import StorageError
-from compactlog.storage import faults, fsutil
 from compactlog.storage.bucket import Bucket
 from compactlog.storage.commit import LocalDocument
 from compactlog.storage.document import Document

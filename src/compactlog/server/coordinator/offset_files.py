@@ -53,8 +53,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from compactlog import fsutil
 from compactlog.errors import FencedError, StorageError
-from compactlog.storage import fsutil
 from compactlog.storage.bucket import Bucket, PreconditionFailed
 from compactlog.storage.lease import EPOCH_KEY, LeaseLostError, WriterLease
 from compactlog.storage.location import Location
