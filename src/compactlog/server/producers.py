@@ -76,6 +76,7 @@ import pyarrow as pa
 from kio.schema.errors import ErrorCode
 
 from compactlog import fsutil
+from compactlog.backend import Document, Snapshot, clear_dead_claim
 from compactlog.errors import (
     CompactlogError,
     ConflictError,
@@ -83,8 +84,6 @@ from compactlog.errors import (
     CorruptRecordError,
     InvalidRecordError,
 )
-from compactlog.storage.commit import Snapshot
-from compactlog.storage.document import Document, clear_dead_claim
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.records import (
     CONTROL_MASK,
