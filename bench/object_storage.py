@@ -69,11 +69,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from compaction import BATCH, CHUNK, Draws, Workload, topic_config
 from compactlog import LogStore
+from compactlog.backend.s3.settings import S3Settings
 from compactlog.compaction.spark_service import (
     SparkCompactionService,
     SparkCompactionServiceFactory,
 )
-from compactlog.storage.location import S3Settings
 from machine_info import machine_info
 
 BUCKET = "compactlog-bench"

@@ -3,7 +3,7 @@
     python crash_compactor.py DATA_DIR TOPIC KILL_POINT
 
 Run by test_compaction_crash.py. The kill points are the store's fault points
-(storage/faults.py) or wrap functions of the runner and the engine from outside, at
+(compactlog/faults.py) or wrap functions of the runner and the engine from outside, at
 each step of runner.py's protocol.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import local_engine
+from compactlog import faults
 from compactlog.compaction import runner
-from compactlog.storage import faults
 from compactlog.storage.store import LogStore
 
 
@@ -56,7 +56,7 @@ def is_ledger_file(temp: Path, final: Path) -> bool:
 
 
 def kill_at(fire: Callable[[str, Path], bool]) -> None:
-    """SIGKILL at the first fault point (storage/faults.py) that `fire` picks."""
+    """SIGKILL at the first fault point (compactlog/faults.py) that `fire` picks."""
 
     def injector(point: str, path: str) -> None:
         if fire(point, Path(path)):

@@ -16,7 +16,7 @@ so that its kills spread over appends and seals as in a long-running writer.
 
 With a KILL_POINT (see KILL_POINTS), the writer SIGKILLs itself at that exact point
 instead of waiting for the test to kill it, at one of the store's fault points
-(storage/faults.py, installed in this process only), so each step of the sealing
+(compactlog/faults.py, installed in this process only), so each step of the sealing
 protocol is hit on every run, not only when random timing happens to land there.
 """
 
@@ -33,8 +33,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from compactlog import faults
 from compactlog.errors import UnknownTopicError
-from compactlog.storage import appending, faults
+from compactlog.storage import appending
 from compactlog.storage.logfile import LogSegment
 from compactlog.storage.records import BatchHeader, Headers, ProducerRecord
 from compactlog.storage.sealed import SCHEMA
@@ -125,7 +126,7 @@ def always(*args: Any) -> bool:
 
 
 def kill_at(fire: Callable[[str, Path], bool]) -> None:
-    """SIGKILL at the first fault point (storage/faults.py) that `fire` picks once armed."""
+    """SIGKILL at the first fault point (compactlog/faults.py) that `fire` picks once armed."""
 
     def injector(point: str, path: str) -> None:
         if ARMED[0] and fire(point, Path(path)):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from compactlog.storage import faults
+from compactlog import faults
 from fakes import FakeClock
 from fault_scenarios import SCENARIOS, print_ack
 from faultkit import Oracle

@@ -1,6 +1,6 @@
 """Deterministic fault injection for the store's commit protocols.
 
-Every disk step of the store passes a named fault point (storage/faults.py). A scenario
+Every disk step of the store passes a named fault point (compactlog/faults.py). A scenario
 is an operation on a prepared data directory (a seal, an append, a compaction of one or
 two partitions, retention, a config change) and an oracle of what was acknowledged. The
 tests first record the points the operation passes, then run it again on a fresh copy
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compactlog import faults
 from compactlog.compaction import load_factory
 from compactlog.errors import CompactlogError
-from compactlog.storage import faults
-from compactlog.storage.fsutil import TEMP_PREFIX
+from compactlog.fsutil import TEMP_PREFIX
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compactlog.backend.s3.volume import ObjectVolume
 from compactlog.errors import CompactlogError
-from compactlog.storage.fsutil import TEMP_PREFIX
+from compactlog.fsutil import TEMP_PREFIX
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from compactlog.storage.volume import ObjectVolume
 from fakes import FakeClock
 from fault_scenarios import (
     SCENARIOS,

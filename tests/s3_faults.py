@@ -47,7 +47,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from compactlog.storage.location import S3Settings
+from compactlog.backend.s3.settings import S3Settings
 from s3_support import S3Server
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",

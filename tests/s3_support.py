@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from compactlog.storage.location import Location, S3Settings
+from compactlog.backend import Location
+from compactlog.backend.s3.settings import S3Settings
 
 BUCKET = "compactlog-test"
 # Fake credentials, distinctive so that tests can check they never leak.

@@ -1,4 +1,4 @@
-"""The one bucket client (storage/bucket.py) against moto's S3 server on loopback: each
+"""The one bucket client (backend/s3/bucket.py) against moto's S3 server on loopback: each
 request's outcomes (absent, precondition failed, may have landed, refused) and its
 errors, which name the operation and the object and never a credential."""
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ReadTimeoutError
 
+from compactlog.backend.s3.bucket import Bucket, PreconditionFailed, PutOutcomeUnknown, answered
+from compactlog.backend.s3.errors import ObjectStoreSetupError
 from compactlog.errors import ConflictError, StorageError
-from compactlog.storage.bucket import Bucket, PreconditionFailed, PutOutcomeUnknown, answered
-from compactlog.storage.object_errors import ObjectStoreSetupError
 from s3_support import (
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,

@@ -1,7 +1,7 @@
-"""The commit primitive (storage/commit.py): compare-and-swap of a document's current
+"""The commit primitive (backend/local/document.py): compare-and-swap of a document's current
 version, with audit copies and a fallback past a damaged current.json. One test per
-step of the commit protocol, named in commit.py's docstring, plus concurrency, damage,
-pruning and the partition manifest's types."""
+step of the commit protocol, named in backend/local/document.py's docstring, plus concurrency,
+damage, pruning and the partition manifest's types."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from typing import Any
 
 import pytest
 
+from compactlog import faults
+from compactlog.backend import CommitOutcomeUnknown
+from compactlog.backend.envelope import CURRENT
+from compactlog.backend.local.document import LocalDocument
 from compactlog.errors import ConflictError, CorruptionError
-from compactlog.storage import faults
-from compactlog.storage.commit import CURRENT, CommitOutcomeUnknown, LocalDocument
-from compactlog.storage.fsutil import TEMP_PREFIX
+from compactlog.fsutil import TEMP_PREFIX
 from compactlog.storage.manifest import (
     CompactionState,
     PartitionManifest,
@@ -307,7 +309,7 @@ PROCESS_WORKER = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, {str(Path(__file__).parent)!r})
     from test_commit import _commit_until
-    from compactlog.storage.commit import LocalDocument
+    from compactlog.backend.local.document import LocalDocument
 
     doc_dir, name, target = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     print(json.dumps(_commit_until(LocalDocument(doc_dir), name, target)))

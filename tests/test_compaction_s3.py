@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 
-from compactlog import LogStore, ProducerRecord
+from compactlog import LogStore, ProducerRecord, faults
+from compactlog.backend import Location
+from compactlog.backend.s3.volume import s3_client
 from compactlog.compaction import TopicCompactionService, load_factory
 from compactlog.errors import ConflictError, StorageError
-from compactlog.storage import faults
-from compactlog.storage.location import Location
 from compactlog.storage.records import Record
-from compactlog.storage.volume import s3_client
 from conftest import SPARK_TEST_CONF
 from s3_support import (
     S3Server,

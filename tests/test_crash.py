@@ -43,9 +43,9 @@ from pathlib import Path
 
 import pytest
 
-from compactlog.storage.commit import LocalDocument
-from compactlog.storage.fsutil import TEMP_PREFIX
-from compactlog.storage.layout import CREATING, DELETING
+from compactlog.backend.local.document import LocalDocument
+from compactlog.backend.local.layout import CREATING, DELETING
+from compactlog.fsutil import TEMP_PREFIX
 from compactlog.storage.logfile import base_offset_of
 from compactlog.storage.manifest import PartitionManifest
 from compactlog.storage.partition import Partition

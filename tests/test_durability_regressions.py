@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
+from compactlog import fsutil
 from compactlog.compaction import load_factory
 from compactlog.errors import CompactlogError
-from compactlog.storage import fsutil
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore

@@ -1,7 +1,7 @@
 """A randomized fault loop: appends, seals, compactions, retention, config changes and
 restarts, with faults chosen at random (slow suite).
 
-Each action may carry a fault at a random fault point (storage/faults.py): ENOSPC or EIO
+Each action may carry a fault at a random fault point (compactlog/faults.py): ENOSPC or EIO
 raised there, or a stall while another committer (a second store on the same data
 directory, as a compaction process is) commits to the same manifests. Every CHECK_EVERY
 actions (a fault's effects stay on disk, so a later check finds them), the store is
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from compactlog import faults
 from compactlog.compaction import load_factory
 from compactlog.errors import CompactlogError
-from compactlog.storage import faults
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore

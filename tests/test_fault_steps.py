@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
+from compactlog import faults
 from compactlog.iceberg import state_table_location
-from compactlog.storage import faults
 from compactlog.storage.store import LogStore
 from fakes import T0, FakeClock
 from fault_scenarios import SCENARIOS, Scenario, parse_ack

@@ -350,7 +350,7 @@ def test_a_fault_at_every_request_keeps_the_contract(
 
 
 def first_commit_point(requests: list[Request]) -> int:
-    """The first PUT of a partition's current.json: a commit's step 4 (object_commit.py)."""
+    """The first PUT of a partition's current.json: a commit's step 4 (backend/s3/document.py)."""
     return next(r.index for r in requests
                 if r.method == "PUT" and r.key.endswith("/manifest/current.json"))
 

@@ -13,6 +13,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from admin_wire import consumer_subscription
+from compactlog import faults
 from compactlog.server.coordinator.group_coordinator import (
     Group,
     GroupCoordinator,
@@ -20,7 +21,6 @@ from compactlog.server.coordinator.group_coordinator import (
     Member,
     subscribed_topics,
 )
-from compactlog.storage import faults
 
 
 def fail_at(kind: str) -> faults.Injector:

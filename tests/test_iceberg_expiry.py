@@ -132,7 +132,7 @@ def test_expiry_holds_the_files_of_a_table_made_before_holds(
 def test_a_hold_within_the_grace_period_outlives_a_replace(tmp_path: Path) -> None:
     """A sync in flight holds files before its snapshot commits: an expiry that reads
     the metadata without that snapshot must not release them yet (holds.py, step 2)."""
-    from compactlog.storage.commit import LocalDocument
+    from compactlog.backend.local.document import LocalDocument
 
     holds = Holds(LocalDocument(tmp_path / "holds"))
     holds.add(STATE.holder, ["ledger/a.parquet", "ledger/b.parquet"], now_ms=1_000)

@@ -148,7 +148,7 @@ def test_expiry_reads_a_hold_once_and_only_where_it_may_shrink(
         mark = s3_proxy.mark()
         result = expire_snapshots(store, "prices")
         assert len(result.expired) == 1 and result.holds_replaced == 1
-        # The load, then the commit's own compare (object_commit.py, step 2) and its
+        # The load, then the commit's own compare (backend/s3/document.py, step 2) and its
         # conditional PUT; no other partition's hold document is read.
         assert holds_requests(mark) == {0: ["GET", "GET", "PUT"]}
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from compactlog import LogStore, ProducerRecord
+from compactlog.backend import Location
 from compactlog.errors import DataDirLockedError, FencedError
 from compactlog.storage.lease import EPOCH_KEY, LeaseLostError
-from compactlog.storage.location import Location
 from fakes import FakeClock
 from s3_support import (
     S3Server,
@@ -132,7 +132,7 @@ def test_renewal_keeps_the_lease(where: Location, tmp_path: Path) -> None:
 def test_a_holder_killed_inside_a_renewal_does_not_block_the_next_taker(
         where: Location, tmp_path: Path) -> None:
     """A holder killed between its renewal's audit copy and its PUT of current.json
-    (object_commit.py steps 3 and 4) leaves an audit copy of a version never committed,
+    (backend/s3/document.py steps 3 and 4) leaves an audit copy of a version never committed,
     on which every commit of that version conflicts. Once the lease has expired, the
     taker removes it (the document has no owner then) and takes the lease."""
     clock = FakeClock()

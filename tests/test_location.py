@@ -1,4 +1,5 @@
-"""Data locations (storage/location.py): local paths and s3:// URLs, the settings read
+"""Data locations (compactlog.backend Location; backend/s3/settings.py S3Settings): local
+paths and s3:// URLs, the settings read
 from the standard AWS environment, no secret in anything shown, and Parquet written and
 read through an s3:// location's pyarrow filesystem on a real S3 API server (moto)."""
 
@@ -11,8 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from compactlog.backend import Location, LocationError
+from compactlog.backend.s3.settings import S3Settings
 from compactlog.errors import UserError
-from compactlog.storage.location import Location, LocationError, S3Settings
 from s3_support import (
     ACCESS_KEY_ID,
     SECRET_ACCESS_KEY,
@@ -164,7 +166,7 @@ def test_parquet_through_the_s3_locations_filesystem(s3: S3Server) -> None:
 
 
 def test_retry_settings_their_defaults_and_bounds() -> None:
-    """The retry and timeout settings (location.py's docstring): defaults, the standard
+    """The retry and timeout settings (backend/s3/settings.py's docstring): defaults, the standard
     AWS_MAX_ATTEMPTS, refusal of values outside their bounds, and both clients built
     with them."""
     settings = S3Settings.from_env({})

@@ -11,7 +11,7 @@ import os
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from compactlog.storage.location import Location
+from compactlog.backend import Location
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
 from s3_support import (

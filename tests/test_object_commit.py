@@ -1,6 +1,6 @@
-"""The commit primitive's contract on both backends: LocalDocument (commit.py) on a
-local directory and ObjectDocument (object_commit.py) on a real S3 API server (moto, on
-loopback). Tests named in object_commit.py's protocol docstring are here; the S3-only
+"""The commit primitive's contract on both backends: LocalDocument (backend/local/document.py) on a
+local directory and ObjectDocument (backend/s3/document.py) on a real S3 API server (moto, on
+loopback). Tests named in backend/s3/document.py's protocol docstring are here; the S3-only
 ones cover steps that exist only there (conditional PUTs, lost answers).
 tests/test_commit.py keeps the local-only ones (the lock, fsyncs, processes)."""
 
@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 
+from compactlog import faults
+from compactlog.backend import Document
+from compactlog.backend.envelope import CURRENT
+from compactlog.backend.local.document import LocalDocument
+from compactlog.backend.s3.document import ObjectCommitOutcomeUnknown, ObjectDocument
+from compactlog.backend.s3.errors import ObjectStoreSetupError
 from compactlog.errors import ConflictError, CorruptionError, StorageError
-from compactlog.storage import faults
-from compactlog.storage.commit import CURRENT, LocalDocument
-from compactlog.storage.document import Document
-from compactlog.storage.object_commit import ObjectCommitOutcomeUnknown, ObjectDocument
-from compactlog.storage.object_errors import ObjectStoreSetupError
 from s3_support import (
     ACCESS_KEY_ID,
     SECRET_ACCESS_KEY,
@@ -372,7 +373,7 @@ def test_a_failed_audit_put_leaves_the_old_version(s3_only: Backend, fault: str)
             raise client_error(int(fault), "InternalError" if fault == "500" else "AccessDenied")
 
     doc.client.before = fail  # type: ignore[attr-defined]
-    # A 403 is a setup error (object_errors.py): retrying does not help.
+    # A 403 is a setup error (backend/s3/errors.py): retrying does not help.
     with pytest.raises(ObjectStoreSetupError if fault == "403" else StorageError) as error:
         doc.commit(1, {"v": 2})
     assert audit_name(2) in str(error.value) and "PUT" in str(error.value)

@@ -19,6 +19,8 @@ from click.testing import CliRunner
 from kio.schema.errors import ErrorCode
 
 from compactlog import LogStore
+from compactlog.backend import Location, state_document
+from compactlog.backend.s3.document import ObjectDocument
 from compactlog.cli import cli
 from compactlog.errors import ConflictError, FencedError
 from compactlog.server.coordinator.group_coordinator import GroupCoordinator, GroupError
@@ -27,10 +29,7 @@ from compactlog.server.producer_ids import ID_DOCUMENT, DocumentIdAllocator
 from compactlog.server.security.acl_model import Operation, Permission, new_binding
 from compactlog.server.security.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 from compactlog.storage.credentials import DIRECTORY, CredentialStore, make_credential
-from compactlog.storage.layout import state_document
 from compactlog.storage.lease import EPOCH_KEY
-from compactlog.storage.location import Location
-from compactlog.storage.object_commit import ObjectDocument
 from fakes import FakeClock
 from s3_support import (
     FaultyClient,
@@ -206,7 +205,7 @@ def test_users_and_acls_made_by_the_cli_are_found_from_another_machine(
 def test_a_dead_claim_does_not_block_the_server_state_documents(
         s3_env: S3Server, where: Location, tmp_path: Path) -> None:
     """A process killed between a commit's audit copy and its PUT of current.json
-    (object_commit.py steps 3-4) leaves a claim on the next version of the producer-id
+    (backend/s3/document.py steps 3-4) leaves a claim on the next version of the producer-id
     counter, the credentials or the ACLs; the next change clears it and lands."""
     class Killed(BaseException):
         pass

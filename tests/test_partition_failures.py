@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from compactlog import faults
 from compactlog.errors import CompactlogError, PartitionFailedError
-from compactlog.storage import faults, recovery
+from compactlog.storage import recovery
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 from fakes import FakeClock

@@ -2,9 +2,9 @@
 of the moto server: throttling (503 SlowDown), 500 InternalError, stalls beyond the
 request timeout, answers lost after the write landed, and bodies cut short. Each hits
 one step: a data file's GET or PUT through pyarrow's S3FileSystem, or one step of
-ObjectDocument.commit (object_commit.py) through boto3.
+ObjectDocument.commit (backend/s3/document.py) through boto3.
 
-What they show: a transient fault is retried with backoff (S3Settings, location.py) and
+What they show: a transient fault is retried with backoff (S3Settings, backend/s3/settings.py) and
 the operation succeeds; a persistent one ends in a one-line StorageError naming the
 operation and the key, and the document still loads its old version or the new one,
 never a mix, with its audit copies intact; a stalled commit PUT ends in
@@ -25,12 +25,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from compactlog.backend import Location
+from compactlog.backend.envelope import CURRENT
+from compactlog.backend.s3.document import ObjectCommitOutcomeUnknown, ObjectDocument
+from compactlog.backend.s3.errors import arrow_errors
+from compactlog.backend.s3.settings import S3Settings
+from compactlog.backend.s3.uploads import abort_incomplete_uploads
 from compactlog.errors import StorageError
-from compactlog.storage.commit import CURRENT
-from compactlog.storage.location import Location, S3Settings
-from compactlog.storage.object_commit import ObjectCommitOutcomeUnknown, ObjectDocument
-from compactlog.storage.object_errors import arrow_errors
-from compactlog.storage.object_uploads import abort_incomplete_uploads
 from s3_faults import (
     ATTEMPTS,
     Rule,
@@ -127,7 +128,7 @@ def test_a_failed_multipart_upload_leaves_no_object(s3_proxy: S3Proxy, s3: S3Ser
     listed = client.list_objects_v2(Bucket=s3.bucket, Prefix=location.path + "/")
     assert listed.get("KeyCount", 0) == 0
     # pyarrow did not abort its upload: the parts stay until abort_incomplete_uploads
-    # (object_uploads.py) or a lifecycle rule removes them. moto dates every upload
+    # (backend/s3/uploads.py) or a lifecycle rule removes them. moto dates every upload
     # 2010-11-10, so "now" is set from it to show that a young upload is left alone.
     uploads = client.list_multipart_uploads(Bucket=s3.bucket, Prefix=location.path + "/")
     (upload,) = uploads["Uploads"]
@@ -376,7 +377,7 @@ def test_a_document_body_cut_short_is_read_again(s3_proxy: S3Proxy) -> None:
 def test_retry_logs_hold_no_secret(s3_proxy: S3Proxy, caplog: pytest.LogCaptureFixture) -> None:
     """Retries, failures and every log record (botocore's and urllib3's included, at
     DEBUG, which log request headers and the strings they sign) show no credential:
-    location.py's filter masks the token and the access key id there."""
+    backend/s3/settings.py's filter masks the token and the access key id there."""
     caplog.set_level(logging.DEBUG)
     # The CLI, run in this process by other tests, raises these loggers to INFO for good
     # (quiet_secret_loggers); this test needs their DEBUG records.
@@ -434,7 +435,7 @@ def test_the_proxy_stops_every_thread_it_started(s3: S3Server) -> None:
 def test_boto3_backs_off_with_the_settings_bases(
     s3_proxy: S3Proxy, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    """The delays botocore sleeps between attempts are the settings' (location.py):
+    """The delays botocore sleeps between attempts are the settings' (backend/s3/settings.py):
     with the jitter pinned to its maximum, base * 2 ** (i - 1) capped at max_backoff_s,
     the base being throttle_backoff_s after a 503 SlowDown and retry_backoff_s after a
     500. (The delays are read, not timed.)"""

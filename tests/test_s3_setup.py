@@ -1,7 +1,7 @@
 """Bad setup of an s3:// location, each with a one-line error that says what was wrong and
 where, and never a secret (s3_support's fake secrets, and the secret moto's IAM made, are
 looked for in every message and log): a missing bucket, refused credentials, an endpoint
-that is down, and a store without conditional writes (object_probe.py's protocol; the
+that is down, and a store without conditional writes (backend/s3/probe.py's protocol; the
 steps' tests are named there).
 
 Credentials: moto checks signatures only when its auth is switched on. Its server takes
@@ -29,15 +29,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from compactlog.errors import StorageError, UserError
-from compactlog.storage.location import Location
-from compactlog.storage.object_commit import ObjectDocument
-from compactlog.storage.object_errors import ObjectStoreSetupError, arrow_errors
-from compactlog.storage.object_probe import (
+from compactlog.backend import Location
+from compactlog.backend.s3.document import ObjectDocument
+from compactlog.backend.s3.errors import ObjectStoreSetupError, arrow_errors
+from compactlog.backend.s3.probe import (
     PROBE_PREFIX,
     ConditionalWritesUnsupportedError,
     check_conditional_writes,
 )
+from compactlog.errors import StorageError, UserError
 from s3_faults import (
     S3Proxy,
     error,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from compactlog import LogStore, ProducerRecord
+from compactlog.backend import Location
 from compactlog.errors import TopicExistsError, UnknownTopicError
-from compactlog.storage.location import Location
 from s3_support import (
     ACCESS_KEY_ID,
     SECRET_ACCESS_KEY,
@@ -195,8 +195,8 @@ def test_a_failed_delete_of_a_retired_object_never_fails_the_commit(
     """Retention retires sealed segments; a later commit forgets them and deletes their
     objects. A DELETE that fails (StorageError from the store) is logged and left to the
     sweep: the commit stands, and the seal that made it goes on normally."""
+    from compactlog.backend.s3.volume import ObjectVolume
     from compactlog.errors import StorageError
-    from compactlog.storage.volume import ObjectVolume
 
     with LogStore.open(where, local_dir=tmp_path / "w") as store:
         store.create_topic("t", 1, {"retention.bytes": "1", "file.delete.delay.ms": "0",
@@ -223,13 +223,13 @@ def test_a_failed_delete_of_a_retired_object_never_fails_the_commit(
 def test_a_topic_change_killed_at_its_commit_point_does_not_block_the_next(
         where: Location, s3: S3Server, tmp_path: Path) -> None:
     """A writer killed between the audit copy and current.json of a topic's metadata
-    (object_commit.py steps 3-4) leaves a claim on the next version; the next alter,
+    (backend/s3/document.py steps 3-4) leaves a claim on the next version; the next alter,
     delete or create of that topic clears it (clear_dead_claim) instead of failing
     for good."""
     from typing import Any
 
+    from compactlog.backend.s3.document import ObjectDocument
     from compactlog.errors import ConflictError
-    from compactlog.storage.object_commit import ObjectDocument
     from s3_support import FaultyClient
 
     class Killed(BaseException):

@@ -1,4 +1,4 @@
-"""A partition's data files on S3 (storage/volume.py) under faults injected by the proxy
+"""A partition's data files on S3 (backend/s3/volume.py) under faults injected by the proxy
 of tests/s3_faults.py: a lost answer to the create-only PUT is recognised as this PUT's
 own object (not "the name is taken"); a download cut short is read again; a name that
 is really taken is refused and never replaced; errors name the object and never a
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from compactlog.backend import Location
+from compactlog.backend.s3.volume import ObjectVolume, ReadCache
 from compactlog.errors import StorageError
-from compactlog.storage.location import Location
-from compactlog.storage.volume import ObjectVolume, ReadCache
 from s3_faults import (
     S3Proxy,
     fast,

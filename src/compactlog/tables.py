@@ -45,14 +45,15 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyarrow import fs
 
+from compactlog.backend import Location
+from compactlog.backend.s3.settings import S3Settings
+from compactlog.backend.s3.volume import ObjectVolume
 from compactlog.errors import UserError
 from compactlog.storage.deletion import read_deletion_vector
-from compactlog.storage.location import Location, S3Settings
 from compactlog.storage.partition import Partition
 from compactlog.storage.sealed import RECORD_COLUMNS, SCHEMA
 from compactlog.storage.store import LogStore
 from compactlog.storage.view_rows import FileRows, RowCondition, rows_of
-from compactlog.storage.volume import ObjectVolume
 
 VIEWS = ("raw", "compacted")
 

@@ -20,7 +20,7 @@ import click
 from compactlog.errors import CompactlogError, UnknownTopicError
 
 if TYPE_CHECKING:
-    from compactlog.storage.document import Document
+    from compactlog.backend import Document
 
 DEFAULT_DATA_DIR = "./compactlog-data"
 
@@ -41,7 +41,7 @@ class Context:
 
     def set_data_dir(self, value: str | Path) -> None:
         # Imported here, not at start-up: the store's modules bring pyarrow.
-        from compactlog.storage.location import Location
+        from compactlog.backend import Location
 
         self.location = Location.parse(value)
         self.target: str | Path = str(self.location) if self.location.is_s3 else Path(value)
@@ -54,7 +54,7 @@ class Context:
 
     def state_document(self, name: str) -> Document:
         """The store's document `name` (credentials, ACLs), without opening the store."""
-        from compactlog.storage.layout import state_document
+        from compactlog.backend import state_document
 
         return state_document(self.location, self.data_dir, name)
 

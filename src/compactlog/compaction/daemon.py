@@ -35,11 +35,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from compactlog import fsutil
 from compactlog.compaction import CompactionReport
 from compactlog.compaction.worker import CompactionWorker
 from compactlog.errors import CompactlogError
 from compactlog.pids import is_alive
-from compactlog.storage import fsutil
 
 WORKER_FILE = "compaction-worker.json"
 SOCKET_NAME = "worker.sock"

@@ -28,9 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from compactlog import fsutil
 from compactlog.compaction.io_throttle import observe_growth, observe_row_group
 from compactlog.compaction.verified import remember, verify_input
-from compactlog.storage import fsutil
 from compactlog.storage.deletion import deleted_mask, read_deletion_vector
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer

@@ -27,13 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
+from compactlog.backend import Volume
+from compactlog.backend.local.volume import LocalVolume
 from compactlog.compaction.ledger import PieceInput, TombstoneRules
 from compactlog.compaction.strategies import Strategy, parse_strategy
 from compactlog.config import TopicConfig
 from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest, SegmentInfo
 from compactlog.storage.view_rows import retention_ms
-from compactlog.storage.volume import LocalVolume, Volume
 
 MAX_LEDGER_FILE_BYTES = 256 * 1024 * 1024
 
@@ -49,7 +50,7 @@ class InputFile:
 
     @property
     def relative(self) -> str:
-        """Its name in the partition's volume (storage/volume.py)."""
+        """Its name in the partition's volume (compactlog.backend Volume)."""
         return f"{LEDGER_DIR if self.is_ledger else SEGMENT_DIR}/{self.info.file}"
 
 

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from compactlog.storage.fsutil import TEMP_PREFIX
+from compactlog.backend import volume_from_spec
+from compactlog.fsutil import TEMP_PREFIX
 from compactlog.storage.manifest import LEDGER_DIR
-from compactlog.storage.volume import volume_from_spec
 
 TaskBody = Callable[[dict[str, Any]], dict[str, Any]]
 

@@ -283,7 +283,7 @@ def _sweep(partition: Partition) -> None:
     says which files are reachable. A sweep that fails is logged: it deletes nothing it
     should keep, and the next run or the writer sweeps again."""
     try:
-        # Orphans only when the current version is proven (storage/commit.py).
+        # Orphans only when the current version is proven (backend/local/document.py).
         orphan_dirs = [LEDGER_DIR] if partition.prove_manifest() else []
         partition.refresh()
         sweep(partition.volume, partition.manifest, partition.now_ms(),

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from compactlog.storage import fsutil
+from compactlog import fsutil
 from compactlog.storage.locks import CompactionRunningError, compaction_lock, is_locked
 
 __all__ = ["CompactionRunningError", "CompactionStatus", "compaction_lock", "is_locked",

@@ -3,7 +3,7 @@
 Invariant: `verify_input` skips the whole-file CRC32C of a file only when this process
 computed it before and found the manifest's checksum, and the file still has the same
 path, size, inode, modification and change times (ns) as then. Data files are never
-written in place (a name is published once, by rename; storage/fsutil.py), so in a
+written in place (a name is published once, by rename; compactlog/fsutil.py), so in a
 long-lived process (the warm compaction worker, the server's compaction worker, a Spark
 Python worker that local mode reuses) a ledger file that every run reads is read for
 its checksum once, not once per run. Anything that rewrites the file, or replaces it

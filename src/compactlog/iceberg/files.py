@@ -14,11 +14,12 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from compactlog import fsutil
+from compactlog.backend import Listed, Location, Volume
+from compactlog.backend.local.volume import LocalVolume
+from compactlog.backend.s3.layout import ObjectLayout
+from compactlog.backend.s3.volume import ObjectVolume, remove_prefix
 from compactlog.errors import ConflictError, StorageError
-from compactlog.storage import fsutil
-from compactlog.storage.layout import ObjectLayout
-from compactlog.storage.location import Location
-from compactlog.storage.volume import Listed, LocalVolume, ObjectVolume, Volume, remove_prefix
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -59,7 +60,7 @@ class TableFiles(Protocol):
 
 class LocalTableFiles:
     """A table under a local directory: temporary file, fsync, link or rename, then a
-    directory fsync (storage/fsutil.py)."""
+    directory fsync (compactlog/fsutil.py)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
@@ -135,7 +136,7 @@ class LocalTableFiles:
 
 
 class ObjectTableFiles:
-    """A table under an S3 prefix, through storage/bucket.py (conditional PUTs)."""
+    """A table under an S3 prefix, through backend/s3/bucket.py (conditional PUTs)."""
 
     def __init__(self, location: Location, client: S3Client, cache_dir: Path) -> None:
         assert location.bucket is not None

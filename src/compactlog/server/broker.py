@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from compactlog.backend import Document
 from compactlog.errors import ConflictError
 from compactlog.log_throttle import Throttle
 from compactlog.server.coordinator.group_coordinator import (
@@ -39,7 +40,6 @@ from compactlog.server.security.sasl_users import SaslUsers
 from compactlog.server.uploads import Uploads
 from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR
 from compactlog.storage.credentials import CredentialStore
-from compactlog.storage.document import Document
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
@@ -77,7 +77,7 @@ class Broker:
         # The most records a Fetch response holds (the first batch always goes whole).
         self.fetch_max_bytes = fetch_max_bytes
         # The broker's own state lives with the topics (on S3, where a server that
-        # takes over finds it): storage/layout.py `state_document`.
+        # takes over finds it): compactlog.backend `state_document`.
         state = store.layout.state_document
         # ACLs (server/security/authorizer.py); off unless the config turns it on.
         self.authorizer = Authorizer(state(ACL_DIR), authorization or AuthorizationConfig())

@@ -13,8 +13,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from compactlog import fsutil
 from compactlog.pids import is_alive
-from compactlog.storage import fsutil
 
 FILE = "server.json"
 LOCK_FILE = ".writer.lock"

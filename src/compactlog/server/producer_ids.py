@@ -17,10 +17,9 @@ import json
 import threading
 from pathlib import Path
 
+from compactlog import fsutil
+from compactlog.backend import Document, Snapshot, clear_dead_claim
 from compactlog.errors import ConflictError, CorruptionError
-from compactlog.storage import fsutil
-from compactlog.storage.commit import Snapshot
-from compactlog.storage.document import Document, clear_dead_claim
 
 ID_FILE = "producer-ids.json"
 ID_BLOCK_SIZE = 1000

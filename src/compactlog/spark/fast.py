@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from compactlog.backend import Location
 from compactlog.errors import UserError
 from compactlog.spark.options import VIEWS, ReadOptions
 from compactlog.spark.plan import FilePart, TailPart, plan_read
@@ -50,7 +51,6 @@ from compactlog.spark.read import read_tail
 from compactlog.spark.schema import CREATE_TIME, PARQUET_SCHEMA, SPARK_SCHEMA
 from compactlog.spark.source import NAME, CompactlogDataSource
 from compactlog.storage.deletion import read_deletion_vector
-from compactlog.storage.location import Location
 from compactlog.storage.store import LogStore
 from compactlog.storage.view_rows import TOMBSTONE_COLUMNS
 

@@ -27,7 +27,7 @@ name (`segments/<file>`, `ledger/<file>`), never by a path of the driver: the ex
 opens it with `volume_from_spec(spec).fetch(relative)`, which is the file itself in a
 local data directory and a copy downloaded into the executor's read cache on S3. A spec
 holds a directory or an s3:// URL and nothing else: no credential travels in a task;
-an executor reads the AWS settings from its own environment (storage/location.py).
+an executor reads the AWS settings from its own environment (backend/s3/settings.py).
 
 On an s3:// location the plan covers the sealed part only: the unsealed log segments
 are on the writer's local disk, which other machines do not have. The driver plans from
@@ -49,10 +49,10 @@ from pathlib import Path
 
 from pyspark.sql.datasource import InputPartition
 
+from compactlog.backend import Location, Volume, volume_from_spec
 from compactlog.config import TopicConfig
 from compactlog.errors import CorruptionError
 from compactlog.spark.options import ReadOptions
-from compactlog.storage.location import Location
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
@@ -63,7 +63,6 @@ from compactlog.storage.view_rows import (
     partition_rows,
     upper_bound,
 )
-from compactlog.storage.volume import Volume, volume_from_spec
 
 Clock = Callable[[], float]
 

@@ -56,11 +56,11 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from compactlog.backend import Location
 from compactlog.errors import UserError
 from compactlog.spark.options import EARLIEST, LATEST, StreamOptions, parse_stream_options
 from compactlog.spark.plan import FilePart, TailPart, plan_range
 from compactlog.spark.read import read_part
-from compactlog.storage.location import Location
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore, Topic
 from compactlog.storage.view_rows import upper_bound

@@ -16,8 +16,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from compactlog import fsutil
 from compactlog.errors import PartitionFailedError, StorageError
-from compactlog.storage import fsutil
 from compactlog.storage.logfile import LogSegment, log_file_name
 from compactlog.storage.records import BatchHeader
 

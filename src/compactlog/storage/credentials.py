@@ -1,5 +1,5 @@
 """SCRAM credentials: `<data location>/security/scram/`, one document committed through
-the commit primitive (storage/commit.py locally, object_commit.py on S3, where a server
+the commit primitive (LocalDocument locally, ObjectDocument on S3, where a server
 that takes over finds them), so a change is all or nothing and two writers (the
 server's AlterUserScramCredentials and `compactlog users`) never lose each other's.
 
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compactlog.backend import Document, Snapshot, clear_dead_claim
+from compactlog.backend.local.document import LocalDocument
 from compactlog.errors import ConflictError, UserError
-from compactlog.storage.commit import LocalDocument, Snapshot
-from compactlog.storage.document import Document, clear_dead_claim
 
 DIRECTORY = "security/scram"  # under the data location
 # Kafka's names and hash functions; Kafka's ScramMechanism numbers them 1 and 2 on the wire.

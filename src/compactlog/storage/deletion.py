@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from compactlog.storage import faults, fsutil
+from compactlog import faults, fsutil
 from compactlog.storage.sealed import SegmentMissingError, file_crc32c, verify_file
 
 DV_SCHEMA = pa.schema([pa.field("offset", pa.int64(), nullable=False)])

@@ -6,7 +6,7 @@ sweep delete those files file.delete.delay.ms after their retirement; a hold kee
 
 Invariant: the sweep (sweep.py) never deletes a file that the partition's committed
 hold document lists. The document is `holds/current.json` in the partition's volume,
-committed by compare-and-swap like the manifest (document.py), so that holders on
+committed by compare-and-swap like the manifest (compactlog.backend Document), so that holders on
 several machines (compaction runs and the server's upkeep) add and release entries
 without losing one another's. It maps a holder ("iceberg-state") to the relative paths
 it holds, each with the time it was first held:
@@ -33,9 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from compactlog.backend import Document, Snapshot
 from compactlog.errors import ConflictError
-from compactlog.storage.commit import Snapshot
-from compactlog.storage.document import Document
 
 HOLDS = "holds"
 ATTEMPTS = 20

@@ -19,7 +19,7 @@ Lease protocol (WriterLease; tests in tests/test_lease.py):
      test_a_second_writer_is_refused_while_the_lease_lives,
      test_an_expired_lease_is_taken_over_with_a_higher_epoch
   1a. a conflict on a free lease may be the audit copy a holder killed inside a commit
-     left (object_commit.py steps 3-4), which would block every taker for good: remove
+     left (backend/s3/document.py steps 3-4), which would block every taker for good: remove
      audit copies of versions never committed and try once more;
      test_a_holder_killed_inside_a_renewal_does_not_block_the_next_taker
   2. renew every ttl/3: commit {owner, epoch, new expiry} on the version this process
@@ -54,9 +54,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from compactlog.backend import Document, Snapshot, clear_dead_claim
 from compactlog.errors import CompactlogError, ConflictError, DataDirLockedError
-from compactlog.storage.commit import Snapshot
-from compactlog.storage.document import Document, clear_dead_claim
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from compactlog import faults
 from compactlog.errors import CorruptionError, PartitionFailedError, StorageError
-from compactlog.storage import faults
 from compactlog.storage.records import (
     CRC_START,
     HEADER,

@@ -1,5 +1,5 @@
 """What a partition's manifest holds: its sealed segments, its compaction pair and the
-files it has retired, as typed values. (How a manifest is committed: storage/commit.py.)
+files it has retired, as typed values. (How a manifest is committed: backend/local/document.py.)
 
 Invariant: a manifest is one value, committed whole. The sealed segments, the
 (horizon, ledger) pair and the retired files change together in one commit, so a

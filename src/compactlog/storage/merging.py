@@ -75,8 +75,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from compactlog import fsutil
 from compactlog.errors import ConflictError
-from compactlog.storage import fsutil, locks
+from compactlog.storage import locks
 from compactlog.storage.manifest import SEGMENT_DIR, PartitionManifest, SegmentInfo
 from compactlog.storage.sealed import (
     FORMAT_VERSION,

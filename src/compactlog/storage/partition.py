@@ -1,7 +1,7 @@
 """A partition: sealed Parquet segments, rolled log segments and one active log segment.
 
 Directory layout:
-  manifest/   the partition's manifest, committed by compare-and-swap (commit.py)
+  manifest/   the partition's manifest, committed by compare-and-swap (a backend Document)
   log/        <base offset>.log files of v2 record batches; the last is the active one
   segments/   <base offset>-<id>.parquet sealed segments, listed by the manifest
   ledger/     the compacted ledger's Parquet files, listed by the manifest (compaction)
@@ -36,6 +36,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from compactlog import fsutil
+from compactlog.backend import CommitOutcomeUnknown, Snapshot, Volume
+from compactlog.backend.local.document import CommitLockTimeout
+from compactlog.backend.local.volume import LocalVolume
 from compactlog.config import TopicConfig
 from compactlog.errors import (
     ConflictError,
@@ -49,7 +53,6 @@ from compactlog.errors import (
 )
 from compactlog.storage import (
     appending,
-    fsutil,
     log_validator,
     reads,
     recovery,
@@ -57,11 +60,6 @@ from compactlog.storage import (
     sealing,
 )
 from compactlog.storage.appending import AppendResult as AppendResult
-from compactlog.storage.commit import (
-    CommitLockTimeout,
-    CommitOutcomeUnknown,
-    Snapshot,
-)
 from compactlog.storage.compacted import CompactedView
 from compactlog.storage.filecache import OpenFiles
 from compactlog.storage.holds import HOLDS, Holds
@@ -87,7 +85,6 @@ from compactlog.storage.records import (
 )
 from compactlog.storage.sealed import SegmentMissingError
 from compactlog.storage.sweep import delete_forgotten
-from compactlog.storage.volume import LocalVolume, Volume
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +123,7 @@ class Partition:
     ) -> None:
         # `directory` is local: log segments, locks, compaction status, files being
         # written. The durable files (manifest, sealed segments, ledger) are in `volume`:
-        # the same directory, or an S3 prefix (volume.py).
+        # the same directory, or an S3 prefix (its Volume).
         self.directory = directory
         self.volume: Volume = volume if volume is not None else LocalVolume(directory)
         self.topic = topic
@@ -194,7 +191,7 @@ class Partition:
         (directory / "log" / log_file_name(0)).touch()
 
     def data_path(self, relative: str) -> Path:
-        """A local path holding data file `relative` (volume.py: on S3 a cached copy,
+        """A local path holding data file `relative` (its Volume: on S3 a cached copy,
         downloaded now if need be). A file that is gone raises SegmentMissingError, so a
         read retries from a newer manifest (reads.with_view)."""
         try:
@@ -301,7 +298,7 @@ class Partition:
     # -- the manifest -----------------------------------------------------------------
 
     def load_manifest(self) -> None:
-        """Read the current manifest (commit.py falls back past a damaged current.json)."""
+        """Read the current manifest (a Document falls back past a damaged current.json)."""
         snapshot = self.document.load()
         where = self.volume.describe("manifest/current.json")
         if snapshot is None:
@@ -412,10 +409,10 @@ class Partition:
 
     def prove_manifest(self) -> bool:
         """Whether the manifest's current version is proven, so that files it does not
-        list are orphans (commit.py). Its owner, the writer holding the lease, removes
+        list are orphans (the Document). Its owner, the writer holding the lease, removes
         audit copies of versions never committed on the way; any other process (a
         compaction, a fenced writer) only looks, since on an object store a stalled
-        owner's commit looks the same as a dead one's (object_commit.py)."""
+        owner's commit looks the same as a dead one's (backend/s3/document.py)."""
         owner = self.writable and not isinstance(self.failed, FencedError | LeaseLostError)
         return self.document.purge_uncommitted() if owner else self.document.proven()
 

@@ -7,7 +7,7 @@ manifest reaches, whole log segments (a torn tail cut back to the last whole bat
 and no temporary file; nothing that a committed manifest lists has been deleted.
 
 Recovery steps for a writer (each repairs one crash point of a protocol in sealing.py,
-commit.py or the compaction runner; the crash tests name them):
+backend/local/document.py or the compaction runner; the crash tests name them):
   1. remove temporary files in manifest/, holds/, log/ and segments/ (a crash before a
      rename; tests/test_fault_steps.py kills at every step of the hold commit);
   2. sweep (sweep.py): orphans in segments/ (a seal that crashed after its rename but
@@ -53,8 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from compactlog import fsutil
 from compactlog.errors import CorruptionError, StorageError
-from compactlog.storage import fsutil, locks
+from compactlog.storage import locks
 from compactlog.storage.lease import EPOCH_KEY
 from compactlog.storage.logfile import LogSegment, TornTail, base_offset_of, log_file_name
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
@@ -108,7 +109,7 @@ def recover(partition: Partition) -> Recovered:
     _load_or_create_manifest(partition)
     if not partition.volume.is_local:
         # A writer killed between a commit's audit copy and its PUT of current.json
-        # (object_commit.py steps 3 and 4) left an audit copy of a version never
+        # (backend/s3/document.py steps 3 and 4) left an audit copy of a version never
         # committed, on which every commit of that version conflicts: the stamp below
         # would give up ("manifest kept changing") and the store could not open. This
         # writer holds the lease, so it is the document's owner and may purge it, as its
@@ -165,7 +166,7 @@ def _recover_files(partition: Partition, report: RecoveryReport) -> None:
     removed.extend(Path(item) for item in partition.document.recover())
     # The hold document's commits (a compaction's Iceberg sync, the upkeep's expiry) can
     # be killed between writing and renaming too: its leftovers go the same way, under
-    # its commit lock, so a holder committing now keeps its files (commit.py, recover).
+    # its commit lock, so a holder committing now keeps its files (Document.recover).
     removed.extend(Path(item) for item in partition.holds.document.recover())
     # Orphans are what a crash left; retired files past their delay are housekeeping.
     # A sweep that fails deletes nothing it should keep: open goes on, upkeep retries.
@@ -267,7 +268,7 @@ def _set_aside(partition: Partition, report: RecoveryReport, paths: list[Path],
 
 def sweep_as_writer(partition: Partition, seal_lock_held: bool = False) -> SweepResult:
     """The writer's sweep (sweep.py). Orphans may be deleted only when the manifest's
-    current version is proven (commit.py's purge_uncommitted: current.json intact, and
+    current version is proven (Document.purge_uncommitted: current.json intact, and
     audit copies of versions never committed removed), and only where their writers are
     excluded: sealers by the seal lock (held here), compactions by the compaction lock,
     taken without waiting (else ledger orphans and a crashed run's temporary status

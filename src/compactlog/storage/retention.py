@@ -7,7 +7,7 @@ wholly at or below the compaction horizon: the compacted view is never changed b
 retention, because the ledger keeps the surviving records of what it removes.
 
 Protocol: 1. pick the expired prefix from the current manifest; 2. commit a manifest
-without it and with the log start moved past it (commit.py; the dropped files are
+without it and with the log start moved past it (backend/local/document.py; the dropped files are
 retired by the commit, not deleted); 3. the sweep deletes them once
 file.delete.delay.ms has passed (sweep.py), so readers that loaded the older manifest
 can finish. A failure before 2 changes nothing; after it, the sweep runs later.

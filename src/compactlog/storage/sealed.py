@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from aiokafka.record._crecords import DefaultRecordBatch
 
+from compactlog import faults, fsutil
 from compactlog.errors import CorruptionError
-from compactlog.storage import faults, fsutil
 from compactlog.storage.gcpause import gc_paused
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.records import BatchHeader, Headers, Record

@@ -7,9 +7,9 @@ deleted only after that commit, and a sealed file that no commit lists is never 
 Sealing protocol for a rolled log segment (tests/test_fault_steps.py covers a fault at
 every step, and tests/test_crash.py a kill):
   1. write the Parquet file under a temporary name in segments/ and fsync it;
-  2. publish it under its final name (volume.py: rename it and fsync the directory; on
+  2. publish it under its final name (its Volume: rename it and fsync the directory; on
      S3 a create-only PUT);
-  3. commit a manifest version that lists it (compare-and-swap, commit.py); a manifest
+  3. commit a manifest version that lists it (compare-and-swap, a Document); a manifest
      whose sealed segments already reach past the file's first offset means another
      writer sealed those offsets (two writers on one object-store prefix): FencedError,
      and this partition takes no more writes (tests/test_store_s3.py,
@@ -42,8 +42,8 @@ import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from compactlog import fsutil
 from compactlog.errors import FencedError, StorageError
-from compactlog.storage import fsutil
 from compactlog.storage.logfile import LogSegment
 from compactlog.storage.manifest import SEGMENT_DIR, PartitionManifest, SegmentInfo
 from compactlog.storage.sealed import WriteOptions, write_segment

@@ -13,8 +13,8 @@ Staging lives outside topics/ so that no topic name can be taken for a leftover.
 
 A data location may also be an s3:// URL: then the durable files (metadata, manifests,
 sealed segments, ledgers) are objects, and a local directory holds the log segments,
-the writer lock and a read cache (layout.py has both layouts). `data_dir` is always the
-local directory.
+the writer lock and a read cache (backend/local/layout.py, backend/s3/layout.py). `data_dir` is
+always the local directory.
 """
 
 from __future__ import annotations
@@ -32,6 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compactlog.backend import (
+    Layout,
+    Location,
+    Snapshot,
+    Volume,
+    clear_dead_claim,
+    is_deleted,
+    layout_for,
+)
+from compactlog.backend.local.layout import LocalLayout
+from compactlog.backend.s3.layout import ObjectLayout
+from compactlog.backend.s3.probe import check_conditional_writes
 from compactlog.config import TopicConfig
 from compactlog.errors import (
     CompactlogError,
@@ -46,20 +58,14 @@ from compactlog.errors import (
     UserError,
 )
 from compactlog.log_throttle import Throttle
-from compactlog.storage.commit import Snapshot
-from compactlog.storage.document import clear_dead_claim
 from compactlog.storage.filecache import OpenFiles
-from compactlog.storage.layout import Layout, LocalLayout, ObjectLayout, is_deleted
 from compactlog.storage.lease import DEFAULT_TTL_S, LeaseLostError, WriterLease
-from compactlog.storage.location import Location
 from compactlog.storage.merging import merge_small_segments
-from compactlog.storage.object_probe import check_conditional_writes
 from compactlog.storage.partition import AppendResult, Clock, Partition
 from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
 from compactlog.storage.records import MAX_UNCOMPRESSED_BATCH_BYTES, ProducerRecord
 from compactlog.storage.recovery import RecoveryReport
 from compactlog.storage.upkeep import run_round
-from compactlog.storage.volume import Volume
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +188,7 @@ class LogStore:
         self.data_dir = data_dir
         # Where the durable files are: data_dir itself, or an s3:// prefix.
         self.location = location if location is not None else Location(str(data_dir))
-        self.layout: Layout
-        if self.location.is_s3:
-            self.layout = ObjectLayout(self.location, data_dir)
-        else:
-            self.layout = LocalLayout(data_dir)
+        self.layout: Layout = layout_for(self.location, data_dir)
         # Parquet files open at once, for every partition of the store (filecache.py).
         self.files = OpenFiles(max_open_files)
         self.topics_dir = data_dir / "topics"
@@ -246,7 +248,7 @@ class LogStore:
             assert isinstance(layout, LocalLayout | ObjectLayout)
             if isinstance(layout, ObjectLayout):
                 # A store whose conditional writes do nothing would let two commits both
-                # land: refuse it before writing anything (object_probe.py).
+                # land: refuse it before writing anything (backend/s3/probe.py).
                 check_conditional_writes(location, layout.client)
             layout.prepare()
             store._take_writer_lock()

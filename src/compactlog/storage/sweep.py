@@ -8,7 +8,7 @@ finish), or no manifest mentions it at all and no writer can still be about to c
 it (an orphan: a seal or compaction that crashed or failed before its commit; on an
 object store also older than OBJECT_ORPHAN_MIN_AGE_MS, since a compaction on another
 machine is not excluded by this machine's locks). Orphans
-are deleted only when the current version is proven (commit.py, purge_uncommitted).
+are deleted only when the current version is proven (Document.purge_uncommitted).
 A reader in this process that still holds a deleted file reads on (POSIX keeps an
 unlinked file's data until its last descriptor closes), and the open-file cache closes
 it when that read ends; on an object store the delay is what protects readers.
@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from compactlog.storage import fsutil
+from compactlog import fsutil
+from compactlog.backend import Volume
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
-from compactlog.storage.volume import Volume
 
 # On an object store, an unlisted data file is an orphan only once it is this old (see
 # `sweep`): longer than any compaction run or seal takes from its first write to its commit.

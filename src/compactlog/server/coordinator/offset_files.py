@@ -53,11 +53,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from compactlog import fsutil
+from compactlog.backend import Location
+from compactlog.backend.s3.bucket import Bucket, PreconditionFailed
 from compactlog.errors import FencedError, StorageError
-from compactlog.storage import fsutil
-from compactlog.storage.bucket import Bucket, PreconditionFailed
 from compactlog.storage.lease import EPOCH_KEY, LeaseLostError, WriterLease
-from compactlog.storage.location import Location
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -165,7 +165,7 @@ class ObjectOffsetFiles:
                  check_owner: Callable[[], None] | None = None) -> None:
         """`check_owner` raises LeaseLostError unless this writer still holds the lease
         (WriterLease.check); it is asked before the first PUT of a group."""
-        from compactlog.storage.volume import s3_client
+        from compactlog.backend.s3.volume import s3_client
 
         assert location.bucket is not None, f"{location} is not an s3:// location"
         self.bucket = location.bucket

@@ -4,7 +4,7 @@ It holds the ACLs and applies acl_model.py's rule to them; the handlers reach it
 through access.py, the admin API through admin/route_access.py.
 
 Invariant: the ACLs in force are exactly those of the committed version of the
-document `<data>/acls/` (storage/commit.py: compare-and-swap of `current.json`). A
+document `<data>/acls/` (backend/local/document.py: compare-and-swap of `current.json`). A
 change (CreateAcls, DeleteAcls) is computed from the committed version and committed
 on top of it before it is answered or takes effect, so an acknowledged change survives
 a crash and an unacknowledged one either happened whole or not at all; decisions read
@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compactlog.backend import Document, Snapshot, clear_dead_claim
+from compactlog.backend.local.document import LocalDocument
 from compactlog.errors import ConflictError, CorruptionError
 from compactlog.log_throttle import Throttle
 from compactlog.server.security.acl_model import (
@@ -38,8 +40,6 @@ from compactlog.server.security.acl_model import (
     decide,
     decide_by_type,
 )
-from compactlog.storage.commit import LocalDocument, Snapshot
-from compactlog.storage.document import Document, clear_dead_claim
 
 log = logging.getLogger("compactlog.authorizer")
 ACL_DIR = "acls"

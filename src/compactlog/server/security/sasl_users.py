@@ -34,8 +34,9 @@ import logging
 import os
 import threading
 
+from compactlog.backend import Document
+from compactlog.backend.local.document import LocalDocument
 from compactlog.errors import CompactlogError, ConflictError
-from compactlog.storage.commit import LocalDocument
 from compactlog.storage.credentials import (
     DEFAULT_ITERATIONS,
     MECHANISMS,
@@ -46,7 +47,6 @@ from compactlog.storage.credentials import (
     keep_private,
     salted_password,
 )
-from compactlog.storage.document import Document
 
 log = logging.getLogger("compactlog.server")
 DECOY_DOCUMENT = "security/decoy"  # under the data location, beside security/scram

@@ -3,9 +3,9 @@ delete, list, and the few transfers the callers need, each one request (or one l
 with one error mapping.
 
 Invariant: every request to the store that compactlog makes through boto3 goes through a
-`Bucket` (but object_probe.py's, which reads a store's raw refusal of a conditional
+`Bucket` (but backend/s3/probe.py's, which reads a store's raw refusal of a conditional
 header to tell an unsupported store from a failure), and every failure of one leaves it
-as the one-line error object_errors.py makes (`request_error`: the operation, the s3://
+as the one-line error backend/s3/errors.py makes (`request_error`: the operation, the s3://
 URL, what to do, never a credential), except the answers that are outcomes rather than
 failures, which come back as values or as their own exceptions:
 - an object that is not there: `get`, `head` and `download` return None;
@@ -15,13 +15,13 @@ failures, which come back as values or as their own exceptions:
   conditional writes with 409 ConditionalRequestConflict, the same to a committer;
 - a PUT that may have landed (a 5xx answer, or no answer after it was sent): the
   PutOutcomeUnknown subclass of StorageError, so a committer knows to read back.
-boto3's client retries each request with backoff first (S3Settings in location.py), and
+boto3's client retries each request with backoff first (S3Settings in backend/s3/settings.py), and
 the client is taken as given, so a test's wrapped client (tests/s3_support.py
 FaultyClient) sees every request; requests are made with keyword arguments only.
 
-This module moves to `compactlog/backend/s3/` when the backend package lands (issue 22);
-until then it, object_errors.py, object_probe.py and location.py are the only modules
-that import botocore (the import-linter contract in pyproject.toml).
+With errors.py, probe.py and settings.py, it is one of the modules of compactlog.backend.s3,
+the only package that imports boto3 or botocore (the import-linter contract in
+pyproject.toml).
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ from botocore.exceptions import (
     EndpointConnectionError,
 )
 
-from compactlog.errors import ConflictError, StorageError
-from compactlog.storage.object_errors import (
+from compactlog.backend.s3.errors import (
     ObjectStoreSetupError,
     http_status,
     no_such_key,
     request_error,
 )
+from compactlog.errors import ConflictError, StorageError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -131,7 +131,7 @@ class Bucket:
 
     def failed(self, operation: str, key: str,
                error: Exception) -> StorageError | ObjectStoreSetupError:
-        """`error`, raised by `operation` on `key`, as object_errors.py says."""
+        """`error`, raised by `operation` on `key`, as backend/s3/errors.py says."""
         return request_error(self.client, operation, self.url(key), error)
 
     @contextmanager

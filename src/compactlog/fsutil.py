@@ -6,7 +6,7 @@ rename or link, and the directory is fsynced so that the new name survives power
 A crash leaves at worst a temporary file, which `remove_temp_files` deletes on the next
 open.
 
-Every step passes a fault point (storage/faults.py) named by its kind, so that tests
+Every step passes a fault point (compactlog/faults.py) named by its kind, so that tests
 can fail, stall or kill at exactly that step.
 """
 
@@ -17,7 +17,7 @@ import os
 import uuid
 from pathlib import Path
 
-from compactlog.storage import faults
+from compactlog import faults
 
 TEMP_PREFIX = ".tmp-"
 

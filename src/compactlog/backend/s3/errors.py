@@ -11,7 +11,7 @@ timeouts and dropped connections are retried with backoff first) becomes:
 - ObjectStoreSetupError (a UserError: fix the setup, retrying will not help): the bucket
   does not exist, the credentials were refused (InvalidAccessKeyId,
   SignatureDoesNotMatch, expired tokens), access was denied, or no credentials were found;
-  ConditionalWritesUnsupportedError (object_probe.py) is one of these.
+  ConditionalWritesUnsupportedError (backend/s3/probe.py) is one of these.
 - StorageError (retryable): the endpoint cannot be reached (connection refused, connect
   timeout), a request timed out or lost its connection, or the store kept answering
   with throttling or 5xx errors; any other failure of a request.

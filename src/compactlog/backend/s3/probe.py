@@ -4,7 +4,7 @@ writes are enforced.
 
 Invariant: a location whose store does not enforce `If-None-Match: *` and `If-Match`
 is refused before anything is written there (ConditionalWritesUnsupportedError, naming
-the missing feature), because ObjectDocument's compare-and-swap (object_commit.py)
+the missing feature), because ObjectDocument's compare-and-swap (backend/s3/document.py)
 rests on them: on a store that ignores them two commits based on one version would both
 land and one would be lost silently. The probe leaves nothing behind but, if it dies
 midway, one small object under the location's prefix whose name starts with
@@ -13,7 +13,7 @@ midway, one small object under the location's prefix whose name starts with
 Probe protocol (check_conditional_writes; the test of each step in
 tests/test_s3_setup.py):
   1. PUT a fresh probe object with `If-None-Match: *`: it must succeed. A missing
-     bucket, refused credentials or a down endpoint fail here with object_errors.py's
+     bucket, refused credentials or a down endpoint fail here with backend/s3/errors.py's
      message; test_a_missing_bucket_is_named, test_refused_credentials_are_named,
      test_a_down_endpoint_is_named. A 501 NotImplemented (or a 400 naming the header)
      means the store does not take conditional writes at all;
@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from compactlog.storage.location import Location, LocationError, S3Settings
-from compactlog.storage.object_errors import ObjectStoreSetupError, request_error
+from compactlog.backend import Location, LocationError
+from compactlog.backend.s3.errors import ObjectStoreSetupError, request_error
+from compactlog.backend.s3.settings import S3Settings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -1,6 +1,6 @@
 """The commit primitive on an S3 prefix: compare-and-swap of current.json by conditional PUT.
 
-Invariant (the same as commit.py's): a commit succeeds only if the version it was based
+Invariant (the same as local/document.py's): a commit succeeds only if the version it was based
 on is still current when it replaces it, however long it stalled before; otherwise it
 fails with ConflictError and changes nothing. The store's atomic conditional PUT plays
 the part of the local lock and rename: current.json is replaced only by a PUT with
@@ -47,8 +47,8 @@ tests/test_object_commit.py, which runs the same tests against LocalDocument):
   5. DELETE audit copies older than `keep` versions (a failure is logged; the commit
      stands); test_audit_copies_are_pruned
 Faults of the store, through the fault proxy in front of moto (tests/test_s3_faults.py):
-every request is retried by botocore with backoff (S3Settings in location.py), and what
-outlasts the retries is a one-line error from object_errors.py naming the operation and
+every request is retried by botocore with backoff (S3Settings in backend/s3/settings.py), and what
+outlasts the retries is a one-line error from backend/s3/errors.py naming the operation and
 the key. Per step:
   2. 503/500 retried: test_a_transient_fault_at_each_commit_step_is_retried; persistent:
      StorageError, nothing changed: test_a_persistent_fault_before_the_commit_point_
@@ -64,7 +64,7 @@ the key. Per step:
   5. retried (same test); persistent: the commit stands, pruning is retried at the next:
      test_a_persistent_fault_when_pruning_leaves_the_commit_standing
 Bad setup (a missing bucket, refused credentials, a store without conditional writes,
-checked once by object_probe.py in `at`) is an ObjectStoreSetupError: tests/test_s3_setup.py.
+checked once by backend/s3/probe.py in `at`) is an ObjectStoreSetupError: tests/test_s3_setup.py.
 
 A commit that dies after 3 leaves an audit copy of a version maybe never committed: it
 blocks commits of that version (they conflict at 3) until `purge_uncommitted` removes it.
@@ -73,7 +73,7 @@ copy was purged can still land step 4, leaving its version without an audit copy
 (harmless unless current.json is then damaged as well), and of it and the purger's own
 commit at most one lands, since step 4 is the commit point. So a committer whose commit
 conflicts on a document still at the version it read may purge and try again
-(document.py `clear_dead_claim`: the writer lease, topic metadata, the server's state
+(compactlog.backend `clear_dead_claim`: the writer lease, topic metadata, the server's state
 documents); a partition's manifest is purged by its writer at open (recovery.py).
 """
 
@@ -86,22 +86,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from compactlog.errors import ConflictError, CorruptionError, StorageError
-from compactlog.storage import faults
-from compactlog.storage.bucket import Bucket, PreconditionFailed, PutOutcomeUnknown, answered
-from compactlog.storage.commit import (
+from compactlog import faults
+from compactlog.backend import CommitOutcomeUnknown, Location, Snapshot
+from compactlog.backend.envelope import (
     CURRENT,
     DEFAULT_KEEP,
     FORMAT,
     SUFFIX,
-    CommitOutcomeUnknown,
-    Snapshot,
-    _checksum,
-    _decode,
-    _version_of,
+    checksum,
+    decode,
+    version_of,
 )
-from compactlog.storage.location import Location, S3Settings
-from compactlog.storage.object_errors import ObjectStoreSetupError
+from compactlog.backend.s3.bucket import Bucket, PreconditionFailed, PutOutcomeUnknown, answered
+from compactlog.backend.s3.errors import ObjectStoreSetupError
+from compactlog.backend.s3.settings import S3Settings
+from compactlog.errors import ConflictError, CorruptionError, StorageError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -112,7 +111,7 @@ log = logging.getLogger(__name__)
 
 # Every this many versions, pruning LISTs the audit copies (else it deletes by name).
 FULL_PRUNE_EVERY = 16
-# What a failed request raises (object_errors.py): retryable, or a setup error.
+# What a failed request raises (backend/s3/errors.py): retryable, or a setup error.
 _REQUEST_FAILED = (StorageError, ObjectStoreSetupError)
 
 
@@ -136,14 +135,14 @@ class _Object:
 
 
 def _encode(version: int, body: dict[str, Any], commit_id: str) -> bytes:
-    envelope = {"format": FORMAT, "version": version, "crc32": _checksum(body),
+    envelope = {"format": FORMAT, "version": version, "crc32": checksum(body),
                 "body": body, "commit_id": commit_id}
     return json.dumps(envelope, sort_keys=True).encode()
 
 
 def _decode_at(url: str, raw: bytes) -> tuple[int, dict[str, Any]]:
     # _decode names its file only in the CorruptionError it raises, which takes a str.
-    return _decode(cast(Path, url), raw)
+    return decode(cast(Path, url), raw)
 
 
 def _commit_id_of(raw: bytes) -> str | None:
@@ -172,7 +171,7 @@ class ObjectDocument:
         """The document at an s3:// location, with a client from the AWS settings
         (`settings`, when given, instead of those from `env`), once the store passed
         object_probe's check for conditional writes (once per endpoint and bucket)."""
-        from compactlog.storage.object_probe import check_conditional_writes
+        from compactlog.backend.s3.probe import check_conditional_writes
 
         if location.bucket is None:
             raise ValueError(f"{location} is not an s3:// location")
@@ -200,7 +199,7 @@ class ObjectDocument:
     def url_of(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
-    # -- requests (storage/bucket.py) --------------------------------------------------
+    # -- requests (backend/s3/bucket.py) --------------------------------------------------
 
     @property
     def client(self) -> S3Client:
@@ -229,7 +228,7 @@ class ObjectDocument:
 
     def history(self) -> list[int]:
         """The versions whose audit copies are kept, oldest first."""
-        found = (_version_of(name) for name in self._keys())
+        found = (version_of(name) for name in self._keys())
         return sorted(v for v in found if v is not None)
 
     def load(self) -> Snapshot | None:

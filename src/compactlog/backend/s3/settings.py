@@ -1,12 +1,14 @@
-"""Where a store's data lives: a local directory or an `s3://BUCKET/PREFIX` URL.
+"""The S3 connection settings (S3Settings) from the standard AWS environment, the boto3
+client and pyarrow filesystem made from them, and the filter that keeps credentials out
+of the logs of the libraries under boto3.
 
-Invariant: a Location never holds a credential, so its repr, its str and every message
-that names it are safe to print and log. Credentials and the endpoint come only from the
-standard AWS settings (environment variables and profiles), read when a client or
-filesystem is made (`S3Settings.from_env`), and `S3Settings` never shows a secret either.
-botocore and urllib3 log requests at DEBUG with their headers (the session token, the
-access key id) and the strings they sign: a filter installed on those loggers when a
-boto3 client is made masks them (`_RedactCredentials`).
+Invariant: no credential is ever shown. A Location (compactlog.backend) never holds one;
+credentials and the endpoint come only from the standard AWS settings (environment
+variables and profiles), read when a client or filesystem is made (`S3Settings.from_env`),
+and `S3Settings` never shows a secret either. botocore and urllib3 log requests at DEBUG
+with their headers (the session token, the access key id) and the strings they sign: a
+filter installed on those loggers when a boto3 client is made masks them
+(`_RedactCredentials`).
 
 What the libraries read by themselves (measured with pyarrow 26.0.1 and boto3 1.44.5):
 - boto3 reads AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_S3, the credentials
@@ -44,158 +46,18 @@ import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from compactlog.errors import UserError
+from compactlog.backend import LocationError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
     from pyarrow.fs import FileSystem
 
-S3_SCHEME = "s3"
 DEFAULT_MAX_ATTEMPTS = 5  # boto3's own default is 3; S3 advises retrying SlowDown
 MAX_ATTEMPTS_LIMIT = 20
 TIMEOUT_LIMIT_S = 3600.0
-# S3's bucket naming rules (general purpose buckets): 3-63 characters, lower-case
-# letters, digits, dots and hyphens, starting and ending with a letter or a digit.
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # matched whole
-
-
-# "s3:/bucket", as a shell or Path("s3://bucket") leaves it: not meant as a directory.
-_ONE_SLASH_URL = re.compile(r"^(s3|s3a|s3n|file|gs|http|https):/[^/]", re.IGNORECASE)
-
-
-class LocationError(UserError):
-    """A data location that is neither a usable path nor a valid s3:// URL."""
-
-
-@dataclass(frozen=True)
-class Location:
-    """A local directory (`bucket` is None, `path` absolute) or an S3 prefix (`bucket`
-    set, `path` the key prefix without leading or trailing slash, maybe empty)."""
-
-    path: str
-    bucket: str | None = None
-
-    @property
-    def is_s3(self) -> bool:
-        return self.bucket is not None
-
-    @classmethod
-    def parse(cls, text: str | os.PathLike[str]) -> Location:
-        """A Location from a path, `file://PATH` or `s3://BUCKET[/PREFIX]`."""
-        raw = os.fspath(text)
-        if not raw.strip():
-            raise LocationError("empty data location: give a directory or s3://BUCKET/PREFIX")
-        if "://" not in raw:
-            if _ONE_SLASH_URL.match(raw):
-                raise LocationError(
-                    f"{_safe(raw)} looks like a URL with one slash after its scheme; write "
-                    "s3://BUCKET/PREFIX (a directory with a ':' in its name: ./" + raw + ")")
-            return cls(str(Path(raw).expanduser().absolute()))
-        scheme = raw.split("://", 1)[0].lower()
-        if scheme == "file":
-            return cls._parse_file(raw)
-        if scheme != S3_SCHEME:
-            hint = " (use s3://; s3a:// is a Hadoop connector name)" if scheme in (
-                "s3a", "s3n") else ""
-            raise LocationError(f"unsupported data location scheme {scheme + '://'!r} in "
-                                f"{_safe(raw)}{hint}: give a directory or s3://BUCKET/PREFIX")
-        return cls._parse_s3(raw)
-
-    @classmethod
-    def _parse_file(cls, raw: str) -> Location:
-        parts = urlsplit(raw)
-        if parts.netloc not in ("", "localhost"):
-            raise LocationError(f"{_safe(raw)}: a file:// URL names no host (file:///PATH)")
-        if not parts.path.startswith("/"):
-            raise LocationError(f"{_safe(raw)}: a file:// URL needs an absolute path")
-        return cls(str(Path(parts.path)))
-
-    @classmethod
-    def _parse_s3(cls, raw: str) -> Location:
-        rest = raw.split("://", 1)[1]
-        shown = _safe(raw)
-        netloc, _, prefix = rest.partition("/")
-        if "@" in netloc:
-            raise LocationError(f"{shown}: credentials do not belong in the URL; set "
-                                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or a profile")
-        if "?" in rest or "#" in rest:
-            raise LocationError(f"{shown}: an s3:// location takes no query or fragment "
-                                "(the endpoint comes from AWS_ENDPOINT_URL)")
-        if ":" in netloc:
-            raise LocationError(f"{shown}: {netloc!r} is not a bucket name (a port or "
-                                "endpoint goes in AWS_ENDPOINT_URL, not the URL)")
-        if not netloc:
-            raise LocationError(f"{shown}: no bucket name (s3://BUCKET/PREFIX)")
-        if not _BUCKET.fullmatch(netloc) or ".." in netloc:
-            raise LocationError(
-                f"{shown}: invalid bucket name {netloc!r}: 3-63 lower-case letters, digits, "
-                "dots and hyphens, starting and ending with a letter or digit")
-        prefix = prefix.rstrip("/")
-        segments = prefix.split("/") if prefix else []
-        for index, segment in enumerate(segments):
-            if segment in ("", ".", ".."):
-                raise LocationError(
-                    f"{shown}: path segment {index + 1} of the prefix is {segment!r}; "
-                    "empty, '.' and '..' segments are not allowed")
-        return cls(prefix, netloc)
-
-    def join(self, *children: str) -> Location:
-        """A child location (`children` are relative, '/'-separated names)."""
-        parts = [self.path] if self.path else []
-        for child in children:
-            for segment in child.split("/"):
-                if segment in ("", ".", ".."):
-                    raise LocationError(f"{self}: cannot join {child!r} (empty, '.' or '..' "
-                                        "segment)")
-                parts.append(segment)
-        if self.bucket is None:
-            return Location(str(Path(*parts)))
-        return Location("/".join(parts), self.bucket)
-
-    def key(self, name: str) -> str:
-        """The object key of `name` under an S3 location's prefix."""
-        if self.bucket is None:
-            raise LocationError(f"{self} is a local directory, not an s3:// location")
-        return self.join(name).path
-
-    @property
-    def fs_path(self) -> str:
-        """The path to give to `filesystem()`: a local path, or BUCKET/PREFIX."""
-        if self.bucket is None:
-            return self.path
-        return f"{self.bucket}/{self.path}" if self.path else self.bucket
-
-    def filesystem(self, env: Mapping[str, str] | None = None,
-                   settings: S3Settings | None = None) -> FileSystem:
-        """The pyarrow filesystem that reads and writes this location's data files
-        (`settings`, when given, instead of those from `env`)."""
-        from pyarrow import fs
-
-        if self.bucket is None:
-            return fs.LocalFileSystem()
-        return (settings or S3Settings.from_env(env)).pyarrow_filesystem()
-
-    def __str__(self) -> str:
-        if self.bucket is None:
-            return self.path
-        return f"s3://{self.fs_path}"
-
-    def __repr__(self) -> str:
-        return f"Location({str(self)!r})"
-
-
-def _safe(raw: str) -> str:
-    """`raw` for an error message, with anything that looks like userinfo masked."""
-    scheme, sep, rest = raw.partition("://")
-    netloc, slash, tail = rest.partition("/")
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    return repr(f"{scheme}{sep}{netloc}{slash}{tail}")
-
 
 @dataclass(frozen=True)
 class S3Settings:

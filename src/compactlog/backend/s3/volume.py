@@ -1,20 +1,14 @@
-"""Where a partition's durable files live: its data files (sealed segments, ledger files,
-deletion vectors) and its manifest, on a local directory or under an S3 prefix.
+"""A partition's durable files under an S3 prefix (ObjectVolume), with a local read cache.
 
-Invariant: a data file is published whole under a name that is never reused, and is
-never overwritten: on a local disk by an atomic rename of an fsynced temporary file (as
-fsutil does), on S3 by a PUT with `If-None-Match: *`, so a second PUT of a taken name
-fails instead of replacing it. A reader gets a local path it can open (`fetch`): the
-file itself on a local disk; on S3 a copy downloaded whole into a local read cache, under
-a temporary name renamed into place, so a cached copy is never partial. The readers'
-checks (size and CRC32C against the manifest, sealed.verify_file) run on that copy, so a
-damaged object is caught as a damaged file is. Names are never reused, so a cached copy
-never goes stale; the cache only needs eviction, not invalidation.
-
-Everything a partition keeps that is not durable (its log segments, locks, compaction
-status, files being written) stays in the partition's local directory: see partition.py.
-
-Relative names are '/'-separated: `segments/<file>`, `ledger/<file>`, `manifest`.
+Invariant (the Volume invariant of compactlog.backend, on S3): a data file is published
+whole under a name that is never reused, and is never overwritten: by a PUT with
+`If-None-Match: *`, so a second PUT of a taken name fails instead of replacing it. A
+reader gets a local path it can open (`fetch`): a copy downloaded whole into a local
+read cache, under a temporary name renamed into place, so a cached copy is never
+partial. The readers' checks (size and CRC32C against the manifest,
+sealed.verify_file) run on that copy, so a damaged object is caught as a damaged file
+is. Names are never reused, so a cached copy never goes stale; the cache only needs
+eviction, not invalidation.
 """
 
 from __future__ import annotations
@@ -22,18 +16,16 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
+from compactlog import faults, fsutil
+from compactlog.backend import Document, Listed, Location
+from compactlog.backend.s3.bucket import Bucket
+from compactlog.backend.s3.errors import ObjectStoreSetupError
+from compactlog.backend.s3.settings import S3Settings
 from compactlog.bounded_cache import BoundedCache
 from compactlog.errors import StorageError
-from compactlog.storage import faults, fsutil
-from compactlog.storage.bucket import Bucket
-from compactlog.storage.commit import LocalDocument
-from compactlog.storage.document import Document
-from compactlog.storage.location import Location, S3Settings
-from compactlog.storage.object_errors import ObjectStoreSetupError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -44,119 +36,6 @@ if TYPE_CHECKING:
 DEFAULT_CACHE_BYTES = 2 * 1024**3
 # A download whose body is cut short is read again, up to this many times in all.
 READ_ATTEMPTS = 3
-
-
-@dataclass(frozen=True)
-class Listed:
-    """A data file found by `Volume.listing`: its name in the folder and its age."""
-
-    name: str
-    modified_ms: int
-
-
-class Volume(Protocol):
-    """A partition's durable files (see the module's invariant)."""
-
-    @property
-    def spec(self) -> dict[str, str]:
-        """What a process elsewhere (a Spark task) needs to open the same volume."""
-        ...
-
-    @property
-    def is_local(self) -> bool:
-        ...
-
-    def document(self, name: str) -> Document:
-        """The committed document `name` (a partition's manifest)."""
-        ...
-
-    def path_of(self, relative: str) -> Path:
-        """Where the local copy of `relative` is or would be, without any I/O."""
-        ...
-
-    def fetch(self, relative: str) -> Path:
-        """A local path holding `relative` whole; FileNotFoundError when it is gone."""
-        ...
-
-    def publish(self, temp: Path, relative: str) -> None:
-        """Make the fsynced local file `temp` the data file `relative`, never replacing
-        one; `temp` is gone afterwards (moved or removed)."""
-        ...
-
-    def evict(self, relative: str) -> None:
-        """Drop a downloaded copy that failed its checks, so the next fetch downloads it
-        again (nothing to do for a local file)."""
-        ...
-
-    def remove(self, relative: str) -> bool:
-        """Delete data file `relative`; True when it was there."""
-        ...
-
-    def settle(self, folder: str) -> None:
-        """Make the removals in `folder` durable (a local directory fsync)."""
-        ...
-
-    def listing(self, folder: str) -> list[Listed]:
-        """The files in `folder` (temporary ones included on a local disk)."""
-        ...
-
-    def describe(self, relative: str) -> str:
-        """`relative` as a user should see it in a message."""
-        ...
-
-
-class LocalVolume:
-    """A partition's files in its own local directory, laid out as they always were."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    @property
-    def spec(self) -> dict[str, str]:
-        return {"kind": "local", "root": str(self.root)}
-
-    @property
-    def is_local(self) -> bool:
-        return True
-
-    def document(self, name: str) -> Document:
-        return LocalDocument(self.root / name)
-
-    def path_of(self, relative: str) -> Path:
-        return self.root / relative
-
-    def fetch(self, relative: str) -> Path:
-        return self.root / relative
-
-    def publish(self, temp: Path, relative: str) -> None:
-        final = self.root / relative
-        if temp.parent != final.parent:
-            raise ValueError(f"{temp} must be written in {final.parent}")
-        fsutil.publish_replace(temp, final)
-
-    def remove(self, relative: str) -> bool:
-        return fsutil.remove(self.root / relative)
-
-    def evict(self, relative: str) -> None:
-        """A local file is the file itself: never dropped."""
-
-    def settle(self, folder: str) -> None:
-        fsutil.fsync_dir(self.root / folder)
-
-    def listing(self, folder: str) -> list[Listed]:
-        directory = self.root / folder
-        if not directory.is_dir():
-            return []
-        found = []
-        for entry in directory.iterdir():
-            try:
-                found.append(Listed(entry.name, int(entry.stat().st_mtime * 1000)))
-            except FileNotFoundError:
-                continue
-        return found
-
-    def describe(self, relative: str) -> str:
-        return str(self.root / relative)
 
 
 class ReadCache:
@@ -241,7 +120,7 @@ class ObjectVolume:
         return f"s3://{self.bucket}/{self.key(relative)}"
 
     def document(self, name: str) -> Document:
-        from compactlog.storage.object_commit import ObjectDocument
+        from compactlog.backend.s3.document import ObjectDocument
 
         return ObjectDocument(self.client, self.bucket, self.key(name))
 
@@ -322,20 +201,11 @@ def remove_prefix(location: Location, client: S3Client | None = None) -> int:
     return bucket.delete_all(location.path + "/" if location.path else "", str(location))
 
 
-def volume_from_spec(spec: Mapping[str, Any], cache_dir: Path | None = None) -> Volume:
-    """The volume a `Volume.spec` names, in this process (a Spark task's). An S3 volume
-    caches into `cache_dir`, else into a directory of this process's own."""
-    if spec["kind"] == "local":
-        return LocalVolume(Path(spec["root"]))
-    if cache_dir is None:
-        cache_dir = _task_cache_dir()
-    return ObjectVolume(Location.parse(spec["url"]), cache_dir)
-
-
 _TASK_CACHE: list[Path] = []
 
 
-def _task_cache_dir() -> Path:
+def task_cache_dir() -> Path:
+    """A read cache directory of this process's own (a Spark task's), made once."""
     import tempfile
 
     with _CACHES_LOCK:

@@ -1,4 +1,5 @@
-"""The commit primitive: compare-and-swap of a metadata document's current version.
+"""The commit primitive on a local directory: compare-and-swap of a metadata document's
+current version (LocalDocument, the local backend's Document).
 
 Invariant: a commit succeeds only if the version it was based on is still the current
 one when it replaces it, however long it stalled before; otherwise it fails with
@@ -41,92 +42,33 @@ new version is current. test_a_torn_current_falls_back_to_the_newest_copy_only
 
 On an object store the same primitive is a conditional PUT of current.json (If-Match on
 the ETag read at the compare, If-None-Match: * for the first version), with create-only
-audit copies before it: object_commit.py.
+audit copies before it: s3/document.py. The encoding of current.json and of the audit
+copies is envelope.py's, the same in both.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import time
-import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compactlog.errors import ConflictError, CorruptionError, StorageError
-from compactlog.storage import faults, fsutil
+from compactlog import faults, fsutil
+from compactlog.backend import CommitOutcomeUnknown, Snapshot
+from compactlog.backend.envelope import CURRENT, DEFAULT_KEEP, SUFFIX, decode, encode, version_of
+from compactlog.errors import ConflictError, CorruptionError
 
 log = logging.getLogger(__name__)
 
-CURRENT = "current.json"
 LOCK = ".lock"
-SUFFIX = ".json"
-FORMAT = 2
-DEFAULT_KEEP = 8
 DEFAULT_LOCK_TIMEOUT_S = 30.0
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One committed version of a document, as loaded."""
-
-    version: int
-    body: dict[str, Any]
-    # What current.json looked like when this was read (inode, mtime, size; on an object
-    # store its ETag), so that `changed_since` can tell without reading it; None when it
-    # came from an audit copy (current.json missing or damaged: then the version is not
-    # proven current).
-    stamp: tuple[int, int, int] | str | None
-
-    @property
-    def proven(self) -> bool:
-        """Read from an intact current.json: certainly the committed version."""
-        return self.stamp is not None
-
-
-class CommitOutcomeUnknown(StorageError):
-    """The commit's rename happened but a later step (the directory fsync) failed: the
-    new version is visible but may not survive power loss. The caller must reload
-    rather than assume either outcome."""
 
 
 class CommitLockTimeout(ConflictError):
     """Another committer held the document's lock for lock_timeout_s (stopped, or
     stalled on a slow disk). Retrying at once would wait as long again."""
-
-
-def _version_of(name: str) -> int | None:
-    if not name.endswith(SUFFIX) or name.startswith("."):
-        return None
-    stem = name[: -len(SUFFIX)]
-    return int(stem) if stem.isdigit() else None
-
-
-def _checksum(body: Any) -> int:
-    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
-
-
-def _encode(version: int, body: dict[str, Any]) -> bytes:
-    envelope = {"format": FORMAT, "version": version, "crc32": _checksum(body), "body": body}
-    return json.dumps(envelope, sort_keys=True).encode()
-
-
-def _decode(path: Path, raw: bytes) -> tuple[int, dict[str, Any]]:
-    try:
-        envelope = json.loads(raw)
-        body = envelope["body"]
-        version = int(envelope["version"])
-        stored = envelope["crc32"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise CorruptionError(path, f"unreadable metadata: {error}") from None
-    if _checksum(body) != stored:
-        raise CorruptionError(path, f"metadata version {version} fails its checksum")
-    if not isinstance(body, dict):
-        raise CorruptionError(path, f"metadata version {version} is not an object")
-    return version, body
 
 
 def _stamp(stat: os.stat_result) -> tuple[int, int, int]:
@@ -186,7 +128,7 @@ class LocalDocument:
         """The versions whose audit copies are kept, oldest first."""
         if not self.directory.is_dir():
             return []
-        found = (_version_of(entry.name) for entry in self.directory.iterdir())
+        found = (version_of(entry.name) for entry in self.directory.iterdir())
         return sorted(v for v in found if v is not None)
 
     # -- reading ----------------------------------------------------------------------
@@ -219,7 +161,7 @@ class LocalDocument:
         except FileNotFoundError:
             return None
         try:
-            version, body = _decode(path, raw)
+            version, body = decode(path, raw)
         except CorruptionError as error:
             return error
         return Snapshot(version, body, _stamp(stat))
@@ -230,7 +172,7 @@ class LocalDocument:
         for version in reversed(self.history()):
             path = self.path_of(version)
             try:
-                stored, body = _decode(path, path.read_bytes())
+                stored, body = decode(path, path.read_bytes())
             except FileNotFoundError:
                 continue  # pruned or purged meanwhile
             except CorruptionError as error:
@@ -251,7 +193,7 @@ class LocalDocument:
     def load_version(self, version: int) -> dict[str, Any]:
         """An audit copy's body (for inspection; commits never need them)."""
         path = self.path_of(version)
-        stored, body = _decode(path, path.read_bytes())
+        stored, body = decode(path, path.read_bytes())
         if stored != version:
             raise CorruptionError(path, f"holds version {stored}, not {version}")
         return body
@@ -287,7 +229,7 @@ class LocalDocument:
                 )
             faults.point("commit.compared", self.directory)
             version = expected_version + 1
-            data = _encode(version, body)
+            data = encode(version, body)
             audit = self.path_of(version)
             audit_temp = fsutil.temp_path(self.directory, f"a{version}")
             temp = fsutil.temp_path(self.directory, f"v{version}")

@@ -20,8 +20,8 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from compactlog.storage.bucket import Bucket
-from compactlog.storage.location import Location, LocationError
+from compactlog.backend import Location, LocationError
+from compactlog.backend.s3.bucket import Bucket
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
