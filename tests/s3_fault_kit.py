@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compactlog.backend.s3.volume import ObjectVolume
+from compactlog.backend.s3.volume import ObjectVolume, task_cache_dir
+from compactlog.compaction import verified
 from compactlog.errors import CompactlogError
 from compactlog.fsutil import TEMP_PREFIX
+from compactlog.iceberg import avro, deletes
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
@@ -64,6 +66,42 @@ class Place:
 def new_place(bucket: str, root: Path, name: str) -> Place:
     tag = f"{name}-{uuid.uuid4().hex[:10]}"
     return Place(f"s3://{bucket}/steps/{tag}", root / tag)
+
+
+# One per test process: processes running side by side replay at homes of their own.
+_PROCESS_TAG = uuid.uuid4().hex[:8]
+
+
+def home_place(bucket: str, root: Path, name: str) -> Place:
+    """Where scenario `name` is prepared and every replay runs: its template is put back
+    there each time (`restore`), so the Iceberg table, whose metadata names absolute
+    s3:// URLs, is found where it was written and the sync after a compaction builds
+    on the previous snapshot (the incremental sync), as in a store never moved
+    (iceberg/relocate.py). A copy under another prefix would start the table afresh."""
+    return Place(f"s3://{bucket}/steps/at-{name}-{_PROCESS_TAG}", root / f"at-{name}")
+
+
+def restore(client: Any, template: Place, home: Place) -> Place:
+    """`home` made a fresh copy of `template` again: every object under its prefix
+    deleted, its local directories (and a taken-over writer's, `-elsewhere`) removed,
+    then `template` copied in. What this process keeps of files by their URL (Iceberg
+    manifests read, ledger columns, positions) is forgotten too: a run must send the
+    requests the recorded run sent, which it would not if it found them kept from the
+    last run at the same URLs (each run at a new prefix never met this); so are the
+    copies in this process's task read cache (an in-process compaction's downloads)."""
+    shutil.rmtree(task_cache_dir(), ignore_errors=True)
+    avro.forget_entries()
+    deletes.forget_cache()
+    verified.forget_all()
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=home.bucket, Prefix=home.prefix + "/"):
+        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+        if keys:
+            answer = client.delete_objects(Bucket=home.bucket, Delete={"Objects": keys})
+            assert not answer.get("Errors"), answer["Errors"]
+    for local in (home.local, home.local.with_name(home.local.name + "-elsewhere")):
+        shutil.rmtree(local, ignore_errors=True)
+    return copy_place(client, template, home)
 
 
 def copy_place(client: Any, template: Place, target: Place,

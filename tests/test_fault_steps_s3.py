@@ -9,10 +9,11 @@ and of two partitions with the Arrow tasks run in process (tests/local_engine.py
 InlineArrowEngine: they fetch their inputs and publish their files themselves, as the
 Spark service's executors do); an incremental one with deletion vectors; retention with
 its sweep; a topic config change; two merges of small sealed segments), the store is
-prepared once under a template prefix, and the requests (method and key) that the
-operation sends are recorded once. Then for each request n, on a fresh copy of the
-template (its objects copied server side under a new prefix, its local directory
-copied):
+prepared once at its home prefix and a pristine copy of it kept, and the requests
+(method and key) that the operation sends are recorded once. Then for each request n,
+on that copy put back at home (its objects copied server side, its local directory
+copied; s3_fault_kit.restore), so that a compaction's Iceberg sync builds on the
+table's previous snapshot as it does in a store never moved:
 
 - `error`: every request from the nth on is answered 500 InternalError, so botocore's
   and pyarrow's retries fail too. The operation fails with a CompactlogError (the
@@ -80,7 +81,15 @@ from compactlog.errors import CompactlogError
 from fakes import T0, FakeClock
 from fault_scenarios import parse_ack
 from faultkit import Oracle
-from s3_fault_kit import S3_SCENARIOS, Place, check_place, copy_place, new_place
+from s3_fault_kit import (
+    S3_SCENARIOS,
+    Place,
+    check_place,
+    copy_place,
+    home_place,
+    new_place,
+    restore,
+)
 from s3_faults import (
     ATTEMPTS,
     S3Proxy,
@@ -136,18 +145,21 @@ def template(name: str, proxy: S3Proxy, root: Path) -> tuple[Place, list[Request
     """The scenario's prepared store and the requests its operation sends."""
     if name not in _TEMPLATES:
         scenario, _ = S3_SCENARIOS[name]
-        place = new_place(proxy.server.bucket, root, f"template-{name}")
+        home = home_place(proxy.server.bucket, root, name)
         clock = FakeClock()
-        with place.open(clock) as store:
+        with home.open(clock) as store:
             scenario.prepare(store, clock)
-        _TEMPLATES[name] = (place, record(name, place, proxy, root))
+        # A pristine copy, never opened: each run puts it back at home (`restore`).
+        saved = copy_place(proxy.server.client(), home,
+                           new_place(proxy.server.bucket, root, f"template-{name}"))
+        _TEMPLATES[name] = (saved, record(name, saved, proxy, root))
     return _TEMPLATES[name]
 
 
 def record(name: str, template: Place, proxy: S3Proxy, root: Path) -> list[Request]:
     scenario, _ = S3_SCENARIOS[name]
-    place = copy_place(proxy.server.client(), template, new_place(
-        proxy.server.bucket, root, f"probe-{name}"))
+    place = restore(proxy.server.client(), template,
+                    home_place(proxy.server.bucket, root, name))
     clock = FakeClock()
     with place.open(clock, scenario) as store:
         oracle = Oracle.of(store)
@@ -175,14 +187,27 @@ def same_step(recorded: Request, seen: Seen, prefix: str) -> bool:
         key_of(seen, prefix))
 
 
+def around(requests: list[Request], seen: list[Seen], step: int, prefix: str) -> str:
+    """The recorded requests and the ones sent, side by side, up to `step` and a little
+    past it: where the two first part is what changed."""
+    lines = []
+    for index in range(max(0, step - 20), step + 3):
+        recorded = requests[index].describe() if index < len(requests) else "-"
+        sent = (f"{seen[index].method} {key_of(seen[index], prefix) or '/'}"
+                if index < len(seen) else "-")
+        lines.append(f"  {index:3} recorded {recorded:70} sent {sent}")
+    return "\n".join(lines)
+
+
 # -- the runs -------------------------------------------------------------------------------
 
 def fresh_copy(name: str, step: int, kind: str, proxy: S3Proxy,
                root: Path) -> tuple[Place, list[Request]]:
-    """A copy of `name`'s prepared store for one run, and the requests it records."""
+    """`name`'s prepared store put back at its home for one run (s3_fault_kit.
+    home_place), and the requests its operation sends."""
     template_place, requests = template(name, proxy, root)
-    return copy_place(proxy.server.client(), template_place,
-                      new_place(proxy.server.bucket, root, f"{kind}-{name}-{step}")), requests
+    return restore(proxy.server.client(), template_place,
+                   home_place(proxy.server.bucket, root, name)), requests
 
 
 def run_in_process(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) -> None:
@@ -207,7 +232,8 @@ def run_in_process(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) 
         proxy.wait_idle()
     seen = proxy.requests(since=mark)
     assert len(seen) > step and same_step(requests[step], seen[step], place.prefix), \
-        f"{where}: the operation no longer sends this request (it sent {seen[step:step + 1]})"
+        f"{where}: the operation no longer sends this request\n" + \
+        around(requests, seen, step, place.prefix)
     check_place(place, scenario, oracle, clock, where, engine)
 
 
@@ -267,7 +293,8 @@ def run_with_kill(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) -
     proxy.clear()
     seen = proxy.requests(since=mark)
     assert same_step(requests[step], seen[step], place.prefix), \
-        f"{where}: the child's request {step} was {seen[step]}"
+        f"{where}: the child's request {step} differs\n" + \
+        around(requests, seen, step, place.prefix)
     for line in output.splitlines():
         if line.startswith("ACK "):
             oracle.acknowledge(*parse_ack(line))
@@ -279,10 +306,10 @@ def run_with_kill(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) -
 # -- the cases ------------------------------------------------------------------------------
 
 # Requests each operation sends; test_request_counts_are_current keeps these in line. The
-# compaction scenarios run on a copy of a prepared prefix, so their Iceberg sync starts
-# the state table afresh where it now is (iceberg/relocate.py): those requests count too.
-STEPS = {"append": 4, "append-seal": 8, "compact-1": 43, "compact-2": 73,
-         "compact-dv-1": 46, "retention": 16, "alter": 3, "merge": 10}
+# compaction scenarios replay where they were prepared (s3_fault_kit.home_place), so
+# their Iceberg sync is the incremental one, building on the template's snapshot.
+STEPS = {"append": 4, "append-seal": 8, "compact-1": 40, "compact-2": 68,
+         "compact-dv-1": 43, "retention": 16, "alter": 3, "merge": 10}
 # Scenarios whose acknowledged records were all in the bucket before the operation: a
 # crash of theirs may be taken over from an empty local directory.
 IN_BUCKET = ("compact-1", "compact-2", "compact-dv-1", "retention", "alter", "merge")
@@ -305,6 +332,18 @@ def run(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) -> None:
 def test_request_counts_are_current(env: S3Proxy, root: Path) -> None:
     found = {name: len(template(name, env, root)[1]) for name in S3_SCENARIOS}
     assert found == STEPS, "update STEPS in this file to the recorded counts"
+
+
+def test_the_default_sample_reaches_each_compactions_iceberg_sync(env: S3Proxy,
+                                                                   root: Path) -> None:
+    """Each compaction scenario's sampled requests include its Iceberg sync's (a key
+    under iceberg/), so the default run faults the incremental sync too."""
+    for name in ("compact-1", "compact-2", "compact-dv-1"):
+        requests = template(name, env, root)[1]
+        syncs = [step for scenario, step, _ in sampled(DEFAULT_STRIDE)
+                 if scenario == name and "/iceberg/" in requests[step].key]
+        assert syncs, f"{name}: no sampled step reaches the sync: " + ", ".join(
+            r.describe() for r in requests if "/iceberg/" in r.key)
 
 
 def sampled(stride: int = STRIDE) -> list[tuple[str, int, str]]:
