@@ -76,11 +76,15 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
+from pyiceberg.table import StaticTable
 
 from compactlog.errors import CompactlogError
+from compactlog.iceberg import state_table_location
 from fakes import T0, FakeClock
 from fault_scenarios import parse_ack
-from faultkit import Oracle
+from faultkit import TOPIC, Oracle
+from iceberg_readers import _row
+from iceberg_support import expected_state, pyiceberg_properties
 from s3_fault_kit import (
     S3_SCENARIOS,
     Place,
@@ -235,6 +239,7 @@ def run_in_process(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) 
         f"{where}: the operation no longer sends this request\n" + \
         around(requests, seen, step, place.prefix)
     check_place(place, scenario, oracle, clock, where, engine)
+    check_state_table(name, place, clock, where, proxy)
 
 
 @contextlib.contextmanager
@@ -301,6 +306,24 @@ def run_with_kill(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) -
     if kind == "kill-fresh":
         place = Place(place.url, place.local.with_name(place.local.name + "-elsewhere"))
     check_place(place, scenario, oracle, clock, where, engine)
+    check_state_table(name, place, clock, where, proxy)
+
+
+def check_state_table(name: str, place: Place, clock: FakeClock, where: str,
+                      proxy: S3Proxy) -> None:
+    """After a compaction scenario went on (check_place compacts again, and that run's
+    incremental sync repairs whatever the fault left of the table), the Iceberg state
+    table in the bucket, as pyiceberg reads it straight from moto, is the compacted
+    view, and every file it names exists."""
+    if not name.startswith("compact"):
+        return
+    with place.open(clock, read_only=True) as store:
+        expected = expected_state(store, TOPIC)
+        table = state_table_location(store, TOPIC)
+    scan = StaticTable.from_metadata(table, pyiceberg_properties(proxy.server)).scan()
+    found = scan.to_arrow().select(["partition", "offset", "key", "value", "headers"])
+    assert sorted(_row(**row) for row in found.to_pylist()) == expected, \
+        f"{where}: the state table after going on"
 
 
 # -- the cases ------------------------------------------------------------------------------
