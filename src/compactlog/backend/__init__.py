@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from compactlog.errors import StorageError, UserError
+from compactlog.errors import ConflictError, StorageError, UserError
 
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
@@ -339,6 +339,38 @@ def clear_dead_claim(document: Document, based_on: int) -> bool:
     if (current.version if current is not None else 0) != based_on:
         return False  # another commit landed: the caller retries on it
     return document.purge_uncommitted()
+
+
+UPDATE_ATTEMPTS = 8
+
+
+def update_document(document: Document,
+                    change: Callable[[Snapshot | None], dict[str, Any] | None],
+                    attempts: int = UPDATE_ATTEMPTS) -> Snapshot | None:
+    """The one read-modify-write loop over a document: load it, apply `change` to what
+    is current (None: nothing to commit, and nothing is), commit the new body based on
+    the version loaded. On ConflictError, clear a dead claim (clear_dead_claim: without
+    it a committer killed inside a commit would make every later commit of that version
+    conflict, and the loop give up each time) and apply `change` again to what is
+    current then. The committed snapshot, or None when `change` had nothing to commit;
+    ConflictError naming the document after `attempts` conflicts.
+
+    `change` may run more than once, each time on a newer snapshot: it must be a pure
+    function of the snapshot it is given. tests/test_object_commit.py
+    test_update_document_goes_past_a_dead_claim, tests/test_fault_steps_s3.py (the hold
+    document of the Iceberg sync)."""
+    for _ in range(attempts):
+        snapshot = document.load()
+        body = change(snapshot)
+        if body is None:
+            return None
+        based_on = 0 if snapshot is None else snapshot.version
+        try:
+            return document.commit(based_on, body)
+        except ConflictError:
+            clear_dead_claim(document, based_on)
+    raise ConflictError(f"{document.where}: the document kept changing under {attempts} "
+                        f"attempts to change it")
 
 
 # Lays out an empty partition: (local directory, volume) -> None.

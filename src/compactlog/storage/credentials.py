@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compactlog.backend import Document, Snapshot, clear_dead_claim
+from compactlog.backend import Document, Snapshot, update_document
 from compactlog.backend.local.document import LocalDocument
-from compactlog.errors import ConflictError, UserError
+from compactlog.errors import UserError
 
 DIRECTORY = "security/scram"  # under the data location
 # Kafka's names and hash functions; Kafka's ScramMechanism numbers them 1 and 2 on the wire.
@@ -157,21 +157,14 @@ class CredentialStore:
     def change(self, edit: Callable[[Users], None]) -> None:
         """Apply `edit` to the current credentials and commit the result; on a race with
         another writer, apply it again to what that writer committed."""
-        for _ in range(_RETRIES):
-            snapshot = self.document.load()
+        def edited(snapshot: Snapshot | None) -> dict[str, Any]:
             users = _parse(snapshot.body if snapshot is not None else {})
             edit(users)
-            try:
-                self.document.commit(snapshot.version if snapshot is not None else 0,
-                                     _unparse(users))
-                return
-            except ConflictError:
-                # Another writer landed first (retry on its version), or a killed one
-                # left a claim that would refuse every change (cleared).
-                clear_dead_claim(self.document, snapshot.version if snapshot else 0)
-                continue
-        raise ConflictError(f"{self.document.where}: the credentials kept changing "
-                            f"under {_RETRIES} attempts to change them")
+            return _unparse(users)
+
+        # Another writer landed first: `edit` again on its version; a killed one left a
+        # claim that would refuse every change: cleared (update_document).
+        update_document(self.document, edited, _RETRIES)
 
     def upsert(self, user: str, mechanism: str, credential: ScramCredential) -> None:
         check_mechanism(mechanism)

@@ -32,9 +32,9 @@ Tests: tests/test_iceberg_expiry.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from compactlog.backend import Document, Snapshot
-from compactlog.errors import ConflictError
+from compactlog.backend import Document, Snapshot, update_document
 
 HOLDS = "holds"
 ATTEMPTS = 20
@@ -104,40 +104,31 @@ class Holds:
     def release(self, holder: str) -> bool:
         """Drop `holder`'s entry whole (its table was dropped: nothing of it references
         a file any more); True when there was one. One load, and a commit only then."""
-        for _ in range(ATTEMPTS):
-            snapshot = self.document.load()
+        def without_holder(snapshot: Snapshot | None) -> dict[str, Any] | None:
             if snapshot is None or holder not in snapshot.body.get("holders", {}):
-                return False
-            holders = {name: entries for name, entries in snapshot.body["holders"].items()
-                       if name != holder}
-            try:
-                self.document.commit(snapshot.version, {"holders": holders})
-                return True
-            except ConflictError:
-                continue
-        raise ConflictError(f"{self.document.where}: the hold document kept changing")
+                return None
+            return {"holders": {name: entries
+                                for name, entries in snapshot.body["holders"].items()
+                                if name != holder}}
+
+        return update_document(self.document, without_holder, ATTEMPTS) is not None
 
     def _commit(self, holder: str, change: Callable[[dict[str, int]], dict[str, int]],
                 only_if_new: list[str] | None = None, only_if_absent: bool = False) -> bool:
         """One load of the document, and a commit only if `change` changes the holder's
         entry (an empty entry is not written where there was none); True if committed."""
-        for _ in range(ATTEMPTS):
-            snapshot = self.document.load()
+        def with_change(snapshot: Snapshot | None) -> dict[str, Any] | None:
             body = {} if snapshot is None else dict(snapshot.body)
             holders: dict[str, Mapping[str, int]] = dict(body.get("holders", {}))
             if only_if_absent and holder in holders:
-                return False
+                return None
             before = {str(path): int(since) for path, since in holders.get(holder, {}).items()}
             if only_if_new is not None and all(path in before for path in only_if_new):
-                return False  # nothing to add: no commit
+                return None  # nothing to add: no commit
             after = change(before)
             if after == before and (holder in holders or not after):
-                return False
+                return None
             holders[holder] = dict(sorted(after.items()))
-            try:
-                self.document.commit(0 if snapshot is None else snapshot.version,
-                                     {"holders": holders})
-                return True
-            except ConflictError:
-                continue
-        raise ConflictError(f"{self.document.where}: the hold document kept changing")
+            return {"holders": holders}
+
+        return update_document(self.document, with_change, ATTEMPTS) is not None
