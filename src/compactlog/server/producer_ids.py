@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 from compactlog import fsutil
-from compactlog.backend import Document, Snapshot, clear_dead_claim
-from compactlog.errors import ConflictError, CorruptionError
+from compactlog.backend import Document, Snapshot, update_document
+from compactlog.errors import CorruptionError
 
 ID_FILE = "producer-ids.json"
 ID_BLOCK_SIZE = 1000
@@ -94,10 +95,13 @@ class DocumentIdAllocator(ProducerIdAllocator):
 
     def _load(self) -> int:
         self._snapshot = self.document.load()
-        if self._snapshot is None:
+        return self._stored(self._snapshot)
+
+    def _stored(self, snapshot: Snapshot | None) -> int:
+        if snapshot is None:
             return 0
         try:
-            value = int(self._snapshot.body["next_unreserved"])
+            value = int(snapshot.body["next_unreserved"])
             if value < 0:
                 raise ValueError(f"next id {value}")
         except (ValueError, KeyError, TypeError) as error:
@@ -106,19 +110,14 @@ class DocumentIdAllocator(ProducerIdAllocator):
         return value
 
     def _reserve(self, limit: int) -> None:
-        for _ in range(ID_RESERVE_ATTEMPTS):
-            version = self._snapshot.version if self._snapshot is not None else 0
-            try:
-                self._snapshot = self.document.commit(
-                    version, {"format": ID_FILE_FORMAT, "next_unreserved": limit})
-                self._limit = limit
-                return
-            except ConflictError:
-                # Another allocator (a server that took over) reserved a block: go on
-                # above it; or a killed one left a claim that would refuse every
-                # reservation: clear it.
-                clear_dead_claim(self.document, version)
-                self._next = max(self._next, self._load())
-                limit = self._next + self.block_size
-        raise ConflictError(f"{self.document.where}: the producer id counter kept "
-                            f"changing under {ID_RESERVE_ATTEMPTS} attempts to reserve ids")
+        def reserved(snapshot: Snapshot | None) -> dict[str, Any]:
+            # Another allocator (a server that took over) reserved a block since: go on
+            # above it. A killed one's claim is cleared by update_document.
+            self._next = max(self._next, self._stored(snapshot))
+            return {"format": ID_FILE_FORMAT,
+                    "next_unreserved": max(limit, self._next + self.block_size)}
+
+        snapshot = update_document(self.document, reserved, ID_RESERVE_ATTEMPTS)
+        assert snapshot is not None  # `reserved` always has a body to commit
+        self._snapshot = snapshot
+        self._limit = int(snapshot.body["next_unreserved"])
