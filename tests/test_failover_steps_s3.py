@@ -14,10 +14,10 @@ import pytest
 
 from compactlog import LogStore, ProducerRecord
 from compactlog.backend import Location
+from compactlog.backend.lease import LeaseLostError
 from compactlog.compaction.runner import _sweep
 from compactlog.errors import FencedError
 from compactlog.server.uploads import Uploads
-from compactlog.storage.lease import LeaseLostError
 from compactlog.storage.partition import Partition
 from compactlog.storage.recovery import LOCAL_EPOCH_FILE
 from fakes import FakeClock

@@ -1,4 +1,4 @@
-"""The writer lease of a store on S3 (storage/lease.py), against moto on loopback: one
+"""The writer lease of a store on S3 (backend/lease.py), against moto on loopback: one
 writer at a time; an expired lease is taken over with a higher epoch; the new writer
 stamps its epoch into the manifests it opens, so a stalled former writer's next commit
 is fenced (FencedError) and it takes no more writes; a taken lease is lost at renewal;
@@ -13,8 +13,8 @@ import pytest
 
 from compactlog import LogStore, ProducerRecord
 from compactlog.backend import Location
+from compactlog.backend.lease import EPOCH_KEY, LeaseLostError
 from compactlog.errors import DataDirLockedError, FencedError
-from compactlog.storage.lease import EPOCH_KEY, LeaseLostError
 from fakes import FakeClock
 from s3_support import (
     S3Server,

@@ -20,6 +20,7 @@ from kio.schema.errors import ErrorCode
 
 from compactlog import LogStore
 from compactlog.backend import Location, state_document
+from compactlog.backend.lease import EPOCH_KEY
 from compactlog.backend.s3.document import ObjectDocument
 from compactlog.cli import cli
 from compactlog.errors import ConflictError, FencedError
@@ -28,8 +29,7 @@ from compactlog.server.coordinator.offset_files import ObjectOffsetFiles, offset
 from compactlog.server.producer_ids import ID_DOCUMENT, DocumentIdAllocator
 from compactlog.server.security.acl_model import Operation, Permission, new_binding
 from compactlog.server.security.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
-from compactlog.storage.credentials import DIRECTORY, CredentialStore, make_credential
-from compactlog.storage.lease import EPOCH_KEY
+from compactlog.server.security.credentials import DIRECTORY, CredentialStore, make_credential
 from fakes import FakeClock
 from s3_support import (
     FaultyClient,

@@ -13,7 +13,7 @@ import pytest
 
 from compactlog.cli.serve import build_listeners, load_settings
 from compactlog.errors import UserError
-from compactlog.storage.credentials import CredentialStore
+from compactlog.server.security.credentials import CredentialStore
 from kafka_server import COMPACTLOG
 
 

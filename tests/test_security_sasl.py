@@ -176,7 +176,7 @@ def test_handshake_v0_takes_raw_tokens(server: SecuredServer) -> None:
 
 
 def test_credentials_are_described_and_altered_over_the_wire(server: SecuredServer) -> None:
-    from compactlog.storage.credentials import salted_password
+    from compactlog.server.security.credentials import salted_password
 
     with Wire(address(server)) as wire:
         _, final = scram_login(wire, "SCRAM-SHA-512", "alice", PASSWORD)

@@ -1,7 +1,7 @@
 """`compactlog users add/list/delete`: SASL/SCRAM users of a data directory.
 
 Invariant: the credentials are written only through the credential store's commit
-(storage/credentials.py), a compare-and-swap that is safe beside a running server: the
+(server/security/credentials.py), a compare-and-swap that is safe beside a running server: the
 server reads the document again when it changes, so a user added here can log in at
 once and a deleted one no longer can, with or without a server running, and whatever
 listeners (even SASL-only ones) that server has. The password never reaches the disk,
@@ -16,7 +16,7 @@ import click
 
 from compactlog.cli import Context
 from compactlog.errors import UserError
-from compactlog.storage.credentials import (
+from compactlog.server.security.credentials import (
     DEFAULT_ITERATIONS,
     DIRECTORY,
     MECHANISMS,

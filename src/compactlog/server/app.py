@@ -62,14 +62,14 @@ from compactlog.server.protocol.messages import (
 from compactlog.server.security import log_escaping
 from compactlog.server.security.authorizer import Authorizer
 from compactlog.server.security.connection_security import SaslGate, Session
+from compactlog.server.security.credentials import DIRECTORY as CREDENTIALS_DIR
+from compactlog.server.security.credentials import CredentialStore
 from compactlog.server.security.sasl_mechanisms import FailureDelay
 from compactlog.server.security.sasl_users import DECOY_DOCUMENT, SaslUsers, decoy_secret
 from compactlog.server.security.tls import ServerTls
 from compactlog.server.server_config import ServerConfig
 from compactlog.server.upkeep import Upkeep
 from compactlog.server.uploads import Uploads
-from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR
-from compactlog.storage.credentials import CredentialStore
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
@@ -150,7 +150,7 @@ class Server:
 
     def _open_store(self) -> LogStore:
         """Open the store; on an object store whose writer lease another server holds,
-        wait as a standby until it is released or expires (storage/lease.py)."""
+        wait as a standby until it is released or expires (backend/lease.py)."""
         config = self.config
         waiting = False
         while True:

@@ -36,10 +36,10 @@ from compactlog.server.producer_ids import ID_DOCUMENT, DocumentIdAllocator
 from compactlog.server.producers import ProducerStates
 from compactlog.server.protocol.messages import Request
 from compactlog.server.security.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
+from compactlog.server.security.credentials import DIRECTORY as CREDENTIALS_DIR
+from compactlog.server.security.credentials import CredentialStore
 from compactlog.server.security.sasl_users import SaslUsers
 from compactlog.server.uploads import Uploads
-from compactlog.storage.credentials import DIRECTORY as CREDENTIALS_DIR
-from compactlog.storage.credentials import CredentialStore
 from compactlog.storage.store import LogStore
 
 log = logging.getLogger("compactlog.server")
@@ -94,7 +94,7 @@ class Broker:
         # handlers directly); a request's own listener's otherwise (`host`, `port`).
         self.default_host = host
         self.default_port = port
-        # SASL/SCRAM credentials (storage/credentials.py), and the logins' copy of them in
+        # SASL/SCRAM credentials (server/security/credentials.py), and the logins' copy of them in
         # memory (server/security/sasl_users.py), which a change made here updates at once.
         self.sasl_users = sasl_users
         self.credentials = (sasl_users.store if sasl_users is not None

@@ -82,7 +82,7 @@ class ServerConfig:
     tls: TlsSettings | None = None
     # The store's s3:// URL, when data_dir is its local directory (storage/store.py).
     data_location: str | None = None
-    # On an object store: the writer lease's time to live (storage/lease.py); a second
+    # On an object store: the writer lease's time to live (backend/lease.py); a second
     # server on the same URL waits for it, and takes over once it expires.
     lease_ttl_s: float = 30.0
     # On an object store: answer acks=all (-1) produces only once their records are in

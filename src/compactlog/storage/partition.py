@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from compactlog import fsutil
 from compactlog.backend import CommitOutcomeUnknown, Snapshot, Volume
+from compactlog.backend.lease import EPOCH_KEY, LeaseLostError
 from compactlog.backend.local.document import CommitLockTimeout
 from compactlog.backend.local.volume import LocalVolume
 from compactlog.config import TopicConfig
@@ -64,7 +65,6 @@ from compactlog.storage.compacted import CompactedView
 from compactlog.storage.filecache import OpenFiles
 from compactlog.storage.holds import HOLDS, Holds
 from compactlog.storage.inflate import InflateTooLarge
-from compactlog.storage.lease import EPOCH_KEY, LeaseLostError
 from compactlog.storage.logfile import LogSegment, log_file_name
 from compactlog.storage.manifest import (
     LEDGER_DIR,

@@ -54,9 +54,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compactlog import fsutil
+from compactlog.backend.lease import EPOCH_KEY
 from compactlog.errors import CorruptionError, StorageError
 from compactlog.storage import locks
-from compactlog.storage.lease import EPOCH_KEY
 from compactlog.storage.logfile import LogSegment, TornTail, base_offset_of, log_file_name
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
 from compactlog.storage.sweep import SweepResult, sweep

@@ -41,6 +41,7 @@ from compactlog.backend import (
     is_deleted,
     layout_for,
 )
+from compactlog.backend.lease import DEFAULT_TTL_S, LeaseLostError, WriterLease
 from compactlog.backend.local.layout import LocalLayout
 from compactlog.backend.s3.layout import ObjectLayout
 from compactlog.backend.s3.probe import check_conditional_writes
@@ -59,7 +60,6 @@ from compactlog.errors import (
 )
 from compactlog.log_throttle import Throttle
 from compactlog.storage.filecache import OpenFiles
-from compactlog.storage.lease import DEFAULT_TTL_S, LeaseLostError, WriterLease
 from compactlog.storage.merging import merge_small_segments
 from compactlog.storage.partition import AppendResult, Clock, Partition
 from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys

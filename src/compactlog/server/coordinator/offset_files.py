@@ -3,7 +3,7 @@ store's local data directory or, on an object store, beside the topics.
 
 Invariant: a write returns only once the group's whole offset document is durable, and
 a document is replaced whole or not at all. On an object store, in addition, only the
-writer of the newest epoch (storage/lease.py) can replace a group's document: a server
+writer of the newest epoch (backend/lease.py) can replace a group's document: a server
 that took over, or a stalled former owner, never overwrites the other's offsets unseen.
 
 Locally (LocalOffsetFiles): `<data dir>/groups/<quoted group id>.json`, replaced by a
@@ -55,9 +55,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from compactlog import fsutil
 from compactlog.backend import Location
+from compactlog.backend.lease import EPOCH_KEY, LeaseLostError, WriterLease
 from compactlog.backend.s3.bucket import Bucket, PreconditionFailed
 from compactlog.errors import FencedError, StorageError
-from compactlog.storage.lease import EPOCH_KEY, LeaseLostError, WriterLease
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -29,7 +29,7 @@ from compactlog.server.broker import Broker
 from compactlog.server.protocol.messages import Request
 from compactlog.server.security import access
 from compactlog.server.security.acl_model import Operation
-from compactlog.storage.credentials import (
+from compactlog.server.security.credentials import (
     MAX_ITERATIONS,
     MECHANISM_CODES,
     MIN_ITERATIONS,

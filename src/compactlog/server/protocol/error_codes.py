@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
+from compactlog.backend.lease import LeaseLostError
 from compactlog.errors import (
     CompactlogError,
     ConflictError,
@@ -24,7 +25,6 @@ from compactlog.errors import (
     UnknownTopicError,
     UserError,
 )
-from compactlog.storage.lease import LeaseLostError
 
 _CODES: list[tuple[type[Exception], ErrorCode]] = [
     (UnknownTopicError, ErrorCode.unknown_topic_or_partition),
@@ -51,7 +51,7 @@ _CODES: list[tuple[type[Exception], ErrorCode]] = [
     # A damaged segment is Kafka's KAFKA_STORAGE_ERROR: the client may retry elsewhere;
     # here it gets the message naming the file.
     (CorruptionError, ErrorCode.kafka_storage_error),
-    # Another server took this store's writer lease (object stores, storage/lease.py):
+    # Another server took this store's writer lease (object stores, backend/lease.py):
     # Kafka's answer from a broker that is no longer a partition's leader, on which
     # clients refresh their metadata and retry (where the new owner now answers).
     (LeaseLostError, ErrorCode.not_leader_or_follower),

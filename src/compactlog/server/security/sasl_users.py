@@ -1,5 +1,5 @@
 """The SASL users as the server's logins see them: a copy in memory of the SCRAM
-credentials (storage/credentials.py), and the answers for users that do not exist.
+credentials (server/security/credentials.py), and the answers for users that do not exist.
 
 Invariants:
 - A login attempt never makes a request to an object store and never blocks the event
@@ -37,7 +37,7 @@ import threading
 from compactlog.backend import Document
 from compactlog.backend.local.document import LocalDocument
 from compactlog.errors import CompactlogError, ConflictError
-from compactlog.storage.credentials import (
+from compactlog.server.security.credentials import (
     DEFAULT_ITERATIONS,
     MECHANISMS,
     CredentialStore,
