@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from compactlog.errors import CompactlogError
-    from compactlog.storage.records import ProducerRecord, Record
-    from compactlog.storage.store import LogStore
+    from compactlog.storage import LogStore, ProducerRecord, Record
 
 __all__ = ["CompactlogError", "LogStore", "ProducerRecord", "Record"]
 __version__ = "0.1.0"

@@ -49,11 +49,16 @@ from compactlog.backend import Location
 from compactlog.backend.s3.settings import S3Settings
 from compactlog.backend.s3.volume import ObjectVolume
 from compactlog.errors import UserError
-from compactlog.storage.deletion import read_deletion_vector
-from compactlog.storage.partition import Partition
-from compactlog.storage.sealed import RECORD_COLUMNS, SCHEMA
-from compactlog.storage.store import LogStore
-from compactlog.storage.view_rows import FileRows, RowCondition, rows_of
+from compactlog.storage import (
+    RECORD_COLUMNS,
+    SCHEMA,
+    FileRows,
+    LogStore,
+    Partition,
+    RowCondition,
+    read_deletion_vector,
+    rows_of,
+)
 
 VIEWS = ("raw", "compacted")
 

@@ -46,7 +46,7 @@ class Context:
         self.location = Location.parse(value)
         self.target: str | Path = str(self.location) if self.location.is_s3 else Path(value)
         if self.location.is_s3:
-            from compactlog.storage.store import default_local_dir
+            from compactlog.storage import default_local_dir
 
             self.data_dir = default_local_dir(self.location)
         else:

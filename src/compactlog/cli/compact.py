@@ -38,8 +38,7 @@ from compactlog.compaction.worker import serve as serve_requests
 from compactlog.config import parse_assignments
 from compactlog.errors import CompactlogError
 from compactlog.server.info import running_server
-from compactlog.storage.partition import Partition
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore, Partition
 
 console = stderr_console()
 

@@ -16,7 +16,7 @@ from compactlog.cli import Context
 from compactlog.cli.admin_client import AdminClient
 from compactlog.cli.output import narrow_table, stdout_console
 from compactlog.compaction.status import read_status
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore
 
 
 @click.command("compaction-status")

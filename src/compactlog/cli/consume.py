@@ -8,7 +8,7 @@ from compactlog.cli import Context
 from compactlog.cli.formats import Encoding, record_json, record_text
 from compactlog.client.reader import Reader, StartPosition
 from compactlog.errors import UserError
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore
 
 
 def _start(value: str) -> StartPosition:

@@ -8,7 +8,7 @@ import json
 from typing import Any, Literal
 
 from compactlog.errors import UserError
-from compactlog.storage.records import Headers, ProducerRecord, Record
+from compactlog.storage import Headers, ProducerRecord, Record
 
 Encoding = Literal["utf8", "base64"]
 InputFormat = Literal["auto", "tsv", "json"]

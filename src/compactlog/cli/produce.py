@@ -11,8 +11,7 @@ import click
 from compactlog.cli import Context
 from compactlog.cli.formats import Encoding, InputFormat, LineError, parse_line
 from compactlog.cli.writer import open_writer
-from compactlog.storage.records import ProducerRecord
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore, ProducerRecord
 
 
 @click.command()

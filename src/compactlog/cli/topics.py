@@ -21,7 +21,7 @@ from compactlog.errors import UserError
 
 if TYPE_CHECKING:
     from compactlog.cli.writer import Writer
-    from compactlog.storage.store import LogStore
+    from compactlog.storage import LogStore
 
 console = stdout_console()
 
@@ -34,7 +34,7 @@ def _writer(ctx: Context) -> AbstractContextManager[Writer]:
 
 
 def _reader(ctx: Context) -> LogStore:
-    from compactlog.storage.store import LogStore
+    from compactlog.storage import LogStore
 
     return LogStore.open(ctx.target, read_only=True)
 

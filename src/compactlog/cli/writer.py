@@ -26,8 +26,7 @@ from aiokafka.errors import KafkaError
 from compactlog.config import TopicConfig
 from compactlog.errors import CompactlogError, DataDirLockedError, UserError
 from compactlog.server.info import running_server
-from compactlog.storage.records import ProducerRecord
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore, ProducerRecord
 
 T = TypeVar("T")
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from compactlog.errors import UserError
-from compactlog.storage.partition import DEFAULT_MAX_BYTES, Partition
-from compactlog.storage.records import Record
-from compactlog.storage.store import LogStore
+from compactlog.storage import DEFAULT_MAX_BYTES, LogStore, Partition, Record
 
 StartPosition = int | Literal["earliest", "latest"]
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from compactlog.client.reader import Reader
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore
 
 Listener = Callable[[bytes, bytes | None], None]  # (key, new value or None when deleted)
 

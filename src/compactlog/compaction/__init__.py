@@ -21,8 +21,7 @@ from compactlog.errors import UserError
 
 if TYPE_CHECKING:
     from compactlog.compaction.rolled import RollThrough
-    from compactlog.storage.records import Record
-    from compactlog.storage.store import LogStore
+    from compactlog.storage import LogStore, Record
 
 DEFAULT_FACTORY = "compactlog.compaction.spark_service:SparkCompactionServiceFactory"
 

@@ -55,7 +55,7 @@ from compactlog.compaction.plan import InputFile, PartitionPlan, load_deleted, s
 from compactlog.compaction.remote_files import compact_on_volume
 from compactlog.compaction.strategies import parse_strategy
 from compactlog.errors import UserError
-from compactlog.storage.manifest import SegmentInfo
+from compactlog.storage import SegmentInfo
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

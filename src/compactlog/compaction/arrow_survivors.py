@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from compactlog.compaction.io_throttle import observe_row_group
 from compactlog.compaction.strategies import Strategy, parse_strategy
-from compactlog.storage.deletion import drop_deleted
+from compactlog.storage import drop_deleted
 
 # Grouping (hash table or sort indices, plus the numpy work arrays) holds about this
 # many times the bytes of the columns it groups, measured with pa.total_allocated_bytes.

@@ -32,12 +32,7 @@ import pyarrow.parquet as pq
 from compactlog.compaction.io_throttle import observe_row_group
 from compactlog.compaction.ledger import PieceResult, TombstoneRules
 from compactlog.compaction.plan import InputFile, wholly_cut
-from compactlog.storage.deletion import (
-    deleted_mask,
-    drop_deleted,
-    dv_file_name,
-    write_deletion_vector,
-)
+from compactlog.storage import deleted_mask, drop_deleted, dv_file_name, write_deletion_vector
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,14 @@ import pyarrow.parquet as pq
 from compactlog import fsutil
 from compactlog.compaction.io_throttle import observe_growth, observe_row_group
 from compactlog.compaction.verified import remember, verify_input
-from compactlog.storage.deletion import deleted_mask, read_deletion_vector
-from compactlog.storage.manifest import SegmentInfo
-from compactlog.storage.sealed import SCHEMA, file_crc32c, open_writer
+from compactlog.storage import (
+    SCHEMA,
+    SegmentInfo,
+    deleted_mask,
+    file_crc32c,
+    open_writer,
+    read_deletion_vector,
+)
 
 LEDGER_SCHEMA = SCHEMA.append(pa.field("tombstone_since_ms", pa.int64()))
 

@@ -32,9 +32,14 @@ from compactlog.backend.local.volume import LocalVolume
 from compactlog.compaction.ledger import PieceInput, TombstoneRules
 from compactlog.compaction.strategies import Strategy, parse_strategy
 from compactlog.config import TopicConfig
-from compactlog.storage.deletion import read_deletion_vector
-from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest, SegmentInfo
-from compactlog.storage.view_rows import retention_ms
+from compactlog.storage import (
+    LEDGER_DIR,
+    SEGMENT_DIR,
+    PartitionManifest,
+    SegmentInfo,
+    read_deletion_vector,
+    retention_ms,
+)
 
 MAX_LEDGER_FILE_BYTES = 256 * 1024 * 1024
 

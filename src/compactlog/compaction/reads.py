@@ -6,9 +6,7 @@ the partition manifest), so reading it is the same too.
 
 from __future__ import annotations
 
-from compactlog.storage.partition import Partition
-from compactlog.storage.records import Record
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore, Partition, Record
 
 
 class LedgerReads:

@@ -32,7 +32,7 @@ from typing import Any
 
 from compactlog.backend import volume_from_spec
 from compactlog.fsutil import TEMP_PREFIX
-from compactlog.storage.manifest import LEDGER_DIR
+from compactlog.storage import LEDGER_DIR
 
 TaskBody = Callable[[dict[str, Any]], dict[str, Any]]
 

@@ -29,9 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from compactlog.errors import DataDirLockedError
-from compactlog.storage.partition import Partition
-from compactlog.storage.recovery import log_files
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore, Partition, log_files
 
 log = logging.getLogger(__name__)
 

@@ -103,10 +103,14 @@ from compactlog.compaction.status import (
 )
 from compactlog.errors import ConflictError, StorageError, UserError
 from compactlog.iceberg import sync_after_compaction
-from compactlog.storage.manifest import LEDGER_DIR, CompactionState, PartitionManifest
-from compactlog.storage.partition import Partition
-from compactlog.storage.store import LogStore
-from compactlog.storage.sweep import sweep
+from compactlog.storage import (
+    LEDGER_DIR,
+    CompactionState,
+    LogStore,
+    Partition,
+    PartitionManifest,
+    sweep_unreachable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +290,7 @@ def _sweep(partition: Partition) -> None:
         # Orphans only when the current version is proven (backend/local/document.py).
         orphan_dirs = [LEDGER_DIR] if partition.prove_manifest() else []
         partition.refresh()
-        sweep(partition.volume, partition.manifest, partition.now_ms(),
+        sweep_unreachable(partition.volume, partition.manifest, partition.now_ms(),
               partition.config["file.delete.delay.ms"], orphan_dirs,
               partition.files.retire, partition.name, partition.holds.held())
     except Exception as error:

@@ -35,8 +35,7 @@ from compactlog.compaction.ledger import (
 )
 from compactlog.compaction.plan import PartitionPlan, Piece, deleted_offsets, split_pieces
 from compactlog.compaction.strategies import Strategy, parse_strategy, surviving_record
-from compactlog.storage.records import Record
-from compactlog.storage.sealed import table_to_records
+from compactlog.storage import Record, table_to_records
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

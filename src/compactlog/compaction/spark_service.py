@@ -30,7 +30,7 @@ from compactlog.compaction.spark_jobs import SPARK_START, RunJobs
 from compactlog.compaction.spark_pipeline import find_survivors, write_ledgers
 from compactlog.compaction.spark_session import DEFAULT_MASTER, start_session
 from compactlog.errors import UserError
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from compactlog import fsutil
-from compactlog.storage.locks import CompactionRunningError, compaction_lock, is_locked
+from compactlog.storage import CompactionRunningError, compaction_lock, is_locked
 
 __all__ = ["CompactionRunningError", "CompactionStatus", "compaction_lock", "is_locked",
            "read_status", "remove_status_temps", "write_status"]

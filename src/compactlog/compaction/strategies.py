@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from compactlog.storage.records import Record
+from compactlog.storage import Record
 from compactlog.strategy import (
     ALLOWED,
     Kind,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from compactlog.bounded_cache import BoundedCache
 from compactlog.compaction.io_throttle import observe_read
-from compactlog.storage.sealed import verify_file
+from compactlog.storage import verify_file
 
 MEMO_LIMIT = 65536  # files; an entry is about 200 bytes
 

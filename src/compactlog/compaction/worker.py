@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from compactlog.compaction import CompactionReport, CompactionServiceFactory
 from compactlog.errors import CompactlogError
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore
 
 log = logging.getLogger(__name__)
 

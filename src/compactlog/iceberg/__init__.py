@@ -165,7 +165,7 @@ if TYPE_CHECKING:
     from compactlog.iceberg.drop import DropResult
     from compactlog.iceberg.expiry import ExpiryResult
     from compactlog.iceberg.state import Current
-    from compactlog.storage.store import LogStore
+    from compactlog.storage import LogStore
 
 log = logging.getLogger(__name__)
 

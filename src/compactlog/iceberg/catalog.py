@@ -43,7 +43,7 @@ from compactlog.iceberg.files import table_files
 from compactlog.iceberg.state import HINT, load_current, metadata_name
 
 if TYPE_CHECKING:
-    from compactlog.storage.store import LogStore
+    from compactlog.storage import LogStore
 
 STATE_NAMESPACE = "state"
 RAW_NAMESPACE = "raw"

@@ -39,9 +39,13 @@ from compactlog.backend import Volume
 from compactlog.bounded_cache import BoundedCache
 from compactlog.compaction.verified import verify_input
 from compactlog.iceberg.schema import DELETE_SCHEMA
-from compactlog.storage.deletion import cached_deletion_vector, deleted_mask
-from compactlog.storage.manifest import PartitionManifest
-from compactlog.storage.view_rows import FileRows, TimeRules
+from compactlog.storage import (
+    FileRows,
+    PartitionManifest,
+    TimeRules,
+    cached_deletion_vector,
+    deleted_mask,
+)
 
 # Positions computed in this process, by inputs (a ledger file never changes).
 POSITIONS_KEPT = 4096

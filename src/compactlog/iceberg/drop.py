@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from compactlog.iceberg.files import table_files
 from compactlog.iceberg.kinds import TableKind
 from compactlog.iceberg.state import HINT, metadata_name
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore
 
 log = logging.getLogger(__name__)
 

@@ -54,8 +54,7 @@ from compactlog.iceberg.files import relative_of, remove_unreferenced, table_fil
 from compactlog.iceberg.kinds import STATE, TableKind
 from compactlog.iceberg.relocate import moved_from
 from compactlog.iceberg.state import HINT, Current, load_current, metadata_name
-from compactlog.storage.partition import Partition
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore, Partition
 
 log = logging.getLogger(__name__)
 

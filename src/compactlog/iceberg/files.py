@@ -24,7 +24,7 @@ from compactlog.errors import ConflictError, StorageError
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-    from compactlog.storage.store import LogStore
+    from compactlog.storage import LogStore
 
 
 class TableFiles(Protocol):

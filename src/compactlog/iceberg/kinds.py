@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from compactlog.storage.manifest import PartitionManifest
-from compactlog.storage.view_rows import FileRows, TimeRules, partition_rows
+from compactlog.storage import FileRows, PartitionManifest, TimeRules, partition_rows
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from compactlog.iceberg.schema import (
     SPEC,
     table_properties,
 )
-from compactlog.storage.partition import Partition
+from compactlog.storage import Partition
 
 log = logging.getLogger(__name__)
 

@@ -53,10 +53,7 @@ from compactlog.iceberg.schema import (
     SCHEMA,
     TIMESTAMP_ID,
 )
-from compactlog.storage.manifest import PartitionManifest
-from compactlog.storage.partition import Partition
-from compactlog.storage.store import LogStore
-from compactlog.storage.view_rows import TimeRules
+from compactlog.storage import LogStore, Partition, PartitionManifest, TimeRules
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,7 @@ from compactlog.iceberg import (
     sync_raw_table,
     sync_state_table,
 )
-from compactlog.storage.store import LogStore, Topic
-from compactlog.storage.view_rows import retention_ms
+from compactlog.storage import LogStore, Topic, retention_ms
 
 RETENTION_SYNC_S = 60.0
 EXPIRY_INTERVAL_S = 300.0

@@ -70,7 +70,7 @@ from compactlog.server.security.tls import ServerTls
 from compactlog.server.server_config import ServerConfig
 from compactlog.server.upkeep import Upkeep
 from compactlog.server.uploads import Uploads
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore
 
 log = logging.getLogger("compactlog.server")
 T = TypeVar("T")

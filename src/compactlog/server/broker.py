@@ -40,7 +40,7 @@ from compactlog.server.security.credentials import DIRECTORY as CREDENTIALS_DIR
 from compactlog.server.security.credentials import CredentialStore
 from compactlog.server.security.sasl_users import SaslUsers
 from compactlog.server.uploads import Uploads
-from compactlog.storage.store import LogStore
+from compactlog.storage import LogStore
 
 log = logging.getLogger("compactlog.server")
 T = TypeVar("T")

@@ -45,8 +45,7 @@ from compactlog.server.compaction_processes import (
 )
 from compactlog.server.metrics import ServerMetrics
 from compactlog.server.security.code_allowlist import check_strategy
-from compactlog.storage.partition import Partition
-from compactlog.storage.store import LogStore, Topic
+from compactlog.storage import LogStore, Partition, Topic
 
 log = logging.getLogger("compactlog.cleaner")
 RunIo = Callable[..., Awaitable[Any]]

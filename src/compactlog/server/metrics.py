@@ -23,7 +23,7 @@ from compactlog.server.protocol.record_batches import view_start_offset
 if TYPE_CHECKING:
     from compactlog.server.cleaner import Cleaner
     from compactlog.server.coordinator.group_coordinator import GroupCoordinator
-    from compactlog.storage.store import LogStore
+    from compactlog.storage import LogStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)

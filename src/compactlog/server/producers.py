@@ -75,18 +75,18 @@ from compactlog.errors import (
     InvalidRecordError,
 )
 from compactlog.server.producer_ids import ProducerIdAllocator
-from compactlog.storage.manifest import SegmentInfo
-from compactlog.storage.records import (
+from compactlog.storage import (
     CONTROL_MASK,
     TRANSACTIONAL_MASK,
     BatchError,
     BatchHeader,
     ChecksumError,
+    SegmentInfo,
     check_batch,
 )
 
 if TYPE_CHECKING:
-    from compactlog.storage.partition import Partition
+    from compactlog.storage import Partition
 
 log = logging.getLogger("compactlog.server.producers")
 

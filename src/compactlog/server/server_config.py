@@ -22,7 +22,7 @@ from compactlog.server.network.listeners import Listener, check_all
 from compactlog.server.security.authorizer import AuthorizationConfig
 from compactlog.server.security.code_allowlist import check_allow_list
 from compactlog.server.security.tls import TlsSettings
-from compactlog.storage.records import MAX_UNCOMPRESSED_BATCH_BYTES
+from compactlog.storage import MAX_UNCOMPRESSED_BATCH_BYTES
 
 MIB = 1 << 20
 

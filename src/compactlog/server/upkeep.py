@@ -20,8 +20,7 @@ from compactlog.errors import CompactlogError
 from compactlog.iceberg.upkeep import StateTableUpkeep
 from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.protocol.error_codes import error_message
-from compactlog.storage.store import LogStore
-from compactlog.storage.upkeep import run_round
+from compactlog.storage import LogStore, run_round
 
 log = logging.getLogger("compactlog.server")
 

@@ -30,7 +30,7 @@ from compactlog.log_throttle import Throttle, held_back
 
 if TYPE_CHECKING:
     from compactlog.server.broker import Broker
-    from compactlog.storage.partition import Partition
+    from compactlog.storage import Partition
 
 log = logging.getLogger("compactlog.server")
 POLL_S = 0.01

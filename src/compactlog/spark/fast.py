@@ -50,9 +50,7 @@ from compactlog.spark.plan import FilePart, TailPart, plan_read
 from compactlog.spark.read import read_tail
 from compactlog.spark.schema import CREATE_TIME, PARQUET_SCHEMA, SPARK_SCHEMA
 from compactlog.spark.source import NAME, CompactlogDataSource
-from compactlog.storage.deletion import read_deletion_vector
-from compactlog.storage.store import LogStore
-from compactlog.storage.view_rows import TOMBSTONE_COLUMNS
+from compactlog.storage import TOMBSTONE_COLUMNS, LogStore, read_deletion_vector
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -53,12 +53,12 @@ from compactlog.backend import Location, Volume, volume_from_spec
 from compactlog.config import TopicConfig
 from compactlog.errors import CorruptionError
 from compactlog.spark.options import ReadOptions
-from compactlog.storage.manifest import SegmentInfo
-from compactlog.storage.partition import Partition
-from compactlog.storage.store import LogStore
-from compactlog.storage.view_rows import (
+from compactlog.storage import (
     FileRows,
+    LogStore,
+    Partition,
     RowCondition,
+    SegmentInfo,
     TimeRules,
     partition_rows,
     upper_bound,

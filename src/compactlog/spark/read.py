@@ -29,9 +29,13 @@ import pyarrow as pa
 from compactlog.errors import ConflictError, CorruptionError, RetryableError
 from compactlog.spark.plan import FilePart, TailPart
 from compactlog.spark.schema import spark_batches
-from compactlog.storage.deletion import read_deletion_vector
-from compactlog.storage.partition import Partition
-from compactlog.storage.sealed import RECORD_COLUMNS, SealedSegment, SegmentMissingError
+from compactlog.storage import (
+    RECORD_COLUMNS,
+    Partition,
+    SealedSegment,
+    SegmentMissingError,
+    read_deletion_vector,
+)
 
 TAIL_CHUNK_RECORDS = 50_000
 TAIL_CHUNK_BYTES = 16 * 1024 * 1024

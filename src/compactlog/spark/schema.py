@@ -40,7 +40,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from compactlog.storage.sealed import RECORD_COLUMNS
+from compactlog.storage import RECORD_COLUMNS
 
 CREATE_TIME = 0  # Kafka's timestampType of a producer's timestamp
 HEADER_TYPE = ArrayType(

@@ -61,9 +61,7 @@ from compactlog.errors import UserError
 from compactlog.spark.options import EARLIEST, LATEST, StreamOptions, parse_stream_options
 from compactlog.spark.plan import FilePart, TailPart, plan_range
 from compactlog.spark.read import read_part
-from compactlog.storage.partition import Partition
-from compactlog.storage.store import LogStore, Topic
-from compactlog.storage.view_rows import upper_bound
+from compactlog.storage import LogStore, Partition, Topic, upper_bound
 
 if TYPE_CHECKING:
     import pyarrow as pa

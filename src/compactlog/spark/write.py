@@ -49,10 +49,14 @@ from pyspark.sql.types import (
 
 from compactlog.errors import DataDirLockedError, UserError
 from compactlog.spark.options import WriteOptions
-from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
-from compactlog.storage.records import ProducerRecord
-from compactlog.storage.sealed import HEADER_TYPE
-from compactlog.storage.store import LogStore, Topic
+from compactlog.storage import (
+    HEADER_TYPE,
+    LogStore,
+    NullKeyPartitioner,
+    ProducerRecord,
+    Topic,
+    partitions_for_keys,
+)
 
 STAGING_DIR = "spark-staging"
 STAGED_SCHEMA = pa.schema([

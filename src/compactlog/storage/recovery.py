@@ -59,7 +59,7 @@ from compactlog.errors import CorruptionError, StorageError
 from compactlog.storage import locks
 from compactlog.storage.logfile import LogSegment, TornTail, base_offset_of, log_file_name
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
-from compactlog.storage.sweep import SweepResult, sweep
+from compactlog.storage.sweep import SweepResult, sweep_unreachable
 
 if TYPE_CHECKING:
     from compactlog.storage.partition import Partition
@@ -293,7 +293,7 @@ def _sweep_with_seal_lock(partition: Partition) -> SweepResult:
                 fsutil.remove_temp_files(partition.directory)
         # What another process committed before we looked counts.
         partition.refresh()
-        result = sweep(partition.volume, partition.manifest, partition.now_ms(),
+        result = sweep_unreachable(partition.volume, partition.manifest, partition.now_ms(),
                        partition.config["file.delete.delay.ms"], orphan_dirs,
                        partition.files.retire, partition.name, partition.holds.held())
     finally:

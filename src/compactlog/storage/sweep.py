@@ -38,7 +38,8 @@ from compactlog.backend import Volume
 from compactlog.storage.manifest import LEDGER_DIR, SEGMENT_DIR, PartitionManifest
 
 # On an object store, an unlisted data file is an orphan only once it is this old (see
-# `sweep`): longer than any compaction run or seal takes from its first write to its commit.
+# `sweep_unreachable`): longer than any compaction run or seal takes from its first
+# write to its commit.
 OBJECT_ORPHAN_MIN_AGE_MS = 6 * 3600 * 1000
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class SweepResult:
         return self.retired + self.orphans
 
 
-def sweep(
+def sweep_unreachable(
     volume: Volume,
     manifest: PartitionManifest,
     now_ms: int,

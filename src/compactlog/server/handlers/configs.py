@@ -31,7 +31,7 @@ from compactlog.server.protocol.messages import Request
 from compactlog.server.security import access
 from compactlog.server.security.acl_model import Operation
 from compactlog.server.security.code_allowlist import check_configs
-from compactlog.storage.store import Topic
+from compactlog.storage import Topic
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 # Kafka's ConfigResource.Type ids.

@@ -37,7 +37,7 @@ from compactlog.server.protocol.messages import Request
 from compactlog.server.protocol.record_batches import read_batches, view_start_offset
 from compactlog.server.security import access
 from compactlog.server.security.acl_model import Operation
-from compactlog.storage.records import iter_batches
+from compactlog.storage import iter_batches
 
 FETCH, LIST_OFFSETS = 1, 2
 EARLIEST, LATEST = -2, -1

@@ -21,7 +21,7 @@ from compactlog.server.protocol.error_codes import error_code, error_message
 from compactlog.server.protocol.messages import Request, api_version_entries
 from compactlog.server.security import access
 from compactlog.server.security.acl_model import Operation
-from compactlog.storage.store import Topic
+from compactlog.storage import Topic
 
 API_VERSIONS, METADATA = 18, 3
 log = logging.getLogger("compactlog.server")

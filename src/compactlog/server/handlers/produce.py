@@ -50,10 +50,10 @@ from compactlog.server.protocol.error_codes import error_code, error_message
 from compactlog.server.protocol.messages import ProtocolError, Request
 from compactlog.server.security import access
 from compactlog.server.security.acl_model import Operation, ResourceType
-from compactlog.storage.records import iter_batches
+from compactlog.storage import iter_batches
 
 if TYPE_CHECKING:
-    from compactlog.storage.partition import Partition
+    from compactlog.storage import Partition
 
 PRODUCE, INIT_PRODUCER_ID = 0, 22
 LAST_OFFSET = "_last_offset"  # (partition, last offset) of an append; not sent

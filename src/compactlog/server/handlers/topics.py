@@ -28,7 +28,7 @@ from compactlog.server.protocol.messages import Request
 from compactlog.server.security import access
 from compactlog.server.security.acl_model import Operation
 from compactlog.server.security.code_allowlist import check_configs
-from compactlog.storage.store import PartitionBudgetError
+from compactlog.storage import PartitionBudgetError
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 log = logging.getLogger("compactlog.server")

@@ -52,9 +52,7 @@ import pyarrow.compute as pc
 from aiokafka.record._crecords import DefaultRecordBatchBuilder
 
 from compactlog.errors import CorruptionError
-from compactlog.storage.gcpause import gc_paused
-from compactlog.storage.reads import ledger_tables, sealed_tables, with_view
-from compactlog.storage.records import (
+from compactlog.storage import (
     CONTROL_MASK,
     CRC_START,
     HEADER,
@@ -64,12 +62,19 @@ from compactlog.storage.records import (
     NO_PRODUCER_ID,
     TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_MASK,
+    PartitionRows,
+    SegmentMissingError,
+    gc_paused,
+    ledger_tables,
+    rows_of,
+    sealed_tables,
+    upper_bound,
+    view_start,
+    with_view,
 )
-from compactlog.storage.sealed import SegmentMissingError
-from compactlog.storage.view_rows import PartitionRows, rows_of, upper_bound, view_start
 
 if TYPE_CHECKING:
-    from compactlog.storage.partition import Partition, View
+    from compactlog.storage import Partition, View
 
 __all__ = ["WIRE_COLUMNS", "WireRead", "empty_batch", "read_batches", "view_start_offset"]
 
