@@ -282,7 +282,7 @@ def test_parse_assignments() -> None:
 
 
 def test_a_retired_key_is_refused_when_set_and_dropped_from_a_stored_topic() -> None:
-    from compactlog.storage.store import TopicMeta
+    from compactlog.storage.topic import TopicMeta
 
     # Set anew (create, alter): refused, naming what replaced it.
     with pytest.raises(UnknownConfigError, match=r"compaction\.without\.spark=true"):

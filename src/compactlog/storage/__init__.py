@@ -66,8 +66,9 @@ if TYPE_CHECKING:
         table_to_records,
         verify_file,
     )
-    from compactlog.storage.store import LogStore, PartitionBudgetError, Topic, default_local_dir
+    from compactlog.storage.store import LogStore, PartitionBudgetError, default_local_dir
     from compactlog.storage.sweep import sweep_unreachable
+    from compactlog.storage.topic import Topic
     from compactlog.storage.upkeep import run_round
     from compactlog.storage.view_rows import (
         TOMBSTONE_COLUMNS,
@@ -213,7 +214,7 @@ _HOMES = {
     "TimeRules": "compactlog.storage.view_rows",
     "TIMESTAMP_TYPE_MASK": "compactlog.storage.records",
     "TOMBSTONE_COLUMNS": "compactlog.storage.view_rows",
-    "Topic": "compactlog.storage.store",
+    "Topic": "compactlog.storage.topic",
     "TRANSACTIONAL_MASK": "compactlog.storage.records",
     "upper_bound": "compactlog.storage.view_rows",
     "verify_file": "compactlog.storage.sealed",

@@ -22,20 +22,16 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import re
 import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from compactlog.backend import (
     Layout,
     Location,
-    Snapshot,
     Volume,
     clear_dead_claim,
     is_deleted,
@@ -51,10 +47,8 @@ from compactlog.errors import (
     ConflictError,
     CorruptionError,
     DataDirLockedError,
-    InvalidTopicNameError,
     ReadOnlyStoreError,
     StorageError,
-    UnknownPartitionError,
     UnknownTopicError,
     UserError,
 )
@@ -65,12 +59,11 @@ from compactlog.storage.partition import AppendResult, Clock, Partition
 from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_keys
 from compactlog.storage.records import MAX_UNCOMPRESSED_BATCH_BYTES, ProducerRecord
 from compactlog.storage.recovery import RecoveryReport
+from compactlog.storage.topic import Topic, TopicMeta, is_topic_name, validate_topic_name
 from compactlog.storage.upkeep import run_round
 
 log = logging.getLogger(__name__)
 
-# Matched whole (fullmatch): `$` would also match before a final newline.
-TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 MAX_PARTITIONS = 10_000
 DEFAULT_MAX_OPEN_FILES = 128
 # On an object store, how often the writer's upkeep looks for manifests that another
@@ -78,105 +71,10 @@ DEFAULT_MAX_OPEN_FILES = 128
 REMOTE_REFRESH_S = 5.0
 
 
-def is_topic_name(name: str) -> bool:
-    return name not in (".", "..") and TOPIC_NAME.fullmatch(name) is not None
-
-
-def validate_topic_name(name: str) -> None:
-    if not is_topic_name(name):
-        raise InvalidTopicNameError(
-            f"invalid topic name {name!r}: use 1 to 249 characters from "
-            "a-z, A-Z, 0-9, '.', '_' and '-', and not '.' or '..'"
-        )
-
-
-@dataclass(frozen=True)
-class TopicMeta:
-    name: str
-    topic_id: str
-    partitions: int
-    config: TopicConfig
-    created_ms: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "topic_id": self.topic_id,
-            "partitions": self.partitions,
-            "config": dict(self.config.overrides),
-            "created_ms": self.created_ms,
-        }
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> TopicMeta:
-        return cls(
-            name=str(body["name"]),
-            topic_id=str(body["topic_id"]),
-            partitions=int(body["partitions"]),
-            config=TopicConfig.from_stored(body.get("config") or {}),
-            created_ms=int(body["created_ms"]),
-        )
-
-
 class PartitionBudgetError(StorageError):
     """Opening (or creating) a topic would hold more partitions open than the store's
     `max_open_partitions`: each keeps its active log file open, and the open-file limit
     would run out."""
-
-
-class Topic:
-    def __init__(self, store: LogStore, meta: TopicMeta, snapshot: Snapshot) -> None:
-        self.store = store
-        self.document = store.layout.meta_document(meta.name)
-        self.meta = meta
-        self.meta_snapshot = snapshot
-        self.partitions: list[Partition] = []
-
-    @property
-    def meta_version(self) -> int:
-        return self.meta_snapshot.version
-
-    @property
-    def name(self) -> str:
-        return self.meta.name
-
-    @property
-    def config(self) -> TopicConfig:
-        return self.meta.config
-
-    def partition(self, index: int) -> Partition:
-        if not 0 <= index < len(self.partitions):
-            raise UnknownPartitionError(self.name, index, len(self.partitions))
-        return self.partitions[index]
-
-    def open_partitions(self) -> None:
-        try:
-            layout, topic_id = self.store.layout, self.meta.topic_id
-            for index in range(self.meta.partitions):
-                partition = Partition(
-                    layout.partition_dir(self.name, topic_id, index),
-                    self.name,
-                    index,
-                    lambda: self.meta.config,
-                    writable=not self.store.read_only,
-                    clock=self.store.clock,
-                    files=self.store.files,
-                    volume=layout.partition_volume(self.name, topic_id, index),
-                )
-                if self.store.lease is not None:
-                    partition.writer_epoch = self.store.lease.epoch
-                partition.auto_seal = self.store.auto_seal
-                partition.max_uncompressed_batch_bytes = (
-                    self.store.max_uncompressed_batch_bytes)
-                self.partitions.append(partition.open())
-        except BaseException:
-            self.close()  # a damaged partition must not leave the others' files open
-            raise
-
-    def close(self) -> None:
-        for partition in self.partitions:
-            partition.close()
-        self.partitions = []
 
 
 class LogStore:
