@@ -4,7 +4,8 @@ ClassicGroup.replaceStaticMember and validateMember): a static member that rejoi
 an empty member id and its group instance id replaces its old member id, keeps its
 assignment, and a Stable group whose protocol stays the same does not rebalance; the
 old member id is fenced (FENCED_INSTANCE_ID) on JoinGroup, SyncGroup, Heartbeat and
-OffsetCommit. And a real client (confluent-kafka with group.instance.id) that restarts
+OffsetCommit. A static member that does not rejoin a rebalance stays a member. And a
+real client (confluent-kafka with group.instance.id) that restarts
 takes its partitions back without a rebalance, from its committed offset.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -177,6 +179,45 @@ def test_a_static_member_rejoining_during_a_rebalance_takes_its_place_in_it(
         assert {m.member_id for m in again.members} == {again.member_id, b.member_id}
         assert heartbeat(wire, group, old, again.generation_id) is (
             ErrorCode.fenced_instance_id)
+
+
+def test_a_static_member_that_does_not_rejoin_a_rebalance_stays_a_member(
+        server: LoggedServer, wire: Wire) -> None:
+    """Static A and dynamic B, Stable; B rejoins and A does not. At the rebalance
+    timeout (1 s here) Kafka's completeClassicGroupJoin removes only dynamic members
+    that did not rejoin: A stays, and B, which rejoined, leads. Before, A was removed."""
+    group = kept(wire, "static-stays")
+
+    def fields(member_id: str = "", instance: str | None = None) -> dict[str, Any]:
+        return {**join_fields(group, member_id, instance),
+                "rebalance_timeout": timedelta(seconds=1)}
+
+    with Wire(server.address) as a_wire, Wire(server.address) as b_wire:
+        a_wire.send(request_frame(JOIN_GROUP, 5, fields(instance="i1"), 11))
+        b_wire.send(request_frame(JOIN_GROUP, 3, fields(), 11))
+        a, b = answer(a_wire, JOIN_GROUP, 5), answer(b_wire, JOIN_GROUP, 3)
+        assert a.error_code is b.error_code is ErrorCode.none, (a, b)
+        leader, leader_wire = (a, a_wire) if a.leader == a.member_id else (b, b_wire)
+        follower, follower_wire = (b, b_wire) if leader is a else (a, a_wire)
+        assigned = {a.member_id: b"A", b.member_id: b"B"}
+        synced = sync(leader_wire, group, leader.member_id, leader.generation_id,
+                      "i1" if leader is a else None, assigned)
+        assert synced.error_code is ErrorCode.none, synced
+        synced = sync(follower_wire, group, follower.member_id, follower.generation_id,
+                      "i1" if follower is a else None)
+        assert synced.error_code is ErrorCode.none, synced
+        assert state(wire, group)[0] == "Stable"
+        started = time.monotonic()
+        b_wire.send(request_frame(JOIN_GROUP, 3, fields(b.member_id), 11))
+        again = answer(b_wire, JOIN_GROUP, 3)
+        assert 0.5 < time.monotonic() - started < 5  # the rebalance timeout
+        assert again.error_code is ErrorCode.none, again
+        assert (again.generation_id, again.leader) == (b.generation_id + 1, b.member_id)
+        assert {m.member_id for m in again.members} == {a.member_id, b.member_id}
+        assert state(wire, group) == ("CompletingRebalance", [a.member_id, b.member_id])
+        # A, back, is told to rejoin.
+        assert heartbeat(wire, group, a.member_id, a.generation_id) is (
+            ErrorCode.illegal_generation)
 
 
 # -- a real client ------------------------------------------------------------------
