@@ -30,6 +30,15 @@ generation (Kafka's group.initial.rebalance.delay.ms). It answers all joins at o
 the leader gets every member's subscription, computes the assignment client-side and
 hands it back in SyncGroup, which the coordinator passes to each member.
 
+Static members (KIP-345, server/coordinator/static_members.py) join with a group
+instance id. One that comes back with an empty member id and an instance id the group
+knows replaces its old member id by a new one, keeping its assignment; the old id is
+fenced (FENCED_INSTANCE_ID on its JoinGroup, SyncGroup, Heartbeat and OffsetCommit). In
+a Stable group whose chosen protocol stays the same this starts no rebalance: the member
+gets the current generation at once. A static member that does not rejoin a rebalance
+stays a member (it is assigned to, and the group waits for it until the rebalance
+timeout); only its session timeout or a LeaveGroup removes it.
+
 Committed offsets are kept per group in one document (server/coordinator/offset_files.py: a file
 under <data>/groups/, or an object beside the topics on S3, fenced by the writer's
 epoch), replaced whole on every commit, so they survive restarts, crashes and, on S3, a
@@ -58,6 +67,7 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.errors import FencedError, StorageError
 from compactlog.log_throttle import Throttle, held_back
+from compactlog.server.coordinator import static_members
 from compactlog.server.coordinator.offset_files import LocalOffsetFiles, OffsetFiles
 
 log = logging.getLogger("compactlog.server.groups")
@@ -217,7 +227,10 @@ class GroupCoordinator:
         self, group_id: str, member_id: str, group_instance_id: str | None, client_id: str,
         client_host: str, session_timeout_s: float, rebalance_timeout_s: float,
         protocol_type: str, protocols: list[tuple[str, bytes]], require_known_member_id: bool,
+        skip_assignment: bool = False,
     ) -> dict[str, Any]:
+        """Kafka's classic JoinGroup. `skip_assignment`: the request's version (v9+) lets
+        a static leader that takes its own place over be told so (KIP-814)."""
         if not group_id:
             raise GroupError(ErrorCode.invalid_group_id, "the group id is empty")
         if not self.min_session_timeout_s <= session_timeout_s <= self.max_session_timeout_s:
@@ -236,9 +249,16 @@ class GroupCoordinator:
         if group.members and not self._common_protocols(group.members.values(), protocols):
             raise GroupError(ErrorCode.inconsistent_group_protocol,
                              f"no protocol in common with the members of {group_id}")
-        if not member_id:
+        if not member_id and group_instance_id is not None:
+            member_id = static_members.new_member_id(group_instance_id, str(uuid.uuid4()))
+            old = static_members.holder(group, group_instance_id)
+            if old is not None:
+                return await self._rejoin_static(
+                    group, old, member_id, session_timeout_s, rebalance_timeout_s,
+                    protocol_type, protocols, skip_assignment)
+        elif not member_id:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
-            if require_known_member_id and group_instance_id is None:
+            if require_known_member_id:
                 # KIP-394: the client must come back with this id, so that a member that
                 # retries a timed-out join is not counted twice. It expires after the
                 # session timeout, as in Kafka.
@@ -248,8 +268,10 @@ class GroupCoordinator:
                 self.pending += 1
                 return {"error_code": ErrorCode.member_id_required, "member_id": member_id,
                         "generation_id": -1, "leader": "", "members": []}
-        elif member_id not in group.members and member_id not in group.pending_ids:
-            raise GroupError(ErrorCode.unknown_member_id, f"unknown member {member_id}")
+        elif group_instance_id is not None or member_id not in group.pending_ids:
+            # A pending member id is never static: naming an instance id with one is
+            # refused as with any member id that does not hold it.
+            self._validate(group, member_id, group_instance_id)
         if group.pending_ids.pop(member_id, None) is not None:
             self.pending -= 1
         member = group.members.get(member_id)
@@ -272,6 +294,56 @@ class GroupCoordinator:
             self._prepare_rebalance(group, f"member {member_id} joined")
         self._maybe_complete_join(group)
         return await waiter
+
+    async def _rejoin_static(
+        self, group: Group, old: Member, member_id: str, session_timeout_s: float,
+        rebalance_timeout_s: float, protocol_type: str, protocols: list[tuple[str, bytes]],
+        skip_assignment: bool,
+    ) -> dict[str, Any]:
+        """Kafka's updateStaticMemberThenRebalanceOrCompleteJoin: a static member that
+        rejoins with an empty member id takes `old`'s place under `member_id`; `old` is
+        fenced. A Stable group whose protocol stays the same does not rebalance: the
+        member is answered at once with the current generation, and its SyncGroup gets
+        the assignment it had. Otherwise the group (re)balances as for any join."""
+        old_leader = group.leader_id
+        fenced = GroupError(ErrorCode.fenced_instance_id,
+                            f"instance id {old.group_instance_id} rejoined as {member_id}")
+        if old.join_waiter is not None and not old.join_waiter.done():
+            old.join_waiter.set_exception(fenced)
+        if old.sync_waiter is not None and not old.sync_waiter.done():
+            old.sync_waiter.set_exception(fenced)
+        member = static_members.replace(group, old, member_id)
+        member.protocols, member.protocol_type = protocols, protocol_type
+        member.session_timeout_s = session_timeout_s
+        member.rebalance_timeout_s = rebalance_timeout_s
+        log.info("group %s: static member %s (instance id %s) replaced %s in state %s",
+                 group.group_id, member_id, member.group_instance_id, old.member_id,
+                 group.state)
+        if group.state == STABLE and group.protocol_name == self._choose_protocol(group):
+            leader = member_id == group.leader_id
+            return {"error_code": ErrorCode.none, "generation_id": group.generation,
+                    "protocol_type": group.protocol_type,
+                    "protocol_name": group.protocol_name,
+                    # v9+: the leader learns its own new id, and not to assign again;
+                    # before, it is told the leader it knew, and acts as a follower.
+                    "leader": group.leader_id if skip_assignment else old_leader,
+                    "skip_assignment": skip_assignment and leader,
+                    "member_id": member_id,
+                    "members": _leader_view(group) if skip_assignment and leader else []}
+        member.join_waiter = asyncio.get_running_loop().create_future()
+        waiter = member.join_waiter
+        if group.state != PREPARING:
+            # CompletingRebalance too: the leader may be assigning to the old member id.
+            self._prepare_rebalance(group, f"static member {member_id} replaced "
+                                           f"{old.member_id}")
+        self._maybe_complete_join(group)
+        return await waiter
+
+    @staticmethod
+    def _validate(group: Group, member_id: str, instance_id: str | None) -> None:
+        invalid = static_members.invalid_member(group, member_id, instance_id)
+        if invalid is not None:
+            raise GroupError(*invalid)
 
     def _prepare_rebalance(self, group: Group, reason: str) -> None:
         if group.state == COMPLETING:
@@ -299,9 +371,18 @@ class GroupCoordinator:
         if group.state != PREPARING:
             return
         for member in [m for m in group.members.values() if not _joining(m)]:
+            if member.group_instance_id is not None:
+                continue  # static: only its session timeout or a LeaveGroup removes it
             log.info("group %s: member %s did not rejoin in time; removed",
                      group.group_id, member.member_id)
             del group.members[member.member_id]
+        if group.members and not any(_joining(m) for m in group.members.values()):
+            # Only static members, none rejoined: no leader to form a generation with.
+            # Wait on until one rejoins or their session timeouts remove them (Kafka
+            # waits another rebalance timeout the same way).
+            group.rebalance_task = asyncio.get_running_loop().create_task(
+                self._rebalance_deadline(group, timeout))
+            return
         self._complete_join(group)
 
     def _all_joined(self, group: Group) -> bool:
@@ -324,13 +405,11 @@ class GroupCoordinator:
         group.state = COMPLETING
         protocol = self._choose_protocol(group)
         group.protocol_name = protocol
-        if group.leader_id not in group.members:
-            group.leader_id = next(iter(group.members))
-        members_of_leader = [
-            {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
-             "metadata": m.metadata_for(protocol)}
-            for m in group.members.values()
-        ]
+        if group.leader_id not in group.members or not _joining(group.members[group.leader_id]):
+            # The leader must be told it leads: one that rejoined (a static member that
+            # did not is still a member, and is assigned to as such).
+            group.leader_id = next(m.member_id for m in group.members.values() if _joining(m))
+        members_of_leader = _leader_view(group)
         log.info("group %s: generation %d with %d member(s), protocol %s, leader %s",
                  group.group_id, group.generation, len(group.members), protocol,
                  group.leader_id)
@@ -365,12 +444,16 @@ class GroupCoordinator:
         return max(order, key=lambda name: (votes.get(name, 0), -order.index(name)))
 
     def _member(
-        self, group_id: str, member_id: str, generation: int | None
+        self, group_id: str, member_id: str, generation: int | None,
+        instance_id: str | None = None,
     ) -> tuple[Group, Member]:
+        """The member, checked as Kafka's validateMember (with `instance_id`, it must be
+        the member holding it: else FENCED_INSTANCE_ID), then its generation."""
         group = self.groups.get(group_id)
-        if group is None or member_id not in group.members:
+        if group is None:
             raise GroupError(ErrorCode.unknown_member_id,
                              f"member {member_id!r} is not in group {group_id!r}")
+        self._validate(group, member_id, instance_id)
         if generation is not None and generation != group.generation:
             raise GroupError(ErrorCode.illegal_generation,
                              f"generation {generation} is not the group's "
@@ -378,8 +461,9 @@ class GroupCoordinator:
         return group, group.members[member_id]
 
     async def sync(self, group_id: str, member_id: str, generation: int,
-                   assignments: dict[str, bytes]) -> dict[str, Any]:
-        group, member = self._member(group_id, member_id, generation)
+                   assignments: dict[str, bytes],
+                   instance_id: str | None = None) -> dict[str, Any]:
+        group, member = self._member(group_id, member_id, generation, instance_id)
         member.last_heartbeat = time.monotonic()
         if group.state == PREPARING:
             raise GroupError(ErrorCode.rebalance_in_progress)
@@ -406,8 +490,9 @@ class GroupCoordinator:
             member.sync_waiter.set_exception(GroupError(code))
         member.sync_waiter = None
 
-    def heartbeat(self, group_id: str, member_id: str, generation: int) -> None:
-        group, member = self._member(group_id, member_id, None)
+    def heartbeat(self, group_id: str, member_id: str, generation: int,
+                  instance_id: str | None = None) -> None:
+        group, member = self._member(group_id, member_id, None, instance_id)
         member.last_heartbeat = time.monotonic()
         if group.state == PREPARING:
             raise GroupError(ErrorCode.rebalance_in_progress)
@@ -491,16 +576,17 @@ class GroupCoordinator:
     # -- offsets ----------------------------------------------------------------------
 
     async def commit(self, group_id: str, member_id: str, generation: int,
-                     offsets: dict[tuple[str, int], tuple[int, int, str | None]]) -> None:
+                     offsets: dict[tuple[str, int], tuple[int, int, str | None]],
+                     instance_id: str | None = None) -> None:
         """Record offsets; returns once they are durable."""
         group = self.group(group_id)
-        if generation >= 0 or member_id:
+        if generation >= 0 or member_id or instance_id is not None:
             # A member's commit must come from the current generation, so that a zombie
             # cannot overwrite what the new owner of a partition committed.
             # As Kafka: during PreparingRebalance the current generation may still commit
             # (consumers commit before they give up partitions); once the new generation
             # is formed and waits for its assignment, it may not.
-            _, _ = self._member(group_id, member_id, generation)
+            _, _ = self._member(group_id, member_id, generation, instance_id)
             if group.state == COMPLETING:
                 raise GroupError(ErrorCode.rebalance_in_progress)
         elif group.members:
@@ -633,6 +719,14 @@ def subscribed_topics(group: Group) -> set[str] | None:
     except (StopIteration, struct.error, UnicodeDecodeError):
         return None
     return topics
+
+
+def _leader_view(group: Group) -> list[dict[str, Any]]:
+    """The members as JoinGroup tells the leader of them, with the group's protocol's
+    metadata."""
+    protocol = group.protocol_name or ""
+    return [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+             "metadata": m.metadata_for(protocol)} for m in group.members.values()]
 
 
 def _forgettable(group: Group) -> bool:

@@ -90,6 +90,7 @@ async def join_group(broker: Broker, request: Request) -> dict[str, Any]:
             rebalance.total_seconds() if rebalance is not None else session_timeout,
             body.protocol_type, [(p.name, bytes(p.metadata)) for p in body.protocols],
             require_known_member_id=request.api_version >= 4,
+            skip_assignment=request.api_version >= 9,
         )
     except GroupError as error:
         return _failed(error, generation_id=-1, leader="", member_id=body.member_id,
@@ -104,6 +105,7 @@ async def sync_group(broker: Broker, request: Request) -> dict[str, Any]:
         return await broker.groups.sync(
             body.group_id, body.member_id, body.generation_id,
             {a.member_id: bytes(a.assignment) for a in body.assignments},
+            getattr(body, "group_instance_id", None),  # v3+
         )
     except GroupError as error:
         return _failed(error, assignment=b"")
@@ -114,7 +116,8 @@ async def heartbeat(broker: Broker, request: Request) -> dict[str, Any]:
     if not access.group(broker, request, Operation.READ, body.group_id):
         return {"error_code": access.GROUP_DENIED}
     try:
-        broker.groups.heartbeat(body.group_id, body.member_id, body.generation_id)
+        broker.groups.heartbeat(body.group_id, body.member_id, body.generation_id,
+                                getattr(body, "group_instance_id", None))  # v3+
         return {"error_code": ErrorCode.none}
     except GroupError as error:
         return _failed(error)
@@ -165,7 +168,8 @@ async def offset_commit(broker: Broker, request: Request) -> dict[str, Any]:
                             part.committed_metadata)
     try:
         if offsets or group_allowed:
-            await broker.groups.commit(body.group_id, body.member_id, generation, offsets)
+            await broker.groups.commit(body.group_id, body.member_id, generation, offsets,
+                                       getattr(body, "group_instance_id", None))  # v7+
         for key in offsets:
             codes[key] = ErrorCode.none
     except GroupError as error:
