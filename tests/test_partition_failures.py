@@ -76,6 +76,28 @@ def test_a_failed_reopen_keeps_what_was_readable(
     assert read_all(partition) == before
 
 
+def test_a_readers_reopen_follows_the_writers_files_afresh(
+    store: LogStore, tmp_path: Path, clock: FakeClock
+) -> None:
+    """A read-only partition that reopens repairs nothing: it opens the writer's log
+    files again (none of the segments it held) and reads what it read before, and
+    what the writer appended since."""
+    store.create_topic("t")
+    writer = store.topic("t").partition(0)
+    for i in range(3):
+        writer.append([ProducerRecord(b"k", b"v%d" % i)])
+    with LogStore.open(tmp_path / "data", read_only=True, clock=clock) as reader_store:
+        reader = reader_store.topic("t").partition(0)
+        before = read_all(reader)
+        held = list(reader.logs)
+        writer.append([ProducerRecord(b"k", b"v3")])
+        reader.reopen()
+        assert reader.failed is None
+        assert not set(map(id, reader.logs)) & set(map(id, held))
+        assert read_all(reader) == [*before, *read_all(writer)[3:]]
+        assert reader.recovery.clean
+
+
 def test_a_reopen_while_a_seal_writes_does_not_deadlock(
     tmp_path: Path, clock: FakeClock
 ) -> None:

@@ -230,7 +230,11 @@ class Partition:
             try:
                 for segment in self.logs:
                     segment.cut_pending()
-                recovered = recovery.recover(self)
+                if self.writable:
+                    recovered = recovery.recover(self)
+                else:  # a reader repairs nothing: it follows the writer's files afresh
+                    recovered = recovery.Recovered(recovery.follow_writer(
+                        self, self.load_manifest, known=[]), recovery.RecoveryReport())
             except Exception as error:
                 self.failed = None
                 self.fail(error)

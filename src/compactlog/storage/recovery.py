@@ -306,11 +306,12 @@ def _sweep_with_seal_lock(partition: Partition) -> SweepResult:
 FOLLOW_ATTEMPTS = 5
 
 
-def follow_writer(partition: Partition, load_manifest: Callable[[], None]
-                  ) -> list[LogSegment]:
+def follow_writer(partition: Partition, load_manifest: Callable[[], None],
+                  known: list[LogSegment] | None = None) -> list[LogSegment]:
     """A reader's log segments, following the writer's files, at open (`load_manifest`
-    loads the manifest) and at each refresh (it loads the manifest if it changed); the
-    caller installs them.
+    loads the manifest) and at each refresh (it loads the manifest if it changed), from
+    the segments it holds (or `known`: none, to open every file afresh); the caller
+    installs them.
 
     Order matters. The writer seals a log file by committing a manifest that lists its
     Parquet form, and only then deletes the file (sealing.py, steps 3 and 4). So the
@@ -322,7 +323,7 @@ def follow_writer(partition: Partition, load_manifest: Callable[[], None]
     and reads failed with a false "offset ... is missing" (issue 21, item 7;
     tests/test_reader_refresh.py). Should the log files still begin past the covered
     end, the reader does both steps again, a few times; a gap that stays is real."""
-    logs = list(partition.logs)
+    logs = list(partition.logs if known is None else known)
     for _ in range(FOLLOW_ATTEMPTS):
         logs = _with_new_logs(partition, logs)
         load_manifest()
