@@ -6,9 +6,13 @@ sweep delete those files file.delete.delay.ms after their retirement; a hold kee
 
 Invariant: the sweep (sweep.py) never deletes a file that the partition's committed
 hold document lists. The document is `holds/current.json` in the partition's volume,
-committed by compare-and-swap like the manifest (compactlog.backend Document), so that holders on
-several machines (compaction runs and the server's upkeep) add and release entries
-without losing one another's. It maps a holder ("iceberg-state") to the relative paths
+committed by compare-and-swap like the manifest (a backend Document), so that holders
+on several machines (compaction runs and the server's upkeep) add and release entries
+without losing one another's. Every change goes through backend.update_document, which
+clears the claim a holder left when it died or its PUT failed inside a commit: else
+every later commit of that version conflicted, and on S3 the Iceberg sync of that topic
+failed at every run from then on (tests/test_fault_steps_s3.py, compact-1 at request
+30). It maps a holder ("iceberg-state") to the relative paths
 it holds, each with the time it was first held:
 
     {"iceberg-state": {"ledger/00000000000000000000-....parquet": 1795737124603, ...}}
@@ -25,7 +29,8 @@ The protocol for a holder (iceberg/expiry.py is the one here):
      the document) writes one (`adopt`);
   4. a holder whose state is gone (a dropped table, iceberg/drop.py) removes its entry
      whole (`release`), only after nothing can read its state any more.
-Each of these loads the document once and commits only if the entry changes.
+Each of these loads the document once and commits only if the entry changes (once
+more per conflict).
 Tests: tests/test_iceberg_expiry.py.
 """
 
