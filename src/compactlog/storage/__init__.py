@@ -5,7 +5,9 @@ checks it): the names below are its public surface.
 Invariant: the surface names only what other packages use; each name is imported from
 its home when first used (PEP 562), so importing one of them loads that module and
 what it needs, not the whole store (a Spark task that reads Parquet does not load the
-partition and its recovery).
+partition and its recovery). No public name is also a submodule's name: Python sets
+the package's attribute to the submodule once it is imported, and the name would then
+be the module (tests/test_storage_surface.py).
 """
 
 from __future__ import annotations
