@@ -283,3 +283,14 @@ def test_a_restarted_confluent_kafka_static_consumer_takes_its_partitions_back(
     finally:
         second.close()
 
+
+
+def test_an_empty_group_takes_a_commit_outside_any_generation_whatever_member_it_names(
+        wire: Wire) -> None:
+    """Kafka's ClassicGroup.validateOffsetCommit: generation -1 on an Empty group is an
+    admin client or a consumer that assigns its own partitions, and commits whatever
+    member id it names; on a group with members, the member id is checked."""
+    assert commit(wire, "outside", "gone-member", -1, instance=None) == {ErrorCode.none}
+    stable_static(wire, "outside-busy")
+    assert commit(wire, "outside-busy", "gone-member", -1, instance=None) == {
+        ErrorCode.unknown_member_id}

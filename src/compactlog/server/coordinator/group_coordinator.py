@@ -580,7 +580,12 @@ class GroupCoordinator:
                      instance_id: str | None = None) -> None:
         """Record offsets; returns once they are durable."""
         group = self.group(group_id)
-        if generation >= 0 or member_id or instance_id is not None:
+        if generation < 0 and group.state == EMPTY:
+            # Kafka's ClassicGroup.validateOffsetCommit: generation -1 on an Empty group
+            # is an admin client or a consumer outside group management, and commits
+            # whatever member id it names (there is no member to check it against).
+            pass
+        elif generation >= 0 or member_id or instance_id is not None:
             # A member's commit must come from the current generation, so that a zombie
             # cannot overwrite what the new owner of a partition committed.
             # As Kafka: during PreparingRebalance the current generation may still commit
