@@ -14,9 +14,9 @@ from kio.schema.errors import ErrorCode
 
 from admin_wire import consumer_subscription
 from compactlog import faults
-from compactlog.server.coordinator.group_coordinator import (
+from compactlog.server.coordinator.group_coordinator import GroupCoordinator
+from compactlog.server.coordinator.group_model import (
     Group,
-    GroupCoordinator,
     GroupError,
     Member,
     subscribed_topics,

@@ -24,7 +24,8 @@ from compactlog.backend.lease import EPOCH_KEY
 from compactlog.backend.s3.document import ObjectDocument
 from compactlog.cli import cli
 from compactlog.errors import ConflictError, FencedError
-from compactlog.server.coordinator.group_coordinator import GroupCoordinator, GroupError
+from compactlog.server.coordinator.group_coordinator import GroupCoordinator
+from compactlog.server.coordinator.group_model import GroupError
 from compactlog.server.coordinator.offset_files import ObjectOffsetFiles, offset_files_of
 from compactlog.server.producer_ids import ID_DOCUMENT, DocumentIdAllocator
 from compactlog.server.security.acl_model import Operation, Permission, new_binding

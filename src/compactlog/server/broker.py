@@ -23,11 +23,11 @@ from typing import Any, TypeVar
 from compactlog.backend import Document
 from compactlog.errors import ConflictError
 from compactlog.log_throttle import Throttle
-from compactlog.server.coordinator.group_coordinator import (
+from compactlog.server.coordinator.group_coordinator import GroupCoordinator
+from compactlog.server.coordinator.group_model import (
     MAX_GROUPS,
     MAX_SESSION_TIMEOUT_S,
     MIN_SESSION_TIMEOUT_S,
-    GroupCoordinator,
 )
 from compactlog.server.coordinator.offset_files import offset_files_of
 from compactlog.server.metrics import ServerMetrics

@@ -13,7 +13,7 @@ from pathlib import Path
 from compactlog.errors import UserError
 from compactlog.server.broker import FETCH_MAX_BYTES
 from compactlog.server.cleaner import CleanerConfig
-from compactlog.server.coordinator.group_coordinator import (
+from compactlog.server.coordinator.group_model import (
     MAX_GROUPS,
     MAX_SESSION_TIMEOUT_S,
     MIN_SESSION_TIMEOUT_S,

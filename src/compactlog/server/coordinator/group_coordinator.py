@@ -54,12 +54,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,71 +66,26 @@ from kio.schema.errors import ErrorCode
 from compactlog.errors import FencedError, StorageError
 from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.coordinator import static_members
+from compactlog.server.coordinator.group_model import (
+    COMPLETING,
+    DEAD,
+    EMPTY,
+    MAX_GROUPS,
+    MAX_SESSION_TIMEOUT_S,
+    MIN_SESSION_TIMEOUT_S,
+    PREPARING,
+    STABLE,
+    CommittedOffset,
+    Group,
+    GroupError,
+    Member,
+    Undo,
+    forgettable,
+    joining,
+)
 from compactlog.server.coordinator.offset_files import LocalOffsetFiles, OffsetFiles
 
 log = logging.getLogger("compactlog.server.groups")
-MIN_SESSION_TIMEOUT_S = 6.0  # Kafka's group.min.session.timeout.ms default
-MAX_SESSION_TIMEOUT_S = 1800.0  # Kafka's group.max.session.timeout.ms default
-MAX_GROUPS = 100_000  # groups held, and pending member ids (about 1 KiB each)
-
-EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (
-    "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead")
-
-
-class GroupError(Exception):
-    def __init__(self, code: ErrorCode, message: str = "") -> None:
-        super().__init__(message or code.name)
-        self.code = code
-
-
-@dataclass
-class Member:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_s: float
-    rebalance_timeout_s: float
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]
-    assignment: bytes = b""
-    last_heartbeat: float = field(default_factory=time.monotonic)
-    join_waiter: asyncio.Future[dict[str, Any]] | None = None
-    sync_waiter: asyncio.Future[bytes] | None = None
-
-    def metadata_for(self, protocol: str) -> bytes:
-        return next(data for name, data in self.protocols if name == protocol)
-
-
-@dataclass
-class CommittedOffset:
-    offset: int
-    leader_epoch: int
-    metadata: str | None
-    commit_ms: int
-
-
-# What a change did to each offset it touched: (before, after); None is "absent".
-Undo = dict[tuple[str, int], tuple["CommittedOffset | None", "CommittedOffset | None"]]
-
-
-@dataclass
-class Group:
-    group_id: str
-    state: str = EMPTY
-    generation: int = 0
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader_id: str | None = None
-    members: dict[str, Member] = field(default_factory=dict)
-    # Member ids handed out by a JoinGroup with an empty id, and when each expires.
-    pending_ids: dict[str, float] = field(default_factory=dict)
-    offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
-    rebalance_task: asyncio.Task[None] | None = None
-    # A rebalance of an empty group waits a moment for more members before completing.
-    initial_wait: bool = False
-
-
 class GroupCoordinator:
     def __init__(self, source: Path | OffsetFiles, initial_rebalance_delay_s: float = 3.0,
                  min_session_timeout_s: float = MIN_SESSION_TIMEOUT_S,
@@ -370,13 +323,13 @@ class GroupCoordinator:
         await asyncio.sleep(max(timeout - (time.monotonic() - started), 0.0))
         if group.state != PREPARING:
             return
-        for member in [m for m in group.members.values() if not _joining(m)]:
+        for member in [m for m in group.members.values() if not joining(m)]:
             if member.group_instance_id is not None:
                 continue  # static: only its session timeout or a LeaveGroup removes it
             log.info("group %s: member %s did not rejoin in time; removed",
                      group.group_id, member.member_id)
             del group.members[member.member_id]
-        if group.members and not any(_joining(m) for m in group.members.values()):
+        if group.members and not any(joining(m) for m in group.members.values()):
             # Only static members, none rejoined: no leader to form a generation with.
             # Wait on until one rejoins or their session timeouts remove them (Kafka
             # waits another rebalance timeout the same way).
@@ -386,7 +339,7 @@ class GroupCoordinator:
         self._complete_join(group)
 
     def _all_joined(self, group: Group) -> bool:
-        return all(_joining(m) for m in group.members.values())
+        return all(joining(m) for m in group.members.values())
 
     def _maybe_complete_join(self, group: Group) -> None:
         if group.state == PREPARING and self._all_joined(group) and not group.initial_wait:
@@ -405,10 +358,10 @@ class GroupCoordinator:
         group.state = COMPLETING
         protocol = self._choose_protocol(group)
         group.protocol_name = protocol
-        if group.leader_id not in group.members or not _joining(group.members[group.leader_id]):
+        if group.leader_id not in group.members or not joining(group.members[group.leader_id]):
             # The leader must be told it leads: one that rejoined (a static member that
             # did not is still a member, and is assigned to as such).
-            group.leader_id = next(m.member_id for m in group.members.values() if _joining(m))
+            group.leader_id = next(m.member_id for m in group.members.values() if joining(m))
         members_of_leader = _leader_view(group)
         log.info("group %s: generation %d with %d member(s), protocol %s, leader %s",
                  group.group_id, group.generation, len(group.members), protocol,
@@ -560,7 +513,7 @@ class GroupCoordinator:
         now = time.monotonic() if now is None else now
         for group in list(self.groups.values()):
             for member in list(group.members.values()):
-                if _joining(member):
+                if joining(member):
                     continue  # a member waiting in JoinGroup is bounded by the rebalance
                 if now - member.last_heartbeat > member.session_timeout_s:
                     self._remove(group, member, "missed its session timeout")
@@ -569,7 +522,7 @@ class GroupCoordinator:
                 for member_id in expired:
                     del group.pending_ids[member_id]
                 self.pending -= len(expired)
-            if _forgettable(group):
+            if forgettable(group):
                 # Kafka's cleanup: an Empty group without offsets is Dead, and goes.
                 del self.groups[group.group_id]
 
@@ -698,46 +651,9 @@ def _write_failed(what: str, error: BaseException) -> GroupError:
     return GroupError(code, f"{what}: {error}" if what else str(error))
 
 
-def subscribed_topics(group: Group) -> set[str] | None:
-    """The topics a consumer group's members subscribe to, from the consumer protocol
-    metadata of the group's protocol (its version-0 prefix, which every version keeps:
-    Kafka's ClassicGroup.computeSubscribedTopics); None when not known."""
-    if group.protocol_type != "consumer":
-        return None
-    if not group.members:
-        return set()
-    if group.protocol_name is None:
-        return None
-    topics: set[str] = set()
-    try:
-        for member in group.members.values():
-            data = member.metadata_for(group.protocol_name)
-            (count,) = struct.unpack_from(">i", data, 2)  # after the int16 version
-            position = 6
-            for _ in range(count):
-                (size,) = struct.unpack_from(">h", data, position)
-                position += 2
-                if not 0 <= size <= len(data) - position:
-                    return None
-                topics.add(data[position:position + size].decode())
-                position += size
-    except (StopIteration, struct.error, UnicodeDecodeError):
-        return None
-    return topics
-
-
 def _leader_view(group: Group) -> list[dict[str, Any]]:
     """The members as JoinGroup tells the leader of them, with the group's protocol's
     metadata."""
     protocol = group.protocol_name or ""
     return [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
              "metadata": m.metadata_for(protocol)} for m in group.members.values()]
-
-
-def _forgettable(group: Group) -> bool:
-    return (group.state == EMPTY and not group.members and not group.pending_ids
-            and not group.offsets and group.rebalance_task is None)
-
-
-def _joining(member: Member) -> bool:
-    return member.join_waiter is not None and not member.join_waiter.done()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from kio.schema.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from compactlog.server.coordinator.group_coordinator import Group, Member
+    from compactlog.server.coordinator.group_model import Group, Member
 
 
 def holder(group: Group, instance_id: str) -> Member | None:

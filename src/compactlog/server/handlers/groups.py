@@ -10,7 +10,7 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.errors import UnknownPartitionError, UnknownTopicError
 from compactlog.server.broker import Broker
-from compactlog.server.coordinator.group_coordinator import GroupError, subscribed_topics
+from compactlog.server.coordinator.group_model import GroupError, subscribed_topics
 from compactlog.server.handlers.cooperative import mapped
 from compactlog.server.handlers.transactions import (
     NOT_SUPPORTED,
