@@ -37,7 +37,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +46,6 @@ from pyarrow import fs
 
 from compactlog.backend import Location
 from compactlog.backend.s3.settings import S3Settings
-from compactlog.backend.s3.volume import ObjectVolume
 from compactlog.errors import UserError
 from compactlog.storage import (
     RECORD_COLUMNS,
@@ -155,10 +153,8 @@ def _expired_tombstones(file: FileRows, path: str, filesystem: fs.FileSystem) ->
 
 
 def _path(partition: Partition, relative: str) -> str:
-    volume = partition.volume
-    if isinstance(volume, ObjectVolume):
-        return f"{volume.bucket}/{volume.key(relative)}"
-    return str(Path(volume.path_of(relative)).resolve())
+    # pyarrow's S3 filesystem names an object bucket/key, without the scheme.
+    return partition.volume.url(relative).removeprefix("s3://")
 
 
 def view_dataset(location: str | os.PathLike[str], topic: str, view: str = "compacted",

@@ -250,6 +250,11 @@ class Volume(Protocol):
         """`relative` as a user should see it in a message."""
         ...
 
+    def url(self, relative: str) -> str:
+        """Where an engine that knows nothing of compactlog opens `relative`: an
+        absolute local path, or its s3:// URL (what the Iceberg tables list)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -383,6 +388,31 @@ def is_deleted(body: dict[str, Any]) -> bool:
 
 class Layout(Protocol):
     """How a store finds, creates and deletes its topics (see the module's invariant)."""
+
+    # Whether a name `names()` lists is a topic for sure (a local topic directory is
+    # renamed into place whole), or only may be one (on S3 a key prefix stays until its
+    # objects are gone: its metadata decides).
+    names_are_topics: bool
+
+    def check_readable(self) -> None:
+        """Ready the location for a reader: UserError naming it if there is no store
+        there to read (locally: no data directory)."""
+        ...
+
+    def prepare(self) -> None:
+        """Ready the location for the writer, before it takes its lock: on S3, first
+        refuse a store whose conditional writes do nothing (two commits could both
+        land: s3/probe.py)."""
+        ...
+
+    def lease_document(self) -> Document | None:
+        """The writer lease's document (lease.py), or None where the writer's local lock
+        excludes every other writer (a local directory)."""
+        ...
+
+    def may_hold(self, name: str) -> bool:
+        """Whether topic `name` may exist, cheaply: False proves it does not."""
+        ...
 
     def meta_document(self, name: str) -> Document: ...
 

@@ -19,7 +19,7 @@ from compactlog.backend import Listed, Location, Volume
 from compactlog.backend.local.volume import LocalVolume
 from compactlog.backend.s3.layout import ObjectLayout
 from compactlog.backend.s3.volume import ObjectVolume, remove_prefix
-from compactlog.errors import ConflictError, StorageError
+from compactlog.errors import ConflictError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -190,11 +190,7 @@ def table_files(store: LogStore, topic: str, table: str) -> TableFiles:
 
 def data_file_url(volume: Volume, relative: str) -> str:
     """What a table lists for a partition's data file `relative` (ledger/…)."""
-    if isinstance(volume, ObjectVolume):
-        return f"s3://{volume.bucket}/{volume.key(relative)}"
-    if isinstance(volume, LocalVolume):
-        return str(volume.path_of(relative).resolve())
-    raise StorageError(f"no Iceberg path for a file of {volume!r}")
+    return volume.url(relative)
 
 
 def relative_of(volume: Volume, url: str) -> str | None:

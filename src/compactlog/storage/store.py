@@ -38,9 +38,6 @@ from compactlog.backend import (
     layout_for,
 )
 from compactlog.backend.lease import DEFAULT_TTL_S, LeaseLostError, WriterLease
-from compactlog.backend.local.layout import LocalLayout
-from compactlog.backend.s3.layout import ObjectLayout
-from compactlog.backend.s3.probe import check_conditional_writes
 from compactlog.config import TopicConfig
 from compactlog.errors import (
     CompactlogError,
@@ -138,21 +135,13 @@ class LogStore:
         store = cls(path, read_only, clock, max_open_files, location)
         layout = store.layout
         if read_only:
-            if isinstance(layout, LocalLayout) and not store.topics_dir.is_dir():
-                raise UserError(f"no compactlog data directory at {path}")
-            if isinstance(layout, ObjectLayout):
-                path.mkdir(parents=True, exist_ok=True)
+            layout.check_readable()
         else:
-            assert isinstance(layout, LocalLayout | ObjectLayout)
-            if isinstance(layout, ObjectLayout):
-                # A store whose conditional writes do nothing would let two commits both
-                # land: refuse it before writing anything (backend/s3/probe.py).
-                check_conditional_writes(location, layout.client)
             layout.prepare()
             store._take_writer_lock()
-            if isinstance(layout, ObjectLayout):
-                store.lease = WriterLease(layout.lease_document(), str(location),
-                                          lease_ttl_s, clock)
+            lease_document = layout.lease_document()
+            if lease_document is not None:
+                store.lease = WriterLease(lease_document, str(location), lease_ttl_s, clock)
                 try:
                     store.lease.acquire()
                 except BaseException:
@@ -272,7 +261,7 @@ class LogStore:
 
     def list_topics(self) -> list[str]:
         names = self.layout.names()
-        if isinstance(self.layout, LocalLayout):
+        if self.layout.names_are_topics:
             return names
         # On S3 a name is a key prefix: a deleted topic's (or a failed create's) stays
         # until its metadata is gone, so ask the metadata of names not open here.
@@ -346,12 +335,11 @@ class LogStore:
                 if self.read_only:
                     self._refresh_meta(topic)
                 return topic
-            if not is_topic_name(name) or (isinstance(self.layout, LocalLayout)
-                                           and not (self.topics_dir / name).is_dir()):
+            if not is_topic_name(name) or not self.layout.may_hold(name):
                 raise UnknownTopicError(name)
             document = self.layout.meta_document(name)
             loaded = document.load()
-            if loaded is None and isinstance(self.layout, LocalLayout):
+            if loaded is None and self.layout.names_are_topics:
                 # create renames a complete topic into place, so no crash leaves this.
                 raise CorruptionError(
                     self.topics_dir / name / "meta",

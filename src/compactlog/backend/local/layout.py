@@ -23,7 +23,7 @@ from compactlog import faults, fsutil
 from compactlog.backend import Document, PartitionMaker, Snapshot, Volume
 from compactlog.backend.local.document import LocalDocument
 from compactlog.backend.local.volume import LocalVolume
-from compactlog.errors import TopicExistsError, UnknownTopicError
+from compactlog.errors import TopicExistsError, UnknownTopicError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +34,26 @@ DELETING = "deleting-"
 class LocalLayout:
     """<data dir>/topics/<topic>/{meta,<n>}, built under <data dir>/staging/."""
 
+    names_are_topics = True
+
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.topics_dir = data_dir / "topics"
         self.staging_dir = data_dir / "staging"
 
+    def check_readable(self) -> None:
+        if not self.topics_dir.is_dir():
+            raise UserError(f"no compactlog data directory at {self.data_dir}")
+
     def prepare(self) -> None:
         self.topics_dir.mkdir(parents=True, exist_ok=True)
         self.staging_dir.mkdir(exist_ok=True)
+
+    def lease_document(self) -> None:
+        return None  # the data directory's lock file excludes every other writer
+
+    def may_hold(self, name: str) -> bool:
+        return (self.topics_dir / name).is_dir()
 
     def meta_document(self, name: str) -> Document:
         return LocalDocument(self.topics_dir / name / "meta")

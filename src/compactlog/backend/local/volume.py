@@ -68,3 +68,6 @@ class LocalVolume:
 
     def describe(self, relative: str) -> str:
         return str(self.root / relative)
+
+    def url(self, relative: str) -> str:
+        return str(self.path_of(relative).resolve())

@@ -37,6 +37,7 @@ from compactlog.backend import (
 )
 from compactlog.backend.s3.bucket import Bucket
 from compactlog.backend.s3.document import ObjectDocument
+from compactlog.backend.s3.probe import check_conditional_writes
 from compactlog.backend.s3.volume import ObjectVolume, remove_prefix, s3_client
 from compactlog.errors import ConflictError, TopicExistsError, UnknownTopicError
 
@@ -56,8 +57,19 @@ class ObjectLayout:
         self.client = client if client is not None else s3_client()
         self.cache_dir = local_dir / "cache"
 
+    names_are_topics = False
+
+    def check_readable(self) -> None:
+        self.local_dir.mkdir(parents=True, exist_ok=True)  # the reader's read cache
+
     def prepare(self) -> None:
+        # A store whose conditional writes do nothing would let two commits both land:
+        # refuse it before writing anything (probe.py).
+        check_conditional_writes(self.location, self.client)
         (self.local_dir / "topics").mkdir(parents=True, exist_ok=True)
+
+    def may_hold(self, name: str) -> bool:
+        return True  # only a LIST or the metadata could tell
 
     def meta_document(self, name: str) -> Document:
         assert self.location.bucket is not None

@@ -119,6 +119,9 @@ class ObjectVolume:
     def describe(self, relative: str) -> str:
         return f"s3://{self.bucket}/{self.key(relative)}"
 
+    def url(self, relative: str) -> str:
+        return f"s3://{self.bucket}/{self.key(relative)}"
+
     def document(self, name: str) -> Document:
         from compactlog.backend.s3.document import ObjectDocument
 
