@@ -446,12 +446,8 @@ class ObjectDocument:
         (a committer died between steps 3 and 4) and say True: the current version is
         proven. False when current.json is missing or damaged. Only the document's owner
         may call it: on S3 a stalled committer looks the same as a dead one."""
-        found = self._get(self.current_key)
-        if found is None:
-            return False
-        try:
-            current, _ = _decode_at(self.url_of(self.current_key), found.raw)
-        except CorruptionError:
+        current = self._intact_current_version()
+        if current is None:
             return False
         for version in self.history():
             if version > current:
@@ -466,14 +462,21 @@ class ObjectDocument:
         that a stalled owner's commit may still land on; it finds the version unproven
         and deletes no orphan. test_a_non_owner_never_removes_an_audit_copy
         (tests/test_failover_steps_s3.py)."""
+        current = self._intact_current_version()
+        if current is None:
+            return False
+        return all(version <= current for version in self.history())
+
+    def _intact_current_version(self) -> int | None:
+        """The version current.json holds, or None when it is missing or damaged."""
         found = self._get(self.current_key)
         if found is None:
-            return False
+            return None
         try:
             current, _ = _decode_at(self.url_of(self.current_key), found.raw)
         except CorruptionError:
-            return False
-        return all(version <= current for version in self.history())
+            return None
+        return current
 
     def recover(self) -> list[str]:
         """Nothing to do: a PUT is whole or absent, so no commit leaves temporary objects."""
