@@ -185,9 +185,9 @@ def test_a_swept_retired_file_does_not_keep_the_sweep_due(
     for i in range(3):
         partition.append([ProducerRecord(b"k%d" % i, b"v" * 600)])
     assert partition.apply_retention()
-    assert partition.manifest.retired and not partition.sweep_due
+    assert partition.manifest.retired and not partition.sweeps.due
     clock.advance_ms(partition.config["file.delete.delay.ms"])
-    assert partition.sweep_due
+    assert partition.sweeps.due
     assert partition.sweep()
     assert partition.manifest.retired, "forgotten by the next commit, not by the sweep"
-    assert not partition.sweep_due, "an idle partition would be swept every round"
+    assert not partition.sweeps.due, "an idle partition would be swept every round"

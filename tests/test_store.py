@@ -559,7 +559,7 @@ def check_after_retention(partition: Partition, before: list[Record]) -> None:
     clock = partition.clock
     assert isinstance(clock, FakeClock)
     clock.advance_ms(partition.config["file.delete.delay.ms"])
-    assert partition.sweep_due
+    assert partition.sweeps.due
     partition.sweep()
     assert segment_files(partition) == listed
 

@@ -53,7 +53,7 @@ def drop(store: LogStore, topic_name: str, kind: TableKind) -> DropResult:
         if partition.holds.release(kind.holder):
             result.holds_released += 1
             if partition.writable:
-                partition.sweep_soon()
+                partition.sweeps.soon()
     if result.table_files_removed or result.holds_released:
         log.info("%s: dropped the Iceberg %s table (%d file(s)) and released its holds in "
                  "%d partition(s)", topic_name, kind.name, result.table_files_removed,

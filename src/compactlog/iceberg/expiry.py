@@ -124,7 +124,7 @@ def expire(store: LogStore, topic_name: str, now_ms: int | None = None,
                                     grace_ms)
             result.holds_replaced += 1
             if partition.writable:
-                partition.sweep_soon()
+                partition.sweeps.soon()
         result.table_files_removed = remove_unreferenced(
             files, table_urls, [p.index for p in topic.partitions], now, grace_ms)  # 5.
         return result
@@ -157,7 +157,7 @@ def _adopt(partitions: list[Partition], kind: TableKind, table_io: TableIO,
         adopted = partition.holds.adopt(kind.holder, functools.partial(held_in, partition),
                                         now_ms)
         if adopted and partition.writable:
-            partition.sweep_soon()
+            partition.sweeps.soon()
 
 
 def manifest_lists(table_io: TableIO, body: dict[str, Any]) -> dict[int, list[ManifestFile]]:

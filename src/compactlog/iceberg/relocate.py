@@ -91,7 +91,7 @@ def release_history(topic_name: str, table: str, holder: str, files: TableFiles,
     for partition in partitions:  # 1.
         partition.holds.replace(holder, held.get(partition.index, []), now_ms, grace_ms)
         if partition.writable:
-            partition.sweep_soon()
+            partition.sweeps.soon()
     removed = remove_unreferenced(files, referenced, [p.index for p in partitions],
                                   now_ms, grace_ms)  # 2.
     log.info("%s: the %s table's history before it was moved to %s was dropped "

@@ -1,4 +1,5 @@
 """What a topic's config does to a batch before it is appended, as Kafka's LogValidator:
+the size and key checks, the batch's own checks (CRC, framing, how far it decompresses),
 timestamp checks, LogAppendTime stamping, recompression to compression.type.
 
 Invariant: a batch that reaches the log has passed `check_timestamps` against the
@@ -30,7 +31,13 @@ from aiokafka.record._crecords import DefaultRecordBatch, DefaultRecordBatchBuil
 
 from compactlog.config import TopicConfig
 from compactlog.config_key import LONG_MAX
-from compactlog.errors import InvalidTimestampError
+from compactlog.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    InvalidTimestampError,
+    RecordTooLargeError,
+)
+from compactlog.storage.inflate import InflateTooLarge
 from compactlog.storage.records import (
     CODECS,
     CRC_START,
@@ -38,12 +45,17 @@ from compactlog.storage.records import (
     NO_TIMESTAMP,
     TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_MASK,
+    BatchError,
     BatchHeader,
+    ChecksumError,
     ProducerRecord,
+    Record,
     RecordFacts,
+    check_batch,
     encode_batch,
     parse_header,
     set_base_offset,
+    validate_records,
 )
 
 _ATTRIBUTES = struct.Struct(">h")
@@ -54,6 +66,51 @@ _CRC = struct.Struct(">I")
 _CRC_AT = 17
 _NO_SIZE_LIMIT = 2**31 - 1
 CODEC_NAMES = {codec: name for name, codec in CODECS.items()}
+
+
+def check_size(where: str, config: TopicConfig, batch_bytes: int) -> None:
+    """A batch as sent may not exceed max.message.bytes (Kafka checks it before anything
+    is decompressed)."""
+    limit = config["max.message.bytes"]
+    if batch_bytes > limit:
+        raise RecordTooLargeError(
+            f"{where}: record batch of {batch_bytes} bytes exceeds max.message.bytes={limit}")
+
+
+def first_null_key(records: Sequence[ProducerRecord | Record]) -> int | None:
+    """The position of the first record without a key, if any."""
+    return next((position for position, record in enumerate(records) if record.key is None),
+                None)
+
+
+def check_null_key(where: str, topic: str, config: TopicConfig, position: int | None) -> None:
+    """Refuse a record without a key (at `position`) on a compacted topic whose
+    null.key.policy is reject."""
+    if position is not None and config.compacted and config["null.key.policy"] == "reject":
+        raise InvalidRecordError(
+            f"{where}: record {position} has no key; compacted topic "
+            f"{topic!r} refuses null keys (null.key.policy=reject)")
+
+
+def check_producer_batch(where: str, config: TopicConfig, batch: bytearray,
+                         limit: int) -> tuple[BatchHeader, RecordFacts]:
+    """Check a v2 batch built elsewhere (a Kafka producer): its size as sent, its frame
+    and CRC, and its records, decompressing no further than `limit` bytes."""
+    check_size(where, config, len(batch))
+    try:
+        header = check_batch(batch, 0, len(batch))
+        if header.size != len(batch):
+            raise BatchError(f"{len(batch) - header.size} trailing bytes")
+        facts = validate_records(batch, header, limit, timestamps=checks_timestamps(config))
+    except ChecksumError as error:
+        raise CorruptRecordError(f"{where}: rejected record batch: {error}") from None
+    except BatchError as error:
+        raise InvalidRecordError(f"{where}: rejected record batch: {error}") from None
+    except InflateTooLarge:
+        raise RecordTooLargeError(
+            f"{where}: the records of a compressed batch of {len(batch)} bytes "
+            f"decompress to more than max_uncompressed_batch_bytes={limit}") from None
+    return header, facts
 
 
 def admit(where: str, config: TopicConfig, batch: bytearray, header: BatchHeader,

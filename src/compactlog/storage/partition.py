@@ -19,9 +19,16 @@ Invariants:
   and `refresh`. Compaction commits to the same manifest from its own process, so every
   commit here re-applies its change to the current manifest after a conflict.
 
-This module keeps the partition's state and its manifest. Appends and rolls are in
-appending.py, opening and recovery in recovery.py, sealing in sealing.py, retention in
-retention.py, reads in reads.py.
+This module keeps the partition's state and its manifest, and is the one owner of both,
+as Kafka's UnifiedLog is of its LocalLog and LogSegments: it holds the lock, the segment
+list and the committed manifest, and no other module takes that lock or changes them.
+That is why it is one concept past 500 lines: every method is a step taken under the
+lock (or the commit loop around it), and the protocols' bodies live in the sibling
+modules, which reach the state only through these methods. Appends and rolls are in
+appending.py, what a topic's config admits in log_validator.py, opening and recovery in
+recovery.py (which returns what it found; `open`, `reopen` and `refresh` install it),
+sealing in sealing.py, retention in retention.py, reads in reads.py, and when the next
+sweep is due in sweep.py (SweepSchedule).
 """
 
 from __future__ import annotations
@@ -44,12 +51,10 @@ from compactlog.backend.local.volume import LocalVolume
 from compactlog.config import TopicConfig
 from compactlog.errors import (
     ConflictError,
-    CorruptRecordError,
     FencedError,
     InvalidRecordError,
     PartitionFailedError,
     ReadOnlyStoreError,
-    RecordTooLargeError,
     StorageError,
 )
 from compactlog.storage import (
@@ -64,7 +69,6 @@ from compactlog.storage.appending import AppendResult as AppendResult
 from compactlog.storage.compacted import CompactedView
 from compactlog.storage.filecache import OpenFiles
 from compactlog.storage.holds import HOLDS, Holds
-from compactlog.storage.inflate import InflateTooLarge
 from compactlog.storage.logfile import LogSegment, log_file_name
 from compactlog.storage.manifest import (
     LEDGER_DIR,
@@ -74,17 +78,13 @@ from compactlog.storage.manifest import (
 )
 from compactlog.storage.records import (
     MAX_UNCOMPRESSED_BATCH_BYTES,
-    BatchError,
-    ChecksumError,
     ProducerRecord,
     Record,
-    check_batch,
     parse_header,
     set_base_offset,
-    validate_records,
 )
 from compactlog.storage.sealed import SegmentMissingError
-from compactlog.storage.sweep import delete_forgotten
+from compactlog.storage.sweep import SweepSchedule, delete_forgotten
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +152,7 @@ class Partition:
         self.max_uncompressed_batch_bytes = MAX_UNCOMPRESSED_BATCH_BYTES
         # Set when an fsync failed: no more writes until the partition is reopened.
         self.failed: BaseException | None = None
-        # When a sweep may next find something to delete: a retired file's delay ends,
-        # or at once after a failure that may have left an orphan. None: nothing waits.
-        self.sweep_at_ms: int | None = None
-        self._swept: set[str] = set()  # retired files already deleted (note_swept)
+        self.sweeps = SweepSchedule(self.now_ms, lambda: self.config["file.delete.delay.ms"])
         self.compacted = CompactedView(self)
         # On an object store, the writer lease's epoch (lease.py): every commit this
         # writer makes checks the manifest is not stamped by a newer writer.
@@ -324,7 +321,7 @@ class Partition:
             self.snapshot = snapshot
             self.manifest = manifest
             self.manifest_version = snapshot.version
-            self.schedule_sweep(manifest)
+            self.sweeps.after_commit(manifest)
         for relative in gone:
             # Readers holding the file finish with it; then it closes (filecache.py).
             self.files.retire(self.volume.path_of(relative))
@@ -409,7 +406,7 @@ class Partition:
         except (OSError, StorageError) as error:  # StorageError: an object store's DELETE
             log.warning("%s: could not delete a retired file (the sweep retries): %s",
                         self.name, error)
-            self.sweep_soon()
+            self.sweeps.soon()
 
     def prove_manifest(self) -> bool:
         """Whether the manifest's current version is proven, so that files it does not
@@ -434,29 +431,6 @@ class Partition:
     def _load_manifest_if_changed(self) -> None:
         if self.document.changed_since(self.snapshot):
             self.load_manifest()
-
-    def schedule_sweep(self, manifest: PartitionManifest) -> None:
-        """Set when the next sweep is due: when the first retired file of `manifest`
-        not yet deleted passes its delay."""
-        waiting = [item.retired_ms for item in manifest.retired
-                   if item.path not in self._swept]
-        if waiting:
-            due = min(waiting) + self.config["file.delete.delay.ms"]
-            self.sweep_at_ms = due if self.sweep_at_ms is None else min(self.sweep_at_ms, due)
-
-    def note_swept(self, done: list[str]) -> None:
-        """Retired files that are gone: no sweep is due for them until a commit forgets
-        them (else an idle partition would be swept every round)."""
-        self._swept.update(done)
-        self._swept &= {item.path for item in self.manifest.retired}
-
-    def sweep_soon(self) -> None:
-        """A failure may have left an orphan: sweep at the next chance."""
-        self.sweep_at_ms = self.now_ms()
-
-    @property
-    def sweep_due(self) -> bool:
-        return self.sweep_at_ms is not None and self.now_ms() >= self.sweep_at_ms
 
     def sweep(self) -> list[Path]:
         """Delete what the manifest made unreachable (sweep.py), as the writer: retired
@@ -535,16 +509,8 @@ class Partition:
 
     def check_keys(self, records: Sequence[ProducerRecord | Record]) -> None:
         """Refuse null keys on a compacted topic whose null.key.policy is reject."""
-        self._check_null_key(next(
-            (position for position, record in enumerate(records) if record.key is None), None))
-
-    def _check_null_key(self, position: int | None) -> None:
-        config = self.config
-        if position is not None and config.compacted and config["null.key.policy"] == "reject":
-            raise InvalidRecordError(
-                f"{self.name}: record {position} has no key; compacted topic "
-                f"{self.topic!r} refuses null keys (null.key.policy=reject)"
-            )
+        log_validator.check_null_key(self.name, self.topic, self.config,
+                                     log_validator.first_null_key(records))
 
     def append_batch(self, batch: bytearray) -> AppendResult:
         """Append a v2 batch built elsewhere (a Kafka producer): validated, offsets assigned.
@@ -554,24 +520,10 @@ class Partition:
         no further than `max_uncompressed_batch_bytes` (RecordTooLargeError past it).
         """
         self.require_writable()
-        self.check_size(len(batch))
-        limit = self.max_uncompressed_batch_bytes
         config = self.config
-        try:
-            header = check_batch(batch, 0, len(batch))
-            if header.size != len(batch):
-                raise BatchError(f"{len(batch) - header.size} trailing bytes")
-            facts = validate_records(batch, header, limit,
-                                     timestamps=log_validator.checks_timestamps(config))
-        except ChecksumError as error:
-            raise CorruptRecordError(f"{self.name}: rejected record batch: {error}") from None
-        except BatchError as error:
-            raise InvalidRecordError(f"{self.name}: rejected record batch: {error}") from None
-        except InflateTooLarge:
-            raise RecordTooLargeError(
-                f"{self.name}: the records of a compressed batch of {len(batch)} bytes "
-                f"decompress to more than max_uncompressed_batch_bytes={limit}") from None
-        self._check_null_key(facts.first_null_key)
+        header, facts = log_validator.check_producer_batch(
+            self.name, config, batch, self.max_uncompressed_batch_bytes)
+        log_validator.check_null_key(self.name, self.topic, config, facts.first_null_key)
         # Timestamps checked and stamped, codec applied (Kafka's LogValidator).
         batch, append_time = log_validator.admit(self.name, config, batch, header, facts,
                                                  self.now_ms())
@@ -582,12 +534,7 @@ class Partition:
         return replace(result, log_append_time=append_time)
 
     def check_size(self, batch_bytes: int) -> None:
-        limit = self.config["max.message.bytes"]
-        if batch_bytes > limit:
-            raise RecordTooLargeError(
-                f"{self.name}: record batch of {batch_bytes} bytes exceeds "
-                f"max.message.bytes={limit}"
-            )
+        log_validator.check_size(self.name, self.config, batch_bytes)
 
     def roll(self) -> bool:
         """Roll the active segment now if it holds anything, and seal it (when auto_seal)."""

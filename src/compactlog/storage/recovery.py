@@ -173,7 +173,7 @@ def _recover_files(partition: Partition, report: RecoveryReport) -> None:
     try:
         removed.extend(sweep_as_writer(partition, seal_lock_held=True).orphans)
     except (OSError, StorageError) as error:  # StorageError: an object store's request
-        partition.sweep_soon()
+        partition.sweeps.soon()
         log.warning("%s: the sweep at open failed (retried by upkeep): %s", partition.name,
                     error)
     # Covered: sealed, or wholly below the log start (DeleteRecords).
@@ -275,8 +275,7 @@ def sweep_as_writer(partition: Partition, seal_lock_held: bool = False) -> Sweep
     file wait for the next run, which sweeps them)."""
     with contextlib.nullcontext() if seal_lock_held else partition.seal_lock:
         result = _sweep_with_seal_lock(partition)
-    partition.sweep_at_ms = None
-    partition.schedule_sweep(partition.manifest)
+    partition.sweeps.after_sweep(partition.manifest, result.retired_done)
     return result
 
 
@@ -299,7 +298,6 @@ def _sweep_with_seal_lock(partition: Partition) -> SweepResult:
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
-    partition.note_swept(result.retired_done)
     return result
 
 

@@ -61,7 +61,7 @@ def apply_retention(partition: Partition) -> list[SegmentInfo]:
     for info in doomed:
         log.info("%s: retention removed %s (offsets %d..%d) from the log", partition.name,
                  info.file, info.base_offset, info.last_offset)
-    if partition.sweep_due:
+    if partition.sweeps.due:
         partition.sweep()
     return doomed
 

@@ -134,12 +134,12 @@ def remove_unlisted(partition: Partition, name: str, what: str) -> None:
         proven = partition.prove_manifest()
         partition.load_manifest()
         if not proven:
-            partition.sweep_soon()  # the sweep decides once the version is proven
+            partition.sweeps.soon()  # the sweep decides once the version is proven
         elif (name not in {info.file for info in partition.manifest.segments}
               and partition.volume.remove(f"{SEGMENT_DIR}/{name}")):
             partition.volume.settle(SEGMENT_DIR)
             log.info("%s: removed %s, %s but not committed", partition.name, name, what)
     except Exception as error:  # the next sweep finds it; the seal's own error matters
-        partition.sweep_soon()
+        partition.sweeps.soon()
         log.warning("%s: could not remove %s, %s but not committed: %s", partition.name,
                     name, what, error)

@@ -502,7 +502,7 @@ class LogStore:
             yield "seal", partition.seal_rolled
         yield "merge", lambda: merge_small_segments(partition)
         yield "retention", partition.apply_retention
-        if partition.sweep_due:
+        if partition.sweeps.due:
             yield "sweep", partition.sweep
         if partition.volume.is_local or self._remote_refresh_due(partition):
             # On an object store each look at the manifest is a request, and only

@@ -152,3 +152,41 @@ def delete_forgotten(
             log.info("%s: deleted %s, retired by an earlier commit", name or volume,
                      relative)
     return deleted
+
+
+class SweepSchedule:
+    """When a partition's next sweep may find something to delete: the first retired
+    file not yet deleted passes its delay, or at once after a failure that may have
+    left an orphan. The partition's upkeep sweeps only when one is due, so an idle
+    partition is not listed every round."""
+
+    def __init__(self, now_ms: Callable[[], int], delay_ms: Callable[[], int]) -> None:
+        self._now_ms = now_ms
+        self._delay_ms = delay_ms  # file.delete.delay.ms, read when needed (it may change)
+        self.due_at_ms: int | None = None  # None: nothing waits
+        self._swept: set[str] = set()  # retired files already deleted (after_sweep)
+
+    def after_commit(self, manifest: PartitionManifest) -> None:
+        """A manifest was installed: the sweep is due when its first retired file not
+        yet deleted passes its delay."""
+        waiting = [item.retired_ms for item in manifest.retired if item.path not in self._swept]
+        if waiting:
+            due = min(waiting) + self._delay_ms()
+            self.due_at_ms = due if self.due_at_ms is None else min(self.due_at_ms, due)
+
+    def after_sweep(self, manifest: PartitionManifest, done: list[str]) -> None:
+        """A sweep ran: the retired files it deleted (`done`) keep no sweep due until a
+        commit forgets them (else an idle partition would be swept every round); the
+        next one is due by what `manifest` still retires."""
+        self._swept.update(done)
+        self._swept &= {item.path for item in manifest.retired}
+        self.due_at_ms = None
+        self.after_commit(manifest)
+
+    def soon(self) -> None:
+        """A failure may have left an orphan: sweep at the next chance."""
+        self.due_at_ms = self._now_ms()
+
+    @property
+    def due(self) -> bool:
+        return self.due_at_ms is not None and self._now_ms() >= self.due_at_ms
