@@ -15,6 +15,10 @@ A data location may also be an s3:// URL: then the durable files (metadata, mani
 sealed segments, ledgers) are objects, and a local directory holds the log segments,
 the writer lock and a read cache (backend/local/layout.py, backend/s3/layout.py). `data_dir` is
 always the local directory.
+
+One concept past 500 lines: the store is the one owner of the topics map and the writer
+lock, and every method is a step under them (open, create, delete, a multi-partition
+append, the upkeep of each partition); a topic's own rules are in topic.py.
 """
 
 from __future__ import annotations

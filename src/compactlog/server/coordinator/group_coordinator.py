@@ -48,6 +48,11 @@ groups, so a deletion is never overtaken by an older snapshot. A write that fail
 changes nothing the coordinator answers from: the offsets it was to record are put back
 as they were, and the client gets COORDINATOR_NOT_AVAILABLE (retriable), or
 NOT_COORDINATOR when another server owns the groups now (FencedError).
+
+One concept past 500 lines: the coordinator is the one owner of the groups map, and
+each method is one request of the classic protocol applied to it on the event loop (a
+group's values are in group_model.py, static members in static_members.py, the offsets'
+document in offset_files.py).
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ Memory not counted by the budget is bounded per connection (PER_CONNECTION_BUFFE
 asyncio's StreamReader buffers at most twice STREAM_LIMIT before it stops reading the
 socket, one socket read of up to 256 KiB may land on top of that, and one chunk may
 wait in hand for the budget.
+
+One concept past 500 lines: a connection's life, from admission to its last response,
+with the budget and idle rules that hold across all of it.
 """
 
 from __future__ import annotations
