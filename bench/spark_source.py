@@ -50,7 +50,7 @@ from pyspark.sql.types import StructType
 
 from compactlog.compaction.spark_session import start_session
 from compactlog.spark import read_topic, register
-from compactlog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA, spark_batches
+from compactlog.spark.kafka_schema import ARROW_SCHEMA, SPARK_SCHEMA, spark_batches
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 

@@ -23,8 +23,8 @@ from compactlog.compaction.ledger import (
     ledger_file_name,
     write_ledger_piece,
 )
+from compactlog.compaction.ledger_reads import LedgerReads
 from compactlog.compaction.plan import PartitionPlan, load_deleted, split_pieces
-from compactlog.compaction.reads import LedgerReads
 from compactlog.compaction.runner import run_compaction
 from compactlog.compaction.strategies import Strategy, surviving_record
 from compactlog.storage.records import Record

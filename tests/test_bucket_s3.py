@@ -12,7 +12,7 @@ import pytest
 from botocore.exceptions import ReadTimeoutError
 
 from compactlog.backend.s3.bucket import Bucket, PreconditionFailed, PutOutcomeUnknown, answered
-from compactlog.backend.s3.errors import ObjectStoreSetupError
+from compactlog.backend.s3.error_mapping import ObjectStoreSetupError
 from compactlog.errors import ConflictError, StorageError
 from s3_support import (
     SECRET_ACCESS_KEY,

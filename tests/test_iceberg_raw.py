@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from compactlog.iceberg import state_table_location, sync_raw_table
-from compactlog.iceberg.upkeep import StateTableUpkeep
+from compactlog.iceberg.table_upkeep import StateTableUpkeep
 from compactlog.storage.merging import merge_small_segments
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.sealed import file_crc32c

@@ -18,11 +18,11 @@ import pytest
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 
 from compactlog import faults
-from compactlog.backend import Document, Snapshot, update_document
+from compactlog.backend import Document, Snapshot, load_or_create, update_document
 from compactlog.backend.envelope import CURRENT
 from compactlog.backend.local.document import LocalDocument
 from compactlog.backend.s3.document import ObjectCommitOutcomeUnknown, ObjectDocument
-from compactlog.backend.s3.errors import ObjectStoreSetupError
+from compactlog.backend.s3.error_mapping import ObjectStoreSetupError
 from compactlog.errors import ConflictError, CorruptionError, StorageError
 from s3_support import (
     ACCESS_KEY_ID,
@@ -56,6 +56,7 @@ def local_backend(tmp_path: Path) -> Backend:
         return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != ".lock"}
 
     def put_raw(name: str, data: bytes) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
         (directory / name).write_bytes(data)
 
     def open_(keep: int = 8, client: Any = None) -> Document:
@@ -319,6 +320,30 @@ def test_update_document_gives_up_naming_the_document(backend: Backend) -> None:
     assert body_of(doc) == (3, {"n": 2})
 
 
+def test_load_or_create_makes_once_and_every_server_reads_the_same(
+        backend: Backend, tmp_path: Path) -> None:
+    """load_or_create (the cluster id, the decoy secret): made by the first caller,
+    read by every later one. A first commit killed after its audit copy, before its
+    commit point: the audit copy is what a load falls back to when there is no
+    current.json (on both backends), so it counts as made, and every server reads it."""
+    scratch = LocalDocument(tmp_path / "scratch")
+    scratch.commit(0, {"made": "by a server killed before its commit point"})
+    doc = backend.open()
+    backend.put_raw(audit_name(1), (tmp_path / "scratch" / audit_name(1)).read_bytes())
+    made = load_or_create(doc, lambda: {"made": "first"})
+    assert (made.version, made.body) == (1, {"made": "by a server killed before its "
+                                                     "commit point"})
+    fresh = load_or_create(LocalDocument(tmp_path / "fresh"), lambda: {"made": "first"})
+    assert (fresh.version, fresh.body) == (1, {"made": "first"})
+
+    def never() -> dict[str, Any]:
+        raise AssertionError("made again")
+
+    for _ in range(2):
+        again = load_or_create(backend.open(), never)
+        assert (again.version, again.body) == (1, made.body)
+
+
 def test_audit_copies_are_pruned(backend: Backend) -> None:
     """Step 5."""
     doc = backend.open(keep=3)
@@ -417,7 +442,7 @@ def test_a_failed_audit_put_leaves_the_old_version(s3_only: Backend, fault: str)
             raise client_error(int(fault), "InternalError" if fault == "500" else "AccessDenied")
 
     doc.client.before = fail  # type: ignore[attr-defined]
-    # A 403 is a setup error (backend/s3/errors.py): retrying does not help.
+    # A 403 is a setup error (backend/s3/error_mapping.py): retrying does not help.
     with pytest.raises(ObjectStoreSetupError if fault == "403" else StorageError) as error:
         doc.commit(1, {"v": 2})
     assert audit_name(2) in str(error.value) and "PUT" in str(error.value)

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -27,11 +28,13 @@ import pytest
 
 from compactlog.backend import Location
 from compactlog.backend.envelope import CURRENT
+from compactlog.backend.s3.abandoned_uploads import abort_incomplete_uploads
 from compactlog.backend.s3.document import ObjectCommitOutcomeUnknown, ObjectDocument
-from compactlog.backend.s3.errors import arrow_errors
+from compactlog.backend.s3.error_mapping import arrow_errors
 from compactlog.backend.s3.settings import S3Settings
-from compactlog.backend.s3.uploads import abort_incomplete_uploads
 from compactlog.errors import StorageError
+from compactlog.server.upkeep import Upkeep
+from compactlog.storage import LogStore
 from s3_faults import (
     ATTEMPTS,
     Rule,
@@ -128,7 +131,7 @@ def test_a_failed_multipart_upload_leaves_no_object(s3_proxy: S3Proxy, s3: S3Ser
     listed = client.list_objects_v2(Bucket=s3.bucket, Prefix=location.path + "/")
     assert listed.get("KeyCount", 0) == 0
     # pyarrow did not abort its upload: the parts stay until abort_incomplete_uploads
-    # (backend/s3/uploads.py) or a lifecycle rule removes them. moto dates every upload
+    # (backend/s3/abandoned_uploads.py) or a lifecycle rule removes them. moto dates every upload
     # 2010-11-10, so "now" is set from it to show that a young upload is left alone.
     uploads = client.list_multipart_uploads(Bucket=s3.bucket, Prefix=location.path + "/")
     (upload,) = uploads["Uploads"]
@@ -138,6 +141,48 @@ def test_a_failed_multipart_upload_leaves_no_object(s3_proxy: S3Proxy, s3: S3Ser
         location.key("00000000000000000000.parquet")]
     uploads = client.list_multipart_uploads(Bucket=s3.bucket, Prefix=location.path + "/")
     assert not uploads.get("Uploads")
+
+
+def test_the_server_upkeep_aborts_uploads_abandoned_for_a_day(
+        s3: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The writer's upkeep aborts a multipart upload once it has itself seen it
+    incomplete for the age (by its own clock: moto dates every upload in 2010, which by
+    the store's dates alone would make an upload in progress look abandoned), and
+    leaves younger ones and uploads elsewhere in the bucket alone. A local directory
+    has nothing to sweep."""
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    location = s3.location("abandoned")
+    client = s3.client()
+    now = [0.0]
+    with LogStore.open(str(location), local_dir=tmp_path / "writer") as store:
+        upkeep = Upkeep(store, abandoned_upload_age_s=600, upload_sweep_interval_s=60,
+                        clock=lambda: now[0])
+        old = client.create_multipart_upload(Bucket=s3.bucket, Key=location.key("old"))
+        elsewhere = s3.location("another-store").key("x")
+        client.create_multipart_upload(Bucket=s3.bucket, Key=elsewhere)
+        upkeep.run_once()  # first seen at 0
+
+        def incomplete() -> set[str]:
+            listed = client.list_multipart_uploads(Bucket=s3.bucket)
+            return {upload["Key"] for upload in listed.get("Uploads", [])
+                    if upload["Key"] in (old["Key"], young["Key"], elsewhere)}
+
+        now[0] = 300.0
+        young = client.create_multipart_upload(Bucket=s3.bucket, Key=location.key("young"))
+        upkeep.run_once()  # first seen at 300
+        now[0] = 630.0
+        upkeep.run_once()
+        assert incomplete() == {young["Key"], elsewhere}
+        assert old["Key"] not in incomplete()
+        now[0] = 680.0
+        upkeep.run_once()  # within the interval since the last look: no look
+        assert young["Key"] in incomplete()
+        now[0] = 1000.0
+        upkeep.run_once()
+        assert incomplete() == {elsewhere}
+    with LogStore.open(str(tmp_path / "local")) as local:
+        assert local.layout.upload_sweeper(0) is None
 
 
 def test_a_stalled_data_file_read_is_retried_after_the_timeout(s3_proxy: S3Proxy) -> None:

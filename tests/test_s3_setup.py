@@ -31,7 +31,7 @@ import pytest
 
 from compactlog.backend import Location
 from compactlog.backend.s3.document import ObjectDocument
-from compactlog.backend.s3.errors import ObjectStoreSetupError, arrow_errors
+from compactlog.backend.s3.error_mapping import ObjectStoreSetupError, arrow_errors
 from compactlog.backend.s3.probe import (
     PROBE_PREFIX,
     ConditionalWritesUnsupportedError,

@@ -23,8 +23,8 @@ from compactlog.compaction.spark_service import SparkCompactionService
 from compactlog.errors import UserError
 from compactlog.spark import register
 from compactlog.spark.options import parse_read_options
-from compactlog.spark.plan import TailPart, plan_read
 from compactlog.spark.read import read_part
+from compactlog.spark.read_plan import TailPart, plan_read
 from compactlog.storage.logfile import log_file_name
 from compactlog.storage.partitioner import partition_for_key
 from compactlog.storage.records import ProducerRecord

@@ -31,8 +31,8 @@ import pytest
 from compactlog.backend.s3 import volume as volume_module
 from compactlog.errors import CorruptionError
 from compactlog.spark.options import parse_read_options
-from compactlog.spark.plan import FilePart, TailPart, plan_read
 from compactlog.spark.read import read_part
+from compactlog.spark.read_plan import FilePart, TailPart, plan_read
 from compactlog.spark.source import CompactlogReader
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore

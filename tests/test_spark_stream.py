@@ -18,8 +18,8 @@ from compactlog.client.reader import Reader
 from compactlog.compaction import load_factory
 from compactlog.errors import UserError
 from compactlog.spark.options import parse_stream_options
-from compactlog.spark.plan import FilePart, plan_range
 from compactlog.spark.read import read_part
+from compactlog.spark.read_plan import FilePart, plan_range
 from compactlog.spark.stream import _capped
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore

@@ -378,12 +378,35 @@ def update_document(document: Document,
                         f"attempts to change it")
 
 
+def load_or_create(document: Document, make: Callable[[], dict[str, Any]]) -> Snapshot:
+    """A document made once and then only read (the cluster id on S3, the decoy secret
+    of SCRAM logins): what is current, or else `make()` committed as its first version
+    by whoever comes first, everyone else reading that (update_document's loop: a
+    racing maker's commit conflicts, and it reads the winner's). tests/
+    test_object_commit.py test_load_or_create_makes_once_and_every_server_reads_the_same."""
+    made = update_document(document, lambda current: None if current is not None else make())
+    current = made if made is not None else document.load()
+    if current is None:  # committed, then gone: only a deletion from outside does that
+        raise ConflictError(f"{document.where}: the document could not be read or made")
+    return current
+
+
 # Lays out an empty partition: (local directory, volume) -> None.
 PartitionMaker = Callable[[Path, Volume], None]
 
 
 def is_deleted(body: dict[str, Any]) -> bool:
     return bool(body.get(DELETED))
+
+
+class UploadSweeper(Protocol):
+    """Aborts the multipart uploads under a location that stay incomplete for a while:
+    a data file whose upload failed leaves its parts stored, and billed, until then."""
+
+    def sweep(self, now: float) -> list[str]:
+        """One look at `now` (the caller's monotonic clock, in seconds): abort the
+        uploads seen incomplete since long enough before; their keys."""
+        ...
 
 
 class Layout(Protocol):
@@ -432,6 +455,11 @@ class Layout(Protocol):
         ...
 
     def remove_leftovers(self) -> None: ...
+
+    def upload_sweeper(self, min_age_s: float) -> UploadSweeper | None:
+        """What aborts the multipart uploads that writers of this location abandoned
+        (s3/abandoned_uploads.py), or None where there are none (a local directory)."""
+        ...
 
     def state_document(self, name: str) -> Document:
         """A document of the server's own state (credentials, ACLs, the producer-id

@@ -95,7 +95,7 @@ class LazyGroup(click.Group):
 
 # Every command: where it lives and its one-line help as `compactlog --help` shows it.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "acls": ("compactlog.cli.acls:acls",
+    "acls": ("compactlog.cli.acl_commands:acls",
              'Manage the server\'s ACLs (docs/server.md, "Authorization").'),
     "compact": ("compactlog.cli.compact:compact",
                 "Compact TOPIC: keep the surviving record per key in a new compacted ledger."),
@@ -106,15 +106,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "Print the reference of every topic config key as Markdown."),
     "consume": ("compactlog.cli.consume:consume",
                 "Print the records of TOPIC, partition by partition, in offset order."),
-    "groups": ("compactlog.cli.groups:groups",
+    "groups": ("compactlog.cli.group_commands:groups",
                "List, describe, delete consumer groups and reset their offsets."),
-    "produce": ("compactlog.cli.produce:produce", "Append records to TOPIC, one per input line."),
+    "produce": ("compactlog.cli.produce_command:produce",
+                "Append records to TOPIC, one per input line."),
     "serve": ("compactlog.cli.serve:serve",
               "Serve the data directory over the Kafka wire protocol."),
-    "topics": ("compactlog.cli.topics:topics", "Create, list, describe, alter and delete topics."),
+    "topics": ("compactlog.cli.topic_commands:topics",
+               "Create, list, describe, alter and delete topics."),
     "users": ("compactlog.cli.users:users",
               "Manage the SASL users (SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN) of the server."),
-    "worker": ("compactlog.cli.worker:worker",
+    "worker": ("compactlog.cli.worker_command:worker",
                "A warm compaction worker for `compactlog compact` (Spark kept running)."),
 }
 

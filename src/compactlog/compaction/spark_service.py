@@ -23,8 +23,8 @@ from compactlog.compaction.arrow_pipeline import (
 )
 from compactlog.compaction.io_throttle import IO_CAP_SPARK_CONF
 from compactlog.compaction.ledger import PieceResult
+from compactlog.compaction.ledger_reads import LedgerReads
 from compactlog.compaction.plan import PartitionPlan
-from compactlog.compaction.reads import LedgerReads
 from compactlog.compaction.runner import Progress, run_compaction
 from compactlog.compaction.spark_jobs import SPARK_START, RunJobs
 from compactlog.compaction.spark_pipeline import find_survivors, write_ledgers

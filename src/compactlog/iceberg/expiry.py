@@ -32,7 +32,7 @@ snapshots reference:
      that no retained snapshot references and that are older than the grace period
      (a sync in flight writes files before its commit). Metadata files are kept: the
      metadata log names them, as Iceberg keeps them by default.
-Runs in the server's upkeep (iceberg/upkeep.py) and after each compaction's sync,
+Runs in the server's upkeep (iceberg/table_upkeep.py) and after each compaction's sync,
 which hands over the metadata it left (step 1 reads nothing then): an expiry that
 expires nothing sends no request after a sync.
 Tests: tests/test_iceberg_expiry.py.

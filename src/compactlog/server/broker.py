@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from compactlog.backend import Document
-from compactlog.errors import ConflictError
+from compactlog.backend import Document, load_or_create
 from compactlog.log_throttle import Throttle
 from compactlog.server.coordinator.group_coordinator import GroupCoordinator
 from compactlog.server.coordinator.group_model import (
@@ -162,16 +161,9 @@ def _new_cluster_id() -> str:
 
 def _shared_cluster_id(document: Document) -> str:
     """The cluster id of a store on S3, the same for every server that owns it in turn:
-    the first commits it (If-None-Match), the others read it."""
-    for _ in range(2):
-        snapshot = document.load()
-        if snapshot is not None:
-            return str(snapshot.body["cluster_id"])
-        try:
-            return str(document.commit(0, {"cluster_id": _new_cluster_id()}).body["cluster_id"])
-        except ConflictError:
-            continue  # another server committed it first: read that
-    raise ConflictError(f"{document.where}: the cluster id could not be read or made")
+    the first commits it, the others read it."""
+    return str(load_or_create(document, lambda: {"cluster_id": _new_cluster_id()})
+               .body["cluster_id"])
 
 
 def _cluster_id(data_dir: Path) -> str:

@@ -7,7 +7,7 @@
 
     df = read_topic(spark, "compactlog-data", "prices", "compacted")  # the same, faster
 
-See docs/querying.md. The source itself is in source.py; planning (driver) in plan.py,
+See docs/querying.md. The source itself is in source.py; planning (driver) in read_plan.py,
 reading (executors) in read.py, appending in write.py; `read_topic` in fast.py.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from compactlog.spark.fast import read_topic
-from compactlog.spark.schema import SPARK_SCHEMA
+from compactlog.spark.kafka_schema import SPARK_SCHEMA
 from compactlog.spark.source import NAME, CompactlogDataSource
 
 if TYPE_CHECKING:

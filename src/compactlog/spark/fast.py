@@ -5,7 +5,7 @@ The `compactlog` data source moves every row from a Python worker into the JVM a
 batches, which costs more than reading the files: measured at 0.37 of
 `spark.read.parquet` on a full scan, and a Python source that reads nothing at all gets
 only 0.48 (docs/benchmarks.md). So this function plans the same read as the data source
-(spark/plan.py, one snapshot of each partition's manifest) and splits it:
+(spark/read_plan.py, one snapshot of each partition's manifest) and splits it:
 
 - the sealed segments and ledger files go to `spark.read.parquet`, one scan per partition
   and kind, with the partition number as a constant and the row condition the data
@@ -23,7 +23,7 @@ The result has the data source's schema and the same rows.
 On an s3:// location, Spark's Parquet reader cannot read the files (pip's PySpark has
 no s3a connector), so `read_topic` reads through the `compactlog` data source, whose
 tasks fetch each file with Python (spark/read.py): the same rows, at the data source's
-speed, of the sealed part only (spark/plan.py).
+speed, of the sealed part only (spark/read_plan.py).
 One difference: the data source proves each whole file against the manifest's CRC32C
 before parsing it; here Spark checks page checksums, so damage outside the pages (a
 footer) fails the Parquet reader with its own error rather than ours.
@@ -45,10 +45,10 @@ from pyspark.sql.types import StructType
 
 from compactlog.backend import Location
 from compactlog.errors import UserError
+from compactlog.spark.kafka_schema import CREATE_TIME, PARQUET_SCHEMA, SPARK_SCHEMA
 from compactlog.spark.options import VIEWS, ReadOptions
-from compactlog.spark.plan import FilePart, TailPart, plan_read
 from compactlog.spark.read import read_tail
-from compactlog.spark.schema import CREATE_TIME, PARQUET_SCHEMA, SPARK_SCHEMA
+from compactlog.spark.read_plan import FilePart, TailPart, plan_read
 from compactlog.spark.source import NAME, CompactlogDataSource
 from compactlog.storage import TOMBSTONE_COLUMNS, LogStore, read_deletion_vector
 
@@ -62,7 +62,7 @@ def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
                partitions: list[int] | None = None,
                clock: Callable[[], float] = time.time) -> DataFrame:
     """Every record of `topic` (view "raw") or its compacted view ("compacted"), with
-    Spark's Kafka source's columns (spark/schema.py): the same rows as
+    Spark's Kafka source's columns (spark/kafka_schema.py): the same rows as
     `spark.read.format("compactlog")` with these options, read faster. The view's time
     rules (retention.ms on compact,delete, delete.retention.ms) are evaluated at
     `clock()`, when the read is planned."""
@@ -109,7 +109,7 @@ def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
             # tombstones are not in the view: a broadcast anti-join on their offsets.
             gone = spark.createDataFrame(pa.table({"offset": np.concatenate(excluded)}))
             frame = frame.join(F.broadcast(gone), on="offset", how="left_anti")
-        # Spark's Kafka source's columns (spark/schema.py), from the files' ms timestamps.
+        # Spark's Kafka source's columns (spark/kafka_schema.py), from the files' ms timestamps.
         frame = frame.select(
             "key", "value", F.lit(topic).alias("topic"),
             F.lit(partition).cast("int").alias("partition"), "offset",

@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from compactlog.errors import ConflictError, CorruptionError, RetryableError
-from compactlog.spark.plan import FilePart, TailPart
-from compactlog.spark.schema import spark_batches
+from compactlog.spark.kafka_schema import spark_batches
+from compactlog.spark.read_plan import FilePart, TailPart
 from compactlog.storage import (
     RECORD_COLUMNS,
     Partition,

@@ -14,7 +14,7 @@ On a cluster the executors need compactlog installed (or the package shipped wit
 data directory at the same path (a shared filesystem) or, with `path` an s3:// URL, the
 AWS settings (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ... or a profile) in their own
 environment: tasks carry a file's volume spec and name, never a credential
-(spark/plan.py). On S3 a read covers the sealed part of the topic.
+(spark/read_plan.py). On S3 a read covers the sealed part of the topic.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from compactlog.spark.kafka_schema import SPARK_SCHEMA
 from compactlog.spark.options import parse_read_options, parse_write_options
-from compactlog.spark.plan import FilePart, TailPart, plan_read
 from compactlog.spark.read import read_part
-from compactlog.spark.schema import SPARK_SCHEMA
+from compactlog.spark.read_plan import FilePart, TailPart, plan_read
 from compactlog.spark.stream import CompactlogStreamReader
 from compactlog.spark.write import StagedFile, StagedWrite, check_input_schema
 

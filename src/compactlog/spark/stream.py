@@ -59,8 +59,8 @@ from pyspark.sql.streaming.datasource import (
 from compactlog.backend import Location
 from compactlog.errors import UserError
 from compactlog.spark.options import EARLIEST, LATEST, StreamOptions, parse_stream_options
-from compactlog.spark.plan import FilePart, TailPart, plan_range
 from compactlog.spark.read import read_part
+from compactlog.spark.read_plan import FilePart, TailPart, plan_range
 from compactlog.storage import LogStore, Partition, Topic, upper_bound
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ class CompactlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._store is None:
             path = self.options.read.path
             if Location.parse(path).is_s3:
-                # The sealed part, as a batch read on S3 (plan.py): a local directory of
+                # The sealed part, as a batch read on S3 (read_plan.py): a local directory of
                 # the query's own, without any writer's logs.
                 self._local_dir = tempfile.TemporaryDirectory(prefix="compactlog-stream-")
                 self._store = LogStore.open(path, read_only=True,

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from compactlog.storage.store import LogStore, PartitionBudgetError, default_local_dir
     from compactlog.storage.sweep import sweep_unreachable
     from compactlog.storage.topic import Topic
-    from compactlog.storage.upkeep import run_round
+    from compactlog.storage.upkeep_round import run_round
     from compactlog.storage.view_rows import (
         TOMBSTONE_COLUMNS,
         FileRows,
@@ -204,7 +204,7 @@ _HOMES = {
     "retention_ms": "compactlog.storage.view_rows",
     "RowCondition": "compactlog.storage.view_rows",
     "rows_of": "compactlog.storage.view_rows",
-    "run_round": "compactlog.storage.upkeep",
+    "run_round": "compactlog.storage.upkeep_round",
     "SCHEMA": "compactlog.storage.sealed",
     "sealed_tables": "compactlog.storage.reads",
     "SealedSegment": "compactlog.storage.sealed",

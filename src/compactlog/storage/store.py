@@ -61,7 +61,7 @@ from compactlog.storage.partitioner import NullKeyPartitioner, partitions_for_ke
 from compactlog.storage.records import MAX_UNCOMPRESSED_BATCH_BYTES, ProducerRecord
 from compactlog.storage.recovery import RecoveryReport
 from compactlog.storage.topic import Topic, TopicMeta, is_topic_name, validate_topic_name
-from compactlog.storage.upkeep import run_round
+from compactlog.storage.upkeep_round import run_round
 
 log = logging.getLogger(__name__)
 
@@ -459,7 +459,7 @@ class LogStore:
                     partition.flush()
 
     def tick(self) -> None:
-        """Periodic upkeep for a long-running writer: one round of storage/upkeep.py
+        """Periodic upkeep for a long-running writer: one round of storage/upkeep_round.py
         (`upkeep_steps` for every partition), each failure logged once a minute."""
         if self.lease_lost is not None:
             return  # nothing to keep up: the partitions belong to the newer writer

@@ -103,6 +103,9 @@ class LocalLayout:
         fsutil.fsync_dir(self.staging_dir)
         shutil.rmtree(doomed, ignore_errors=True)
 
+    def upload_sweeper(self, min_age_s: float) -> None:
+        return None  # files are written whole or not at all: no parts are left behind
+
     def remove_leftovers(self) -> None:
         for entry in self.staging_dir.iterdir():
             shutil.rmtree(entry, ignore_errors=True)

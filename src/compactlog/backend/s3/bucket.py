@@ -5,7 +5,7 @@ with one error mapping.
 Invariant: every request to the store that compactlog makes through boto3 goes through a
 `Bucket` (but backend/s3/probe.py's, which reads a store's raw refusal of a conditional
 header to tell an unsupported store from a failure), and every failure of one leaves it
-as the one-line error backend/s3/errors.py makes (`request_error`: the operation, the s3://
+as the one-line error backend/s3/error_mapping.py makes (`request_error`: the operation, the s3://
 URL, what to do, never a credential), except the answers that are outcomes rather than
 failures, which come back as values or as their own exceptions:
 - an object that is not there: `get`, `head` and `download` return None;
@@ -19,7 +19,7 @@ boto3's client retries each request with backoff first (S3Settings in backend/s3
 the client is taken as given, so a test's wrapped client (tests/s3_support.py
 FaultyClient) sees every request; requests are made with keyword arguments only.
 
-With errors.py, probe.py and settings.py, it is one of the modules of compactlog.backend.s3,
+With error_mapping.py, probe.py and settings.py, it is one of the modules of compactlog.backend.s3,
 the only package that imports boto3 or botocore (the import-linter contract in
 pyproject.toml).
 """
@@ -44,7 +44,7 @@ from botocore.exceptions import (
     EndpointConnectionError,
 )
 
-from compactlog.backend.s3.errors import (
+from compactlog.backend.s3.error_mapping import (
     ObjectStoreSetupError,
     http_status,
     no_such_key,
@@ -131,7 +131,7 @@ class Bucket:
 
     def failed(self, operation: str, key: str,
                error: Exception) -> StorageError | ObjectStoreSetupError:
-        """`error`, raised by `operation` on `key`, as backend/s3/errors.py says."""
+        """`error`, raised by `operation` on `key`, as backend/s3/error_mapping.py says."""
         return request_error(self.client, operation, self.url(key), error)
 
     @contextmanager

@@ -48,7 +48,7 @@ tests/test_object_commit.py, which runs the same tests against LocalDocument):
      stands); test_audit_copies_are_pruned
 Faults of the store, through the fault proxy in front of moto (tests/test_s3_faults.py):
 every request is retried by botocore with backoff (S3Settings in backend/s3/settings.py), and what
-outlasts the retries is a one-line error from backend/s3/errors.py naming the operation and
+outlasts the retries is a one-line error from backend/s3/error_mapping.py naming the operation and
 the key. Per step:
   2. 503/500 retried: test_a_transient_fault_at_each_commit_step_is_retried; persistent:
      StorageError, nothing changed: test_a_persistent_fault_before_the_commit_point_
@@ -98,7 +98,7 @@ from compactlog.backend.envelope import (
     version_of,
 )
 from compactlog.backend.s3.bucket import Bucket, PreconditionFailed, PutOutcomeUnknown, answered
-from compactlog.backend.s3.errors import ObjectStoreSetupError
+from compactlog.backend.s3.error_mapping import ObjectStoreSetupError
 from compactlog.backend.s3.settings import S3Settings
 from compactlog.errors import ConflictError, CorruptionError, StorageError
 
@@ -111,7 +111,7 @@ log = logging.getLogger(__name__)
 
 # Every this many versions, pruning LISTs the audit copies (else it deletes by name).
 FULL_PRUNE_EVERY = 16
-# What a failed request raises (backend/s3/errors.py): retryable, or a setup error.
+# What a failed request raises (backend/s3/error_mapping.py): retryable, or a setup error.
 _REQUEST_FAILED = (StorageError, ObjectStoreSetupError)
 
 

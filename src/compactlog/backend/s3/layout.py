@@ -34,7 +34,9 @@ from compactlog.backend import (
     Volume,
     clear_dead_claim,
     is_deleted,
+    update_document,
 )
+from compactlog.backend.s3.abandoned_uploads import AbandonedUploads
 from compactlog.backend.s3.bucket import Bucket
 from compactlog.backend.s3.document import ObjectDocument
 from compactlog.backend.s3.probe import check_conditional_writes
@@ -105,18 +107,16 @@ class ObjectLayout:
         for index in range(partitions):
             make_partition(self.partition_dir(name, topic_id, index),
                            self.partition_volume(name, topic_id, index))
-        based_on = 0 if current is None else current.version
-        for attempt in range(2):
-            try:
-                document.commit(based_on, meta)
-                return
-            except ConflictError:
-                # A killed committer's claim on the next version is cleared and the
-                # commit tried again; otherwise another writer created (or re-created)
-                # it first, and our partitions are unreferenced objects under an id no
-                # topic has.
-                if attempt or not clear_dead_claim(document, based_on):
-                    raise TopicExistsError(name) from None
+
+        def created(found: Snapshot | None) -> dict[str, Any]:
+            # Another writer created (or re-created) it first: our partitions are then
+            # unreferenced objects under an id no topic has. A killed committer's claim
+            # on the next version is cleared on the way (update_document).
+            if found is not None and not is_deleted(found.body):
+                raise TopicExistsError(name)
+            return meta
+
+        update_document(document, created)
 
     def delete(self, name: str, snapshot: Snapshot | None) -> None:
         document = self.meta_document(name)
@@ -134,6 +134,11 @@ class ObjectLayout:
         shutil.rmtree(self.local_dir / "topics" / name / topic_id, ignore_errors=True)
         removed = remove_prefix(self.location.join("topics", name, topic_id), self.client)
         log.info("deleted topic %s: %d objects removed", name, removed)
+
+    def upload_sweeper(self, min_age_s: float) -> AbandonedUploads:
+        return AbandonedUploads(Bucket(self.client, str(self.location.bucket)),
+                                self.location.path + "/" if self.location.path else "",
+                                min_age_s)
 
     def remove_leftovers(self) -> None:
         """Nothing to do: an interrupted create or delete leaves objects under a topic id

@@ -13,7 +13,7 @@ midway, one small object under the location's prefix whose name starts with
 Probe protocol (check_conditional_writes; the test of each step in
 tests/test_s3_setup.py):
   1. PUT a fresh probe object with `If-None-Match: *`: it must succeed. A missing
-     bucket, refused credentials or a down endpoint fail here with backend/s3/errors.py's
+     bucket, refused credentials or a down endpoint fail here with backend/s3/error_mapping.py's
      message; test_a_missing_bucket_is_named, test_refused_credentials_are_named,
      test_a_down_endpoint_is_named. A 501 NotImplemented (or a 400 naming the header)
      means the store does not take conditional writes at all;
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from botocore.exceptions import BotoCoreError, ClientError
 
 from compactlog.backend import Location, LocationError
-from compactlog.backend.s3.errors import ObjectStoreSetupError, request_error
+from compactlog.backend.s3.error_mapping import ObjectStoreSetupError, request_error
 from compactlog.backend.s3.settings import S3Settings
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from compactlog import faults, fsutil
 from compactlog.backend import Document, Listed, Location
 from compactlog.backend.s3.bucket import Bucket
-from compactlog.backend.s3.errors import ObjectStoreSetupError
+from compactlog.backend.s3.error_mapping import ObjectStoreSetupError
 from compactlog.backend.s3.settings import S3Settings
 from compactlog.bounded_cache import BoundedCache
 from compactlog.errors import StorageError

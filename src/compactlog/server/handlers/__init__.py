@@ -12,12 +12,12 @@ from compactlog.server.handlers import (
     acls,
     cluster,
     configs,
+    delete_records,
     fetch,
     groups,
     metadata,
     produce,
     producer_state,
-    records,
     sasl,
     topics,
 )
@@ -29,7 +29,7 @@ def register_all(broker: Broker) -> None:
     fetch.register(broker)
     topics.register(broker)
     configs.register(broker)
-    records.register(broker)
+    delete_records.register(broker)
     cluster.register(broker)
     producer_state.register(broker)
     groups.register(broker)

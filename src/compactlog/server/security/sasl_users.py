@@ -34,9 +34,9 @@ import logging
 import os
 import threading
 
-from compactlog.backend import Document
+from compactlog.backend import Document, load_or_create
 from compactlog.backend.local.document import LocalDocument
-from compactlog.errors import CompactlogError, ConflictError
+from compactlog.errors import CompactlogError
 from compactlog.server.security.credentials import (
     DEFAULT_ITERATIONS,
     MECHANISMS,
@@ -131,13 +131,5 @@ class SaslUsers:
 def decoy_secret(document: Document) -> bytes:
     """The store's decoy secret, made and committed by the first server that asks."""
     keep_private(document)
-    for _ in range(2):
-        snapshot = document.load()
-        if snapshot is not None:
-            return base64.b64decode(str(snapshot.body["secret"]))
-        try:
-            made = document.commit(0, {"secret": base64.b64encode(os.urandom(32)).decode()})
-            return base64.b64decode(str(made.body["secret"]))
-        except ConflictError:
-            continue  # another server made it first: read that
-    raise ConflictError(f"{document.where}: the decoy secret could not be read or made")
+    made = load_or_create(document, lambda: {"secret": base64.b64encode(os.urandom(32)).decode()})
+    return base64.b64decode(str(made.body["secret"]))

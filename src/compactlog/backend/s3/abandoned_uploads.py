@@ -9,6 +9,11 @@ AbortIncompleteMultipartUpload) removes. An upload still in progress looks the s
 an abandoned one, so only those started more than `older_than_s` ago are aborted: set it
 well above the longest upload a writer makes.
 
+The server's upkeep sweeps with `AbandonedUploads`: it aborts an upload only once it has
+itself seen that upload (the same upload id) incomplete for `min_age_s` by its own
+clock, never by the store's dates alone: a store's clock may be off from ours (moto
+dates every upload 2010-11-10), and an upload in progress must never be aborted.
+
 Measured with pyarrow 26: when the upload of a part fails for good, S3FileSystem's
 output stream raises but does not abort its multipart upload
 (tests/test_s3_faults.py::test_a_failed_multipart_upload_leaves_no_object).
@@ -50,3 +55,36 @@ def abort_incomplete_uploads(client: S3Client, location: Location,
                  bucket.url(upload.key), upload.initiated.isoformat())
         aborted.append(upload.key)
     return aborted
+
+
+class AbandonedUploads:
+    """The uploads under one prefix of a bucket, watched across looks (see the module's
+    invariant): an upload first seen incomplete at time t is aborted at the first look
+    at or after t + `min_age_s`, if it is still incomplete then."""
+
+    def __init__(self, bucket: Bucket, prefix: str,
+                 min_age_s: float = DEFAULT_OLDER_THAN_S) -> None:
+        self.bucket = bucket
+        self.prefix = prefix
+        self.min_age_s = min_age_s
+        self._first_seen: dict[tuple[str, str], float] = {}  # (key, upload id) -> when
+
+    def sweep(self, now: float) -> list[str]:
+        incomplete = self.bucket.uploads(self.prefix)
+        current = {(upload.key, upload.upload_id) for upload in incomplete}
+        # Uploads completed or aborted since the last look are forgotten.
+        self._first_seen = {seen: at for seen, at in self._first_seen.items()
+                            if seen in current}
+        aborted: list[str] = []
+        for upload in incomplete:
+            first = self._first_seen.setdefault((upload.key, upload.upload_id), now)
+            if now - first < self.min_age_s:
+                continue
+            del self._first_seen[(upload.key, upload.upload_id)]
+            if not self.bucket.abort_upload(upload):
+                continue  # completed or aborted meanwhile
+            log.info("%s: aborted a multipart upload incomplete for more than %.0f s "
+                     "(started at %s by the store's clock)", self.bucket.url(upload.key),
+                     self.min_age_s, upload.initiated.isoformat())
+            aborted.append(upload.key)
+        return aborted
