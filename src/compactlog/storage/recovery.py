@@ -29,7 +29,8 @@ On an object store, before any of these, the writer (holding the lease):
       records were never acknowledged to acks=all, or they are in the bucket already),
       and all of them are set aside as one suffix; offsets then go on from the bucket's
       sealed end, dense and never reused. test_a_restart_after_a_take_over_sets_aside_
-      the_whole_local_suffix (tests/test_failover_steps_s3.py);
+      the_whole_local_suffix (tests/test_failover_steps_s3.py). Log files without that
+      file were written by a build that kept none (738e3b6): step 3b alone decides;
   0c. records its own epoch in that file (fsynced), then stamps it into the manifest
       (lease.py), and takes the manifest's sealed end as its durable high watermark
       (Partition.high_watermark). A crash between 0c's two writes leaves a local epoch
@@ -223,6 +224,13 @@ def _set_aside_after_take_over(partition: Partition, report: RecoveryReport) -> 
     if stamped <= local:
         return
     files = log_files(partition.log_dir)
+    if not (partition.directory / LOCAL_EPOCH_FILE).exists() and files:
+        # Log files and no epoch file: written by a build from before the file existed
+        # (738e3b6), which recorded no epoch and acknowledged them from this disk. Nothing
+        # says a writer took over since, so they are not all superseded: step 3b keeps a
+        # file that continues the bucket's sealed end and sets aside one that does not,
+        # as that build's recovery did (tests/test_old_data.py, the crashed writer).
+        return
     if any(path.stat().st_size > 0 for _, path in files):
         _set_aside(partition, report, [path for _, path in files],
                    f"written under epoch {local or 'unknown'}, and a newer writer (epoch "
