@@ -18,9 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from apps_support import AppProcess, StatefulCountScenario, app_process, app_python, server_config
-from compat import APPS
-from kafka_server import logged_server
+from support.apps_support import (
+    AppProcess,
+    StatefulCountScenario,
+    app_process,
+    app_python,
+    server_config,
+)
+from support.compat import APPS
+from support.kafka_server import logged_server
 
 APP_ID = "counter"
 CHANGELOG = f"{APP_ID}-counts-changelog"

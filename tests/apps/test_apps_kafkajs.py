@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from apps_support import node, server_config
-from compat import APPS
-from kafka_server import LoggedServer, logged_server
+from support.apps_support import node, server_config
+from support.compat import APPS
+from support.kafka_server import LoggedServer, logged_server
 
 SCENARIO = APPS / "kafkajs" / "scenario.js"
 STEP_TIMEOUT_S = 120

@@ -19,9 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from apps_support import AppProcess, StatefulCountScenario, app_process, app_python, server_config
-from compat import APPS
-from kafka_server import logged_server
+from support.apps_support import (
+    AppProcess,
+    StatefulCountScenario,
+    app_process,
+    app_python,
+    server_config,
+)
+from support.compat import APPS
+from support.kafka_server import logged_server
 
 GROUP = "counter"
 CHANGELOG = f"changelog__{GROUP}--events--default"

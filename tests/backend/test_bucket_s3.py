@@ -14,13 +14,12 @@ from botocore.exceptions import ReadTimeoutError
 from compactlog.backend.s3.bucket import Bucket, PreconditionFailed, PutOutcomeUnknown, answered
 from compactlog.backend.s3.errors import ObjectStoreSetupError
 from compactlog.errors import ConflictError, StorageError
-from s3_support import (
+from support.s3_support import (
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,
     FaultyClient,
     S3Server,
     client_error,
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
 

@@ -15,11 +15,9 @@ from compactlog import LogStore, ProducerRecord
 from compactlog.backend import Location
 from compactlog.backend.lease import EPOCH_KEY, LeaseLostError
 from compactlog.errors import DataDirLockedError, FencedError
-from fakes import FakeClock
-from s3_support import (
+from support.fakes import FakeClock
+from support.s3_support import (
     S3Server,
-    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
 TTL_S = 10.0

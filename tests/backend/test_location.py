@@ -15,12 +15,11 @@ import pytest
 from compactlog.backend import Location, LocationError
 from compactlog.backend.s3.settings import S3Settings
 from compactlog.errors import UserError
-from s3_support import (
+from support.s3_support import (
     ACCESS_KEY_ID,
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture: a moto server shared by the test run)
 )
 
 

@@ -2,7 +2,7 @@
 local directory and ObjectDocument (backend/s3/document.py) on a real S3 API server (moto, on
 loopback). Tests named in backend/s3/document.py's protocol docstring are here; the S3-only
 ones cover steps that exist only there (conditional PUTs, lost answers).
-tests/test_commit.py keeps the local-only ones (the lock, fsyncs, processes)."""
+tests/backend/test_commit.py keeps the local-only ones (the lock, fsyncs, processes)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from compactlog.backend.local.document import LocalDocument
 from compactlog.backend.s3.document import ObjectCommitOutcomeUnknown, ObjectDocument
 from compactlog.backend.s3.errors import ObjectStoreSetupError
 from compactlog.errors import ConflictError, CorruptionError, StorageError
-from s3_support import (
+from support.s3_support import (
     ACCESS_KEY_ID,
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,
@@ -32,7 +32,6 @@ from s3_support import (
     LockedConditionalPuts,
     S3Server,
     client_error,
-    s3_fixture,  # noqa: F401  (the `s3` fixture: a moto server shared by the test run)
 )
 
 

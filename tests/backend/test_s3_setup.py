@@ -38,19 +38,17 @@ from compactlog.backend.s3.probe import (
     check_conditional_writes,
 )
 from compactlog.errors import StorageError, UserError
-from s3_faults import (
+from support.s3_faults import (
     S3Proxy,
     error,
     fast,
-    s3_proxy_fixture,  # noqa: F401  (the `s3_proxy` fixture: a fault proxy per test)
     strip_conditions,
 )
-from s3_support import (
+from support.s3_support import (
     ACCESS_KEY_ID,
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture: a moto server shared by the test run)
 )
 
 SECRETS = (SECRET_ACCESS_KEY, SESSION_TOKEN)

@@ -1,5 +1,5 @@
 """A partition's data files on S3 (backend/s3/volume.py) under faults injected by the proxy
-of tests/s3_faults.py: a lost answer to the create-only PUT is recognised as this PUT's
+of tests/support/s3_faults.py: a lost answer to the create-only PUT is recognised as this PUT's
 own object (not "the name is taken"); a download cut short is read again; a name that
 is really taken is refused and never replaced; errors name the object and never a
 secret; the read cache evicts past its budget and a cached copy is never partial."""
@@ -13,18 +13,16 @@ import pytest
 from compactlog.backend import Location
 from compactlog.backend.s3.volume import ObjectVolume, ReadCache
 from compactlog.errors import StorageError
-from s3_faults import (
+from support.s3_faults import (
     S3Proxy,
     fast,
     lost_answer,
-    s3_proxy_fixture,  # noqa: F401  (the `s3_proxy` fixture)
     truncate,
 )
-from s3_support import (
+from support.s3_support import (
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
 

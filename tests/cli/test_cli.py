@@ -4,42 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-COMPACTLOG = shutil.which("compactlog", path=str(Path(sys.executable).parent)) or "compactlog"
-
-
-def run(
-    data_dir: Path, *args: str, stdin: str = "", env: dict[str, str] | None = None,
-    timeout: float = 60,
-) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("COMPACTLOG_DATA_DIR", None)
-    if env and "COMPACTLOG_DATA_DIR" in env:
-        full_env["COMPACTLOG_DATA_DIR"] = env["COMPACTLOG_DATA_DIR"]
-        prefix: list[str] = []
-    else:
-        prefix = ["--data-dir", str(data_dir)]
-    return subprocess.run(
-        [COMPACTLOG, *prefix, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
-        env=full_env,
-    )
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def consume_json(data_dir: Path, topic: str, *extra: str) -> list[dict[str, object]]:
-    out = ok(run(data_dir, "consume", topic, "--format", "json", *extra))
-    return [json.loads(line) for line in out.splitlines()]
+from support.cli import COMPACTLOG, consume_json, ok, run
 
 
 def test_produce_consume_round_trip(tmp_path: Path) -> None:

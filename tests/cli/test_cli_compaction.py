@@ -4,21 +4,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 
 from compactlog import LogStore
-from conftest import SPARK_TEST_CONF, TESTS_DIR
-from test_cli import consume_json, ok, run
-
-LOCAL = ["--service", "local_engine:LocalCompactionServiceFactory"]
-ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR),
-                                                   os.environ.get("PYTHONPATH")]))}
-TOPIC_CONFIG = ["-c", "cleanup.policy=compact", "-c", "segment.bytes=2048",
-                "-c", "min.compaction.lag.ms=0", "-c", "delete.retention.ms=0"]
+from support.cli import ENV, LOCAL, TOPIC_CONFIG, consume_json, ok, run
+from support.spark import SPARK_TEST_CONF
 
 
 def make_topic(data: Path, partitions: int = 2, *config: str) -> dict[str, str]:

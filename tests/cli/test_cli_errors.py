@@ -12,12 +12,10 @@ import socket
 import subprocess
 from pathlib import Path
 
-from kafka_server import COMPACTLOG
-from s3_support import S3Server
-from s3_support import s3_fixture as s3_fixture  # the `s3` fixture
-from test_cli import ok, run
-
-ROOT = Path(__file__).resolve().parent.parent
+from support.cli import ok, run
+from support.kafka_server import COMPACTLOG
+from support.paths import ROOT
+from support.s3_support import S3Server
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:

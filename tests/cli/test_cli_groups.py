@@ -15,9 +15,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from compactlog import LogStore, ProducerRecord
-from kafka_server import LoggedServer, logged_server
-from test_cli import ok, run
-from test_cli_output import assert_fits
+from support.cli import assert_fits, ok, run
+from support.kafka_server import LoggedServer, logged_server
 
 GROUP = "billing"
 NARROW = {"COLUMNS": "80"}

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from compactlog import LogStore, ProducerRecord
-from test_cli import ok, run
-from test_cli_compaction import ENV, LOCAL
+from support.cli import ENV, LOCAL, assert_fits, ok, run
+from support.paths import ROOT
 
 NARROW = {**ENV, "COLUMNS": "80"}
 
@@ -76,14 +76,6 @@ def big_topic(data: Path) -> None:
                                for i in range(start, start + 5000)])
 
 
-def assert_fits(text: str, *whole: str) -> None:
-    for line in text.splitlines():
-        assert len(line) <= 80, f"{len(line)} columns: {line!r}"
-    assert "…" not in text, text
-    for value in whole:
-        assert value in text, f"{value!r} not shown whole:\n{text}"
-
-
 def test_tables_fit_80_columns(tmp_path: Path) -> None:
     big_topic(tmp_path)
     with LogStore.open(tmp_path, read_only=True) as store:
@@ -109,7 +101,7 @@ def test_topics_describe_prints_booleans_as_typed(tmp_path: Path) -> None:
 
 
 def readme_python_example() -> str:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     after = readme.split("\nFrom Python", 1)[1]
     start = after.index("```python\n") + len("```python\n")
     return after[start:after.index("```", start)]

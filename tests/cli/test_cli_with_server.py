@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 
 from compactlog.storage.store import LogStore
-from conftest import SPARK_TEST_CONF
-from kafka_server import COMPACTLOG, logged_server
-from test_cli import ok, run
-from test_cli_compaction import ENV, LOCAL, TOPIC_CONFIG
-from test_server_admin import server_config
+from support.admin import server_config
+from support.cli import ENV, LOCAL, TOPIC_CONFIG, ok, run
+from support.kafka_server import COMPACTLOG, logged_server
+from support.spark import SPARK_TEST_CONF
 
 
 def test_write_commands_go_through_a_running_server(tmp_path: Path) -> None:

@@ -20,9 +20,8 @@ from typing import Any
 import pytest
 
 from compactlog.compaction.daemon import WORKER_FILE, running_worker
-from conftest import SPARK_TEST_CONF
-from test_cli import ok, run
-from test_cli_compaction import ENV, TOPIC_CONFIG
+from support.cli import ENV, TOPIC_CONFIG, ok, run
+from support.spark import SPARK_TEST_CONF
 
 LOCAL_ENGINE = ["--service", "local_engine:LocalCompactionServiceFactory"]
 

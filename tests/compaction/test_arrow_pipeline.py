@@ -33,7 +33,7 @@ from compactlog.compaction.spark_service import SparkCompactionService, local_ma
 from compactlog.errors import UserError
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
+from support.fakes import FakeClock
 
 # The topic config that runs a compaction's tasks in this process, without Spark.
 WITHOUT_SPARK = {"compaction.without.spark": "true"}

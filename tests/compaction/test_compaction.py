@@ -26,8 +26,8 @@ from compactlog.errors import CorruptionError, UserError
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
-from engines import Engine, engine_fixture  # noqa: F401  (the `engine` fixture)
-from fakes import FakeClock
+from support.engines import Engine
+from support.fakes import FakeClock
 
 DAY_MS = 24 * 3600 * 1000
 

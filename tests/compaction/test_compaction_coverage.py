@@ -22,14 +22,14 @@ from compactlog.compaction.scheduler import CompactionScheduler, SchedulerPolicy
 from compactlog.server.cleaner import partition_load
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
-from faultkit import read_all
-from kafka_server import logged_server
-from test_cli import ok, run
-from test_cli_compaction import ENV, LOCAL
-from test_durability_regressions import compact
+from support.cli import ENV, LOCAL, ok, run
+from support.engines import compact
+from support.fakes import FakeClock
+from support.faultkit import read_all
+from support.kafka_server import logged_server
+from support.paths import TESTS_DIR
 
-TESTS = Path(__file__).parent
+TESTS = TESTS_DIR
 DAY_MS = 24 * 3600 * 1000
 
 

@@ -4,7 +4,7 @@ the new one, never a mix; readers must read a whole view; the status must say th
 died; and the next run must succeed, leave no stray files and give the new view. Two
 compactors race for one commit; and the writer's actors (seal, retention, DeleteRecords,
 a config change) land between a run's plan and its commit, which goes through or
-conflicts as runner.py's step 5 says (its merges: tests/test_merging.py).
+conflicts as runner.py's step 5 says (its merges: tests/storage/test_merging.py).
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ from compactlog.errors import ConflictError
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
+from support.crash_compactor import KILL_POINTS
+from support.engines import CommitHookEngine
+from support.fakes import FakeClock
+from support.paths import SUPPORT_DIR, TESTS_DIR
 
-TESTS = Path(__file__).parent
-sys.path.insert(0, str(TESTS))
-from crash_compactor import KILL_POINTS  # noqa: E402
-from engines import CommitHookEngine  # noqa: E402
-from fakes import FakeClock  # noqa: E402
+TESTS = TESTS_DIR
 
 # Retired ledger files go at the run's final sweep, so "no stray files" can be checked.
 # No Iceberg snapshot outlives the next run: each run's replaced ledger files go at once
-# (a retained snapshot would keep them: tests/test_iceberg_expiry.py).
+# (a retained snapshot would keep them: tests/iceberg/test_iceberg_expiry.py).
 CONFIG = {"cleanup.policy": "compact", "segment.bytes": "4096", "min.compaction.lag.ms": "0",
           "file.delete.delay.ms": "0", "iceberg.history.expire.max-snapshot-age-ms": "0"}
 
@@ -100,7 +100,7 @@ def test_compactor_killed_at_each_step(tmp_path: Path, point: str) -> None:
     assert old != new
 
     child = subprocess.run(
-        [sys.executable, str(TESTS / "crash_compactor.py"), str(data), "t", point],
+        [sys.executable, str(SUPPORT_DIR / "crash_compactor.py"), str(data), "t", point],
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert child.returncode == -signal.SIGKILL, (child.returncode, child.stdout, child.stderr)

@@ -12,12 +12,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from compactlog.storage.store import LogStore
-from s3_support import (
+from support.compaction_model import ArrowDeletionVectorModel
+from support.s3_support import (
     S3Server,
-    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-from test_compaction_model import ArrowDeletionVectorModel
 
 
 class S3ArrowDeletionVectorModel(ArrowDeletionVectorModel):

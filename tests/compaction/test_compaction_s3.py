@@ -23,19 +23,18 @@ from compactlog.backend.s3.volume import s3_client
 from compactlog.compaction import TopicCompactionService, load_factory
 from compactlog.errors import ConflictError, StorageError
 from compactlog.storage.records import Record
-from conftest import SPARK_TEST_CONF
-from s3_support import (
+from support.paths import ROOT
+from support.s3_support import (
     S3Server,
-    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
+from support.spark import SPARK_TEST_CONF
 
 # The Spark service runs a Spark job even for these small runs (every run is one), so its
 # executors' fetch and publish are what is tested.
 COMPACT = {"cleanup.policy": "compact", "segment.bytes": "4096",
            "delete.retention.ms": "0", "min.cleanable.dirty.ratio": "0"}
 Compactor = Callable[[LogStore, str], TopicCompactionService]
-COMPACTLOG = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "compactlog")
+COMPACTLOG = str(ROOT / ".venv" / "bin" / "compactlog")
 
 
 @pytest.fixture

@@ -3,9 +3,9 @@ storage/deletion.py): the compacted view after many incremental runs equals a fu
 compaction of the same records; the rewrite threshold decides between a DV and a
 rewrite; retention, DeleteRecords and tombstone retention leave the view through DVs;
 retired DVs are swept; every reader applies them (the Reader, the TableView, Fetch's
-read path, offset lookups). The Spark readers are covered by tests/test_spark_source.py
-and tests/test_spark_fast.py, whose fixture has DVs, and the docs' DuckDB and Polars
-queries by tests/test_docs_querying.py.
+read path, offset lookups). The Spark readers are covered by tests/spark/test_spark_source.py
+and tests/spark/test_spark_fast.py, whose fixture has DVs, and the docs' DuckDB and Polars
+queries by tests/docs/test_docs_querying.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from compactlog.compaction import load_factory
 from compactlog.iceberg import expire_snapshots
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
+from support.fakes import FakeClock
 
 TOPIC = "t"
 
@@ -100,7 +100,7 @@ def test_a_file_is_rewritten_below_the_threshold_and_old_dvs_are_swept(
     with LogStore.open(tmp_path / "data", clock=clock) as store:
         store.create_topic(TOPIC, 1, config(0.5, **{
             "file.delete.delay.ms": "1000",
-            # no snapshot keeps the replaced ledger (tests/test_iceberg_expiry.py)
+            # no snapshot keeps the replaced ledger (tests/iceberg/test_iceberg_expiry.py)
             "iceberg.history.expire.max-snapshot-age-ms": "0"}))
         partition = store.topic(TOPIC).partition(0)
         compactor = service(store, clock)

@@ -24,9 +24,10 @@ from compactlog.errors import UserError
 from compactlog.server.cleaner import CleanerConfig
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from conftest import SPARK_TEST_CONF
-from fakes import FakeClock
-from test_server_admin import Servers, create_topic, get, http, produce, server_config, wait_until
+from support.admin import Servers, create_topic, get, http, produce, server_config, wait_until
+from support.fakes import FakeClock
+from support.paths import ROOT
+from support.spark import SPARK_TEST_CONF
 
 MB = 1_000_000
 TOPIC = "t"
@@ -169,7 +170,7 @@ def test_the_cap_is_a_documented_server_setting() -> None:
     (key,) = SERVER_COMPACTION_KEYS
     assert key.name.split(".", 1)[1] in COMPACTION_SETTINGS
     assert key.kafka_default == "log.cleaner.io.max.bytes.per.second"
-    reference = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    reference = (ROOT / "docs" / "configuration.md").read_text()
     assert f"## `{key.name}`" in reference and IO_CAP_SPARK_CONF in reference
 
 

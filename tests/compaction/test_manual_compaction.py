@@ -13,11 +13,9 @@ from pathlib import Path
 from compactlog import LogStore, ProducerRecord
 from compactlog.compaction import load_factory
 from compactlog.compaction.rolled import rolled_end
-from kafka_server import LoggedServer
-from test_cli import consume_json, ok, run
-from test_cli_compaction import ENV, LOCAL
-from test_server_admin import LOCAL_SERVICE, Servers, get, http, server_config, wait_until
-from test_server_admin import servers as servers  # the fixture
+from support.admin import LOCAL_SERVICE, Servers, get, http, server_config, wait_until
+from support.cli import ENV, LOCAL, consume_json, ok, run
+from support.kafka_server import LoggedServer
 
 # The default segment.bytes and segment.ms: nothing rolls by itself in these tests.
 COMPACTED = ["-c", "cleanup.policy=compact"]

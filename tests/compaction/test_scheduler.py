@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from tests.fakes import FakeClock
 
 from compactlog.compaction.scheduler import (
     BusyError,
@@ -11,6 +10,7 @@ from compactlog.compaction.scheduler import (
     PartitionLoad,
     SchedulerPolicy,
 )
+from support.fakes import FakeClock
 
 LONG_MAX = 2**63 - 1
 MB = 1_000_000

@@ -18,16 +18,15 @@ import pytest
 
 from compactlog import LogStore, ProducerRecord
 from compactlog.client.reader import Reader
-from conftest import SPARK_TEST_CONF
-from s3_support import (
+from support.cli import ok, run
+from support.paths import ROOT
+from support.s3_support import (
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-from test_cli import ok, run
+from support.spark import SPARK_TEST_CONF
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "spark-cluster.sh"
 
 

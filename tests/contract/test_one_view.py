@@ -3,7 +3,7 @@ what DeleteRecords deleted, ledger records past retention.ms on a `compact,delet
 topic, and tombstones past delete.retention.ms, at read time, before any compaction
 makes it final; and a DeleteRecords below the horizon schedules the run that does.
 
-The paths (tests/read_paths.py): the Reader, Kafka Fetch's bytes, `tables.view_dataset`
+The paths (tests/support/read_paths.py): the Reader, Kafka Fetch's bytes, `tables.view_dataset`
 through DuckDB and through Polars, `spark.read.format("compactlog")` and `read_topic`.
 The Spark source plans at the current time, so these topics are built against the real
 clock: old records carry timestamps two hours back, and the tombstones were kept by a
@@ -28,9 +28,9 @@ from compactlog.storage.deletion import read_deletion_vector
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
 from local_engine import LocalCompactionService
-from read_paths import (
+from support.fakes import FakeClock
+from support.read_paths import (
     Row,
     duckdb_rows,
     fetch_rows,

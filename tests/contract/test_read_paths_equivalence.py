@@ -10,7 +10,7 @@ retention.ms). After every step, the raw and compacted views read by the Reader,
 Fetch (wire.read_batches, decoded as a consumer does) and by `tables.view_dataset`
 through DuckDB and through Polars (their sealed part) are the same records, and the
 compacted view is the model's. The Spark data source (its own planner and tasks, at the
-fake clock's instant, tests/read_paths.py `ClockedSource`) and `read_topic` are compared
+fake clock's instant, tests/support/read_paths.py `ClockedSource`) and `read_topic` are compared
 at the end of each schedule only, on the session the test run shares (conftest.py), as
 a Spark query costs a second or so. The default run takes about a minute and a half;
 the slow variant runs longer schedules, many more of them.
@@ -51,9 +51,9 @@ from compactlog.storage.merging import merge_small_segments
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
 from local_engine import LocalCompactionService
-from read_paths import (
+from support.fakes import FakeClock
+from support.read_paths import (
     Row,
     by_partition,
     clocked_spark_rows,

@@ -31,11 +31,11 @@ from compactlog.storage.records import (
     iter_batches,
 )
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
-from test_cli import ok, run
-from test_server_bad_input import Wire
+from support.cli import ok, run
+from support.kafka_server import LoggedServer, logged_server
+from support.paths import ROOT
+from support.wire import Wire
 
-ROOT = Path(__file__).resolve().parent.parent
 FETCH = 1
 UNCOMPRESSED, GZIP, ZSTD = 0, 1, 4
 HOUR_MS = 3_600_000

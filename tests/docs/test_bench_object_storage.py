@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 KINDS = {"PUT", "GET", "HEAD", "LIST", "DELETE", "POST"}
 
 

@@ -1,6 +1,6 @@
 """The compatibility table of docs/server.md cannot go stale: it lists every application
 and client the tests run against the server, at the versions pinned now, with every
-scenario of tests/compat.py; every scenario there is some test's (or n/a); and the
+scenario of tests/support/compat.py; every scenario there is some test's (or n/a); and the
 renderer (scripts/compat_table.py) says what each outcome means."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from compat import ROOT, SUBJECTS, not_applicable, scenario_ids, server_gap, version
+from support.compat import ROOT, SUBJECTS, not_applicable, scenario_ids, server_gap, version
 
 SCRIPT = ROOT / "scripts" / "compat_table.py"
 
@@ -23,7 +23,7 @@ def test_docs_list_every_application_client_version_and_scenario() -> None:
 
 
 def test_every_scenario_is_a_tests_and_every_mark_a_scenario(tmp_path: Path) -> None:
-    files = sorted(str(path) for path in (ROOT / "tests").glob("test_*.py")
+    files = sorted(str(path) for path in (ROOT / "tests").glob("*/test_*.py")
                    if "compat" in path.read_text())
     listing = tmp_path / "compat.json"
     done = subprocess.run(
@@ -34,7 +34,7 @@ def test_every_scenario_is_a_tests_and_every_mark_a_scenario(tmp_path: Path) -> 
     used = {(subject, scenario) for subject, scenario, _ in json.loads(listing.read_text())}
     assert used <= scenario_ids()
     untested = {(s, c) for s, c in scenario_ids() - used if not not_applicable(s, c)}
-    assert untested == set(), "scenarios in tests/compat.py that no test marks"
+    assert untested == set(), "scenarios in tests/support/compat.py that no test marks"
 
 
 def test_versions_come_from_the_pins() -> None:
@@ -59,7 +59,7 @@ def test_the_table_says_what_each_outcome_means() -> None:
         result = {"subject": "kafkajs", "scenario": "delete-group", "version": recorded,
                   "outcome": outcome, "reason": reason if "x" in outcome else "",
                   "gap": "DeleteGroups (API key 42) is not served" if "x" in outcome else "",
-                  "test": "tests/test_apps_kafkajs.py::test_kafkajs_delete_group"}
+                  "test": "tests/apps/test_apps_kafkajs.py::test_kafkajs_delete_group"}
         table = compat_table.render({"kafkajs|delete-group": result})
         (line,) = [line for line in table.splitlines() if "`delete-group`" in line
                    and line.startswith("| KafkaJS")]

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import click
 import pytest
@@ -15,8 +14,7 @@ from click.testing import CliRunner
 
 from compactlog.cli import COMMANDS, cli
 from compactlog.config import TOPIC_KEYS
-
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
 
 
 def commands(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from compactlog.storage.partitioner import partition_for_key
-from kafka_server import logged_server
+from support.kafka_server import logged_server
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 KEYS = [b"AAPL", b"MSFT", b"GOOG", b"AMZN", b"TSLA", b"NVDA", b"META"]
 

@@ -16,10 +16,11 @@ import pytest
 
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from iceberg_support import expected_state
 from local_engine import LocalCompactionService
+from support.iceberg_support import expected_state
+from support.paths import ROOT
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "querying.md"
+DOC = ROOT / "docs" / "querying.md"
 SECTION = "## The compacted state as an Iceberg table"
 
 

@@ -26,11 +26,12 @@ from compactlog.client.reader import Reader
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
 from compactlog.tables import view_dataset
-from fakes import FakeClock
 from local_engine import LocalCompactionService
-from s3_support import S3Server, s3_fixture  # noqa: F401  (the `s3` fixture)
+from support.fakes import FakeClock
+from support.paths import ROOT
+from support.s3_support import S3Server
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "querying.md"
+DOC = ROOT / "docs" / "querying.md"
 
 PARTITIONS = 4
 

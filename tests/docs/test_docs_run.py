@@ -1,7 +1,7 @@
 """Every command in README.md and docs/*.md runs as written and gives the answer its text
 says, in a fresh directory, in the order the page gives it (issue 24).
 
-tests/docs_blocks.py reads the pages' blocks and their `docs-test` markers. Here:
+tests/support/docs_blocks.py reads the pages' blocks and their `docs-test` markers. Here:
 - every shell, Python and TOML block says how it is tested (a session here, a named
   test, the server's config loader, a benchmark's script and flags, or a reason not to);
 - the README's main job (`scripts/demo.sh`) runs, and then each "Try next" command it
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from docs_blocks import ROOT, Block, printed, runnable_blocks, session
+from support.docs_blocks import ROOT, Block, printed, runnable_blocks, session
 
 SESSIONS = ("readme", "demo", "querying", "server-acls")
 DIRECTIVES = ("session", "by", "config", "bench", "skip")
@@ -168,7 +168,7 @@ def run_session(blocks: list[Block], cwd: Path, env: dict[str, str],
 
 # Slow (about 2 minutes: Spark starts twice); the README's main job is the default run's
 # (test_the_main_job_and_the_next_steps_it_prints), and its Python block's output too
-# (tests/test_cli_output.py).
+# (tests/cli/test_cli_output.py).
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="needs kcat (scripts/setup.sh --dev)")
 def test_the_readme_runs_as_written_in_its_order(tmp_path: Path) -> None:
@@ -251,7 +251,7 @@ def test_the_querying_pages_spark_and_parquet_examples(tmp_path: Path) -> None:
     """The Spark data source, read_topic, the stream, the writer, and the plain Parquet
     readers of docs/querying.md, in one Python as a notebook runs them (each block uses
     the `spark` and `prices` of those before it). The DuckDB and Polars views and the
-    Iceberg examples are tests/test_docs_querying.py's and test_docs_iceberg.py's."""
+    Iceberg examples are tests/docs/test_docs_querying.py's and test_docs_iceberg.py's."""
     blocks = session("querying")
     make_querying_data(tmp_path)
     (tmp_path / "notebook.py").write_text(notebook(blocks))

@@ -13,14 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from s3_support import (
+from support.paths import ROOT
+from support.s3_support import (
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def example() -> str:

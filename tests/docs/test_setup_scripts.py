@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
 
 STAND_IN = """#!/usr/bin/env bash
 # Records its call; `-m venv DIR` makes DIR/bin/{python,ruff,mypy,lint-imports} stand-ins too.

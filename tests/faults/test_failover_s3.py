@@ -10,15 +10,9 @@ log, which the new owner's offsets superseded."""
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import socket
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,70 +22,20 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 
-import s3_faults
 from compactlog import LogStore, ProducerRecord
 from compactlog.storage.records import decode_batch, encode_batch, iter_batches
-from s3_faults import S3Proxy, s3_proxy_fixture  # noqa: F401  (the `s3_proxy` fixture)
-from s3_support import (
+from support import s3_faults
+from support.failover import free_port, serve
+from support.s3_faults import S3Proxy
+from support.s3_support import (
     S3Server,
-    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-from test_server_bad_input import PRODUCE, Wire, request_frame
-from test_server_fetch_errors import fetch
+from support.wire import PRODUCE, Wire, fetch, request_frame
 
 LIST_OFFSETS = 2
 
-COMPACTLOG = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "compactlog")
 TOPIC = "orders"
 TTL_S = 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Served:
-    def __init__(self, process: subprocess.Popen[str], log_path: Path) -> None:
-        self.process = process
-        self.log_path = log_path
-        self.serving = threading.Event()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if re.search(r"serving on", line):
-                self.serving.set()
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-
-@contextmanager
-def serve(where: str, local: Path, port: int, config: Path, log_path: Path,
-          env: dict[str, str]) -> Iterator[Served]:
-    with log_path.open("w") as log_file:
-        process = subprocess.Popen(
-            [COMPACTLOG, "--data-dir", where, "--log-level", "info", "serve",
-             "--listen", f"127.0.0.1:{port}", "--no-auto-compaction", "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=log_file, text=True,
-            env={**os.environ, **env, "COMPACTLOG_LOCAL_DIR": str(local),
-                 "PYTHONUNBUFFERED": "1"})
-    try:
-        yield Served(process, log_path)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(30)
-        assert process.stdout is not None
-        process.stdout.close()
 
 
 def test_the_standby_takes_over_and_no_acknowledged_record_is_lost(
@@ -350,7 +294,7 @@ def test_a_server_paused_past_its_lease_acknowledges_and_serves_nothing(
 
 def test_a_server_that_fails_to_start_on_s3_stands_by_and_tries_again(
         s3_proxy: S3Proxy, tmp_path: Path) -> None:
-    """Found by the Jepsen harness (tests/test_jepsen.py): a server on S3 that met a
+    """Found by the Jepsen harness (tests/faults/test_jepsen.py): a server on S3 that met a
     failure while it started (the bucket failing requests past their retries, a full
     local disk, fenced by a server that took over meanwhile) exited, where a standby
     should wait and try again. Here the bucket fails every read of the producer-id

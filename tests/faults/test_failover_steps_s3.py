@@ -20,11 +20,9 @@ from compactlog.errors import FencedError
 from compactlog.server.uploads import Uploads
 from compactlog.storage.partition import Partition
 from compactlog.storage.recovery import LOCAL_EPOCH_FILE
-from fakes import FakeClock
-from s3_support import (
+from support.fakes import FakeClock
+from support.s3_support import (
     S3Server,
-    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
 TTL_S = 10.0

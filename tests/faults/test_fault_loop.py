@@ -33,8 +33,8 @@ from compactlog.errors import CompactlogError
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
-from faultkit import ERRORS, expected_view, read_all
+from support.fakes import FakeClock
+from support.faultkit import ERRORS, expected_view, read_all
 
 ACTIONS = int(os.environ.get("COMPACTLOG_FAULT_LOOP_ACTIONS", "4000"))
 MIN_FAULTS = 1000

@@ -1,6 +1,6 @@
 """Faults at every step of every commit protocol, deterministically.
 
-For each scenario (tests/fault_scenarios.py: appends that roll and seal, a seal in the
+For each scenario (tests/support/fault_scenarios.py: appends that roll and seal, a seal in the
 server's way, compactions of one and two partitions (also incremental, with deletion
 vectors), retention with its sweep, a topic
 config change), the fault points the operation passes are recorded once; then, for
@@ -8,7 +8,7 @@ each step, the operation runs again on a fresh copy of its data directory with t
 step failing with ENOSPC, failing with EIO, stalling while another committer commits
 to the same manifests, or (tests marked slow, and a sample by default) killed with
 SIGKILL. The store is then reopened and the contract checked against the oracle of
-what was acknowledged (tests/faultkit.py), and it must go on working; after a
+what was acknowledged (tests/support/faultkit.py), and it must go on working; after a
 compaction scenario, the Iceberg state table read by pyiceberg must then be the
 compacted view. Every replay runs where the template was prepared (`home`), so the
 sync after a compaction is the incremental one, building on the previous snapshot.
@@ -26,9 +26,9 @@ import pytest
 from compactlog import faults
 from compactlog.iceberg import state_table_location
 from compactlog.storage.store import LogStore
-from fakes import T0, FakeClock
-from fault_scenarios import SCENARIOS, Scenario, parse_ack
-from faultkit import (
+from support.fakes import T0, FakeClock
+from support.fault_scenarios import SCENARIOS, Scenario, parse_ack
+from support.faultkit import (
     TOPIC,
     Oracle,
     Step,
@@ -39,10 +39,10 @@ from faultkit import (
     join_stalled,
     stall_with_a_concurrent_commit,
 )
-from iceberg_readers import pyiceberg_rows
-from iceberg_support import expected_state
+from support.iceberg_readers import pyiceberg_rows
+from support.iceberg_support import expected_state
+from support.paths import SUPPORT_DIR
 
-TESTS = Path(__file__).parent
 KINDS = ("enospc", "eio", "stall")
 _TEMPLATES: dict[str, tuple[Path, list[Step]]] = {}
 
@@ -144,7 +144,7 @@ STEPS = {"append": 23, "seal": 30, "compact-1": 50, "compact-2": 86, "retention"
 # table's files and the partitions' hold documents; the replay runs where the table was
 # written, so the sync builds v2 on the template's v1, incrementally). A failed sync is
 # only logged and the next one repairs it (check_state_table, and
-# tests/test_iceberg_state.py), so faults at its steps run by default only at its first
+# tests/iceberg/test_iceberg_state.py), so faults at its steps run by default only at its first
 # step and its commit point (v2.metadata.json renamed into place), and at every step in
 # the slow run.
 SYNC_STEPS = {"compact-1": (22, 46), "compact-2": (34, 78), "compact-dv-1": (21, 55),
@@ -194,7 +194,7 @@ def run_with_kill(name: str, root: Path, step: int) -> None:
         oracle = Oracle.of(store)
         scenario.expect(store, oracle)
     child = subprocess.run(
-        [sys.executable, str(TESTS / "fault_child.py"), name, str(data),
+        [sys.executable, str(SUPPORT_DIR / "fault_child.py"), name, str(data),
          str(int(T0 * 1000)), str(step)],
         capture_output=True, text=True, timeout=120, check=False)
     where = f"{name}: SIGKILL at {steps[step].describe()}"

@@ -1,9 +1,9 @@
 """Faults at every step of the store's protocols on S3, where the steps are the requests.
 
-The crash and fault tests of tests/test_fault_steps.py, on a store at s3://BUCKET/PREFIX
-(moto's server on loopback, tests/s3_support.py) whose requests all pass the fault proxy
-of tests/s3_faults.py: the faults sit in front of the S3 server, not in the product.
-For each scenario (tests/s3_fault_kit.py: appends that seal inside the append; appends
+The crash and fault tests of tests/faults/test_fault_steps.py, on a store at s3://BUCKET/PREFIX
+(moto's server on loopback, tests/support/s3_support.py) whose requests all pass the fault proxy
+of tests/support/s3_faults.py: the faults sit in front of the S3 server, not in the product.
+For each scenario (tests/support/s3_fault_kit.py: appends that seal inside the append; appends
 acknowledged from the local log, then sealed in the server's way; compactions of one
 and of two partitions with the Arrow tasks run in process (tests/local_engine.py's
 InlineArrowEngine: they fetch their inputs and publish their files themselves, as the
@@ -21,7 +21,7 @@ table's previous snapshot as it does in a store never moved:
   closed while the store still fails (its seal at close and lease release fail);
 - `lost`: the nth request is forwarded, and its connection closed without an answer:
   the client cannot know whether it landed (its retry meets what it wrote);
-- `kill` (tests/s3_fault_child.py): the operation runs in a child process, the proxy
+- `kill` (tests/support/s3_fault_child.py): the operation runs in a child process, the proxy
   holds its nth request, and the test kills the child with SIGKILL; the held request is
   then dropped (`kill`: it never reaches the store) or forwarded (`kill-lands`: it
   lands after its sender died). The store is reopened on the child's local directory
@@ -53,7 +53,7 @@ changes no outcome), bodies cut short (test_s3_faults.py), requests of the store
 and close themselves as steps (close runs under the persistent fault only), a second
 writer racing the operation (test_compaction_s3.py, test_lease.py), the Spark job's
 requests (its executors' fetch and publish are the Arrow tasks' code, run here in
-process), and compaction by tests/local_engine.py's LocalEngine (tests/fault_scenarios'
+process), and compaction by tests/local_engine.py's LocalEngine (tests/support/fault_scenarios'
 default): it reads every plan's inputs where the driver runs, but the runner fetches
 them there only for plans the Arrow tasks do not run (runner step 2), so on S3 with a
 cold read cache (a copied store) it finds no files. A limit of that test engine (the
@@ -80,12 +80,13 @@ from pyiceberg.table import StaticTable
 
 from compactlog.errors import CompactlogError
 from compactlog.iceberg import state_table_location
-from fakes import T0, FakeClock
-from fault_scenarios import parse_ack
-from faultkit import TOPIC, Oracle
-from iceberg_readers import _row
-from iceberg_support import expected_state, pyiceberg_properties
-from s3_fault_kit import (
+from support.fakes import T0, FakeClock
+from support.fault_scenarios import parse_ack
+from support.faultkit import TOPIC, Oracle
+from support.iceberg_readers import _row
+from support.iceberg_support import expected_state, pyiceberg_properties
+from support.paths import SUPPORT_DIR
+from support.s3_fault_kit import (
     S3_SCENARIOS,
     Place,
     check_place,
@@ -94,20 +95,15 @@ from s3_fault_kit import (
     new_place,
     restore,
 )
-from s3_faults import (
+from support.s3_faults import (
     ATTEMPTS,
     S3Proxy,
     Seen,
     internal_error,
     lost_answer,
-    s3_proxy_fixture,  # noqa: F401  (the `s3_proxy` fixture: a fault proxy per test)
     stall,
 )
-from s3_support import (
-    s3_fixture,  # noqa: F401  (the `s3` fixture: a moto server shared by the test run)
-)
 
-TESTS = Path(__file__).parent
 CHILD_TIMEOUT_S = 120.0
 
 
@@ -244,12 +240,12 @@ def run_in_process(name: str, step: int, kind: str, proxy: S3Proxy, root: Path) 
 
 @contextlib.contextmanager
 def child_process(name: str, place: Place, proxy: S3Proxy) -> Iterator[subprocess.Popen[str]]:
-    """The scenario's operation in a process of its own (tests/s3_fault_child.py), its
+    """The scenario's operation in a process of its own (tests/support/s3_fault_child.py), its
     requests through `proxy`; killed by pid if it still runs at the end."""
     log_path = place.local.with_name(place.local.name + "-child.log")
     with log_path.open("w") as log_file:
         child = subprocess.Popen(
-            [sys.executable, str(TESTS / "s3_fault_child.py"), name, place.url,
+            [sys.executable, str(SUPPORT_DIR / "s3_fault_child.py"), name, place.url,
              str(place.local), str(int(T0 * 1000))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, text=True,
             env={**os.environ, **proxy.env, "AWS_MAX_ATTEMPTS": str(ATTEMPTS)})
@@ -398,7 +394,7 @@ def test_a_fault_at_more_sampled_requests_keeps_the_contract(
 
 # Every request with every kind: about 560 runs, 45 minutes on 2 cores, more than even
 # the slow run should take, so only with COMPACTLOG_S3_EVERY_STEP=1:
-#   COMPACTLOG_S3_EVERY_STEP=1 .venv/bin/python -m pytest tests/test_fault_steps_s3.py
+#   COMPACTLOG_S3_EVERY_STEP=1 .venv/bin/python -m pytest tests/faults/test_fault_steps_s3.py
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("COMPACTLOG_S3_EVERY_STEP") != "1",
                     reason="every S3 request with every fault: COMPACTLOG_S3_EVERY_STEP=1")

@@ -1,14 +1,14 @@
-"""The concurrency harness in the manner of Jepsen (issue 21; tests/jepsen/): two or
+"""The concurrency harness in the manner of Jepsen (issue 21; tests/support/jepsen/): two or
 three `compactlog serve` on one bucket (moto behind the S3 fault proxy), producers with
 acks=all and acks=1, consumer groups, the cleaner, merging, retention, `compactlog
 compact` from outside, DeleteRecords and config changes, under faults drawn from a seed;
-then the checker (tests/jepsen/checker.py) over the history and the final log.
+then the checker (tests/support/jepsen/checker.py) over the history and the final log.
 
 The default run has one short schedule. The slow suite runs many seeded schedules:
 COMPACTLOG_JEPSEN_SCHEDULES of COMPACTLOG_JEPSEN_SECONDS each (defaults: 20 of 90 s, at
 least 30 minutes and about 1,000 nemesis events in all), from COMPACTLOG_JEPSEN_SEED on;
 COMPACTLOG_JEPSEN_TTL sets the nodes' lease (4 s).
-A run prints its seed; `COMPACTLOG_JEPSEN_SEED=N pytest tests/test_jepsen.py -k short`
+A run prints its seed; `COMPACTLOG_JEPSEN_SEED=N pytest tests/faults/test_jepsen.py -k short`
 runs that schedule again (the same faults at the same times; the interleavings still
 vary with timing, as in Jepsen).
 """
@@ -24,17 +24,15 @@ from typing import Any
 
 import pytest
 
-import s3_faults
-from jepsen.clients import KV
-from jepsen.nemesis import FAULTS, HEALS, OPERATIONS, schedule
-from jepsen.run import TOPICS, Settings, run_schedule
-from s3_faults import (
+from support import s3_faults
+from support.jepsen.clients import KV
+from support.jepsen.nemesis import FAULTS, HEALS, OPERATIONS, schedule
+from support.jepsen.run import TOPICS, Settings, run_schedule
+from support.s3_faults import (
     S3Proxy,
-    s3_proxy_fixture,  # noqa: F401  (the `s3_proxy` fixture)
 )
-from s3_support import (
+from support.s3_support import (
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
 SEED = int(os.environ.get("COMPACTLOG_JEPSEN_SEED", "2101"))
@@ -47,7 +45,7 @@ SHORT_SECONDS = float(os.environ.get("COMPACTLOG_JEPSEN_SHORT_SECONDS", "40"))
 SHORT_SEED = int(os.environ.get("COMPACTLOG_JEPSEN_SEED", "2103"))
 # The nodes' lease_ttl_s. With 2 s, a node that takes over here (a busy machine, moto)
 # takes longer to open the store than the lease lives, and the lease goes round the
-# standbys without a fault (see tests/jepsen/run.py, Settings.ttl_s).
+# standbys without a fault (see tests/support/jepsen/run.py, Settings.ttl_s).
 TTL_S = float(os.environ.get("COMPACTLOG_JEPSEN_TTL", "4"))
 
 
@@ -111,8 +109,8 @@ def test_a_node_that_takes_over_keeps_its_lease_while_it_opens_the_store(
     lease only at the start of each upkeep round, after it had opened every partition,
     so an open longer than the lease let the next standby take it over, and so on round
     the standbys. It now renews between the partitions it opens (lease.py step 2)."""
-    from jepsen.cluster import Node, Ownership, free_port, server_config, wait_for
-    from jepsen.run import create_topics
+    from support.jepsen.cluster import Node, Ownership, free_port, server_config, wait_for
+    from support.jepsen.run import create_topics
 
     ttl = 2.0
     where = str(s3.location("livelock"))
@@ -147,10 +145,10 @@ def test_a_node_that_takes_over_keeps_its_lease_while_it_opens_the_store(
 
 def test_the_checker_finds_each_kind_of_violation() -> None:
     from compactlog.storage.records import Record
-    from jepsen.checker import check
-    from jepsen.cluster import Ownership, Take
-    from jepsen.final import Final, FinalPartition
-    from jepsen.history import Commit, History, Read, Send
+    from support.jepsen.checker import check
+    from support.jepsen.cluster import Ownership, Take
+    from support.jepsen.final import Final, FinalPartition
+    from support.jepsen.history import Commit, History, Read, Send
 
     def record(offset: int, rid: str, key: bytes, value: bytes | None) -> Record:
         return Record(offset, 0, key, value, (("rid", rid.encode()),))

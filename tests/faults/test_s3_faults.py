@@ -1,4 +1,4 @@
-"""Faults of an S3-compatible store, injected by the proxy of tests/s3_faults.py in front
+"""Faults of an S3-compatible store, injected by the proxy of tests/support/s3_faults.py in front
 of the moto server: throttling (503 SlowDown), 500 InternalError, stalls beyond the
 request timeout, answers lost after the write landed, and bodies cut short. Each hits
 one step: a data file's GET or PUT through pyarrow's S3FileSystem, or one step of
@@ -32,24 +32,22 @@ from compactlog.backend.s3.errors import arrow_errors
 from compactlog.backend.s3.settings import S3Settings
 from compactlog.backend.s3.uploads import abort_incomplete_uploads
 from compactlog.errors import StorageError
-from s3_faults import (
+from support.s3_faults import (
     ATTEMPTS,
     Rule,
     S3Proxy,
     fast,
     internal_error,
     lost_answer,
-    s3_proxy_fixture,  # noqa: F401  (the `s3_proxy` fixture: a fault proxy per test)
     slow_down,
     stall,
     truncate,
 )
-from s3_support import (
+from support.s3_support import (
     ACCESS_KEY_ID,
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture: a moto server shared by the test run)
 )
 
 

@@ -4,7 +4,7 @@ and off, every strategy the Arrow tasks run), merging small segments, retention
 (raw segments on `compact`, retention.ms on `compact,delete`), DeleteRecords, the
 clock moving past tombstone retention and retention.ms, and the upkeep's syncs.
 
-Checked, read by DuckDB, pyiceberg and Polars (tests/iceberg_readers.py):
+Checked, read by DuckDB, pyiceberg and Polars (tests/support/iceberg_readers.py):
   - the current snapshot equals the view's fold up to each partition's horizon: the
     Reader's compacted view (`Partition.read_compacted`) up to the horizon, less
     tombstones; under the `latest` strategy also a model's fold of what was produced
@@ -30,10 +30,10 @@ from compactlog.iceberg import state_table_location, sync_state_table
 from compactlog.storage.merging import merge_small_segments
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
-from iceberg_readers import ENGINES, StateRow, read_state, snapshots
-from iceberg_support import expected_state
 from local_engine import LocalCompactionService
+from support.fakes import FakeClock
+from support.iceberg_readers import ENGINES, StateRow, read_state, snapshots
+from support.iceberg_support import expected_state
 
 TOPIC = "ticks"
 PARTITIONS = 2

@@ -17,9 +17,16 @@ from compactlog.iceberg import expire_snapshots, state_table_location
 from compactlog.iceberg.kinds import STATE
 from compactlog.storage.holds import Holds
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
-from iceberg_readers import StateRow, snapshots
-from iceberg_support import TOPIC, assert_engines_read, compact, expected_state, produce, updates
+from support.fakes import FakeClock
+from support.iceberg_readers import StateRow, snapshots
+from support.iceberg_support import (
+    TOPIC,
+    assert_engines_read,
+    compact,
+    expected_state,
+    produce,
+    updates,
+)
 
 DELAY_MS = 1000
 CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",

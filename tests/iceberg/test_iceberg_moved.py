@@ -18,9 +18,9 @@ from compactlog.iceberg import (
 )
 from compactlog.iceberg.kinds import RAW, STATE
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
-from iceberg_readers import data_files, read_state, snapshots
-from iceberg_support import CONFIG, TOPIC, compact, expected_state, produce, updates
+from support.fakes import FakeClock
+from support.iceberg_readers import data_files, read_state, snapshots
+from support.iceberg_support import CONFIG, TOPIC, compact, expected_state, produce, updates
 
 DELAY_S = 3600  # CONFIG's file.delete.delay.ms
 

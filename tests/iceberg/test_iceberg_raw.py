@@ -20,10 +20,10 @@ from compactlog.storage.merging import merge_small_segments
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.sealed import file_crc32c
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
-from iceberg_readers import ENGINES, StateRow, data_files, read_state, snapshots
-
-TOPIC = "events"
+from support.fakes import FakeClock
+from support.iceberg_raw import TOPIC, raw_rows
+from support.iceberg_readers import ENGINES, StateRow, data_files, read_state, snapshots
+from support.paths import ROOT
 
 
 @pytest.fixture
@@ -36,18 +36,6 @@ def store(tmp_path: Path, clock: FakeClock) -> LogStore:
 
 def table(store: LogStore) -> str:
     return state_table_location(store, TOPIC, "raw")
-
-
-def raw_rows(store: LogStore, topic: str = TOPIC) -> list[StateRow]:
-    """The raw view's sealed part, as the Reader serves it."""
-    rows: list[StateRow] = []
-    for partition in store.topic(topic).partitions:
-        end = partition.manifest.sealed_end_offset
-        for record in partition.read(0, 100_000, 1 << 30):
-            if record.offset < end:
-                rows.append((partition.index, record.offset, record.key, record.value,
-                             tuple(record.headers)))
-    return sorted(rows)
 
 
 def seal_batches(store: LogStore, clock: FakeClock, start: int, batches: int,
@@ -158,7 +146,7 @@ def test_the_querying_pages_raw_table_example(tmp_path: Path, clock: FakeClock) 
     import subprocess
     import sys
 
-    page = (Path(__file__).resolve().parent.parent / "docs" / "querying.md").read_text()
+    page = (ROOT / "docs" / "querying.md").read_text()
     section = page.split("## The raw log as an Iceberg table", 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
     with LogStore.open(tmp_path / "compactlog-data", clock=clock) as opened:
@@ -181,7 +169,7 @@ def test_switching_the_raw_table_off_drops_it_and_frees_its_segments(
     holds, and the sweep deletes them; the state table keeps its snapshots and holds."""
     from compactlog.iceberg.catalog import table_names
     from compactlog.iceberg.kinds import RAW, STATE
-    from iceberg_support import compact, expected_state
+    from support.iceberg_support import compact, expected_state
 
     name = "both"
     store.create_topic(name, 2, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",

@@ -35,8 +35,8 @@ from compactlog.server.security.acl_model import AclBinding, Operation, PatternT
 from compactlog.server.security.acl_model import ResourceType as Kind
 from compactlog.server.security.authorizer import AuthorizationConfig, Authorizer
 from compactlog.storage.store import LogStore
-from iceberg_readers import StateRow, _row, duckdb_connection, extension_path
-from iceberg_support import (
+from support.iceberg_readers import StateRow, _row, duckdb_connection, extension_path
+from support.iceberg_support import (
     CONFIG,
     compact,
     duckdb_on_s3,
@@ -45,10 +45,11 @@ from iceberg_support import (
     pyiceberg_properties,
     updates,
 )
-from kafka_server import LoggedServer, logged_server
-from s3_support import S3Server, s3_fixture  # noqa: F401  (the `s3` fixture)
+from support.kafka_server import LoggedServer, logged_server
+from support.paths import ROOT
+from support.s3_support import S3Server
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "querying.md"
+DOC = ROOT / "docs" / "querying.md"
 SECTION = "## The REST catalog"
 DOC_URL = "http://127.0.0.1:9093"
 DOC_TOKEN = "3f6a0c5e9d1b47f2a8c4e7b6d5a3f1e0c9b8a7d6e5f4a3b2"
@@ -353,7 +354,7 @@ def test_the_raw_namespace_serves_the_raw_tables(tmp_path: Path) -> None:
     """Namespace `raw`: a topic with iceberg.raw.enabled, its sealed log read through the
     catalog by pyiceberg and DuckDB, tombstones included; a topic without it has none."""
     from compactlog.iceberg import state_table_location, sync_raw_table
-    from test_iceberg_raw import raw_rows
+    from support.iceberg_raw import raw_rows
 
     with LogStore.open(tmp_path / "data") as store:
         store.create_topic("events", 2, {"iceberg.raw.enabled": "true"})

@@ -1,5 +1,5 @@
 """The compacted state table (compactlog/iceberg): read by DuckDB, pyiceberg and Polars
-(tests/iceberg_readers.py, which import nothing of compactlog), it equals the compacted
+(tests/support/iceberg_readers.py, which import nothing of compactlog), it equals the compacted
 view's live keys and latest values up to each partition's horizon, as the Reader serves
 the view (`Partition.read_compacted`); its data files are the ledger files themselves;
 each compaction commit makes one snapshot, and every snapshot reads as the state it was
@@ -19,9 +19,9 @@ from compactlog.iceberg import state_table_location, sync_state_table
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.sealed import file_crc32c
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
-from iceberg_readers import StateRow, data_files, read_state, snapshots
-from iceberg_support import (
+from support.fakes import FakeClock
+from support.iceberg_readers import StateRow, data_files, read_state, snapshots
+from support.iceberg_support import (
     CONFIG,
     TOPIC,
     assert_engines_read,

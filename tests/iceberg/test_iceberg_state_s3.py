@@ -13,11 +13,11 @@ from pyiceberg.table import StaticTable
 
 from compactlog.iceberg import state_table_location
 from compactlog.storage.store import LogStore
-from iceberg_readers import StateRow, _row
-from iceberg_support import duckdb_on_s3, expected_state, pyiceberg_properties, updates
 from local_engine import LocalCompactionService
-from s3_faults import S3Proxy, s3_proxy_fixture  # noqa: F401  (the `s3_proxy` fixture)
-from s3_support import S3Server, s3_fixture  # noqa: F401  (the `s3` fixture)
+from support.iceberg_readers import StateRow, _row
+from support.iceberg_support import duckdb_on_s3, expected_state, pyiceberg_properties, updates
+from support.s3_faults import S3Proxy
+from support.s3_support import S3Server
 
 
 def test_the_state_table_in_the_bucket(s3: S3Server, monkeypatch: pytest.MonkeyPatch,
@@ -62,7 +62,7 @@ def test_retained_snapshots_keep_their_files_in_the_bucket_until_they_expire(
     retired by the next run and past file.delete.delay.ms, stay while it is retained and
     read in pyiceberg; once it expires, the sweep deletes them from the bucket."""
     from compactlog.iceberg import expire_snapshots
-    from fakes import FakeClock
+    from support.fakes import FakeClock
 
     for name, value in s3.env.items():
         monkeypatch.setenv(name, value)
@@ -108,7 +108,7 @@ def test_expiry_reads_a_hold_once_and_only_where_it_may_shrink(
     partition's document was loaded twice, has() then replace(), in both cases)."""
     from compactlog.iceberg import expire_snapshots, sync_after_compaction
     from compactlog.iceberg.expiry import expire
-    from fakes import FakeClock
+    from support.fakes import FakeClock
 
     for name, value in s3_proxy.env.items():
         monkeypatch.setenv(name, value)

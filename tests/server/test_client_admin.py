@@ -1,7 +1,7 @@
 """The admin calls of the four clients against `compactlog serve`: each lists all topics,
 alters a topic config with every API it has (AlterConfigs, IncrementalAlterConfigs),
 deletes records and deletes a consumer group, where the client has a call for it
-(tests/compat.py lists what each lacks). Their produce/consume/compaction scenarios are
+(tests/support/compat.py lists what each lacks). Their produce/consume/compaction scenarios are
 in test_server_scenarios.py.
 
 The clients check the server's ApiVersions answer before they send, so each call here
@@ -38,8 +38,8 @@ from kafka import KafkaAdminClient, KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from apps_support import create_topic, produce, run_isolated, server_config, topic_configs
-from kafka_server import LoggedServer, logged_server
+from support.apps_support import create_topic, produce, run_isolated, server_config, topic_configs
+from support.kafka_server import LoggedServer, logged_server
 
 TIMEOUT_S = 30
 TOPICS: dict[str, dict[str, str]] = {"plain": {}, "compacted": {"cleanup.policy": "compact"}}

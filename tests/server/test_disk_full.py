@@ -25,7 +25,7 @@ from compactlog.compaction import load_factory
 from compactlog.errors import CompactlogError
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
-from kafka_server import logged_server
+from support.kafka_server import logged_server
 
 FS_BYTES = 24 * 1024 * 1024
 BALLOON_BYTES = 8 * 1024 * 1024

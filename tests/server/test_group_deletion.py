@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
-from admin_wire import consumer_subscription
 from compactlog import faults
 from compactlog.server.coordinator.group_coordinator import GroupCoordinator
 from compactlog.server.coordinator.group_model import (
@@ -21,6 +20,7 @@ from compactlog.server.coordinator.group_model import (
     Member,
     subscribed_topics,
 )
+from support.admin_wire import consumer_subscription
 
 
 def fail_at(kind: str) -> faults.Injector:

@@ -17,13 +17,12 @@ import pytest
 from kio.schema.errors import ErrorCode
 from scramp import ScramClient
 
-from hostile_support import SASL_AUTHENTICATE, SASL_HANDSHAKE, hostile_server
-from kafka_server import COMPACTLOG, logged_server
-from process_usage import cpu_seconds
-from s3_faults import S3Proxy, s3_proxy_fixture  # noqa: F401  (the `s3_proxy` fixture)
-from s3_support import s3_fixture  # noqa: F401  (the `s3` fixture)
-from security_support import PASSWORD, _listeners
-from test_server_bad_input import Wire
+from support.hostile_support import SASL_AUTHENTICATE, SASL_HANDSHAKE, hostile_server
+from support.kafka_server import COMPACTLOG, logged_server
+from support.process_usage import cpu_seconds
+from support.s3_faults import S3Proxy
+from support.security_support import PASSWORD, _listeners
+from support.wire import Wire
 
 NO_DELAY = "sasl_failure_delay_s = 0.0\n"
 

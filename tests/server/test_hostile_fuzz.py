@@ -1,4 +1,4 @@
-"""The hostile-client suite (issue 25): a fuzzer (tests/hostile_fuzz.py) sends every API
+"""The hostile-client suite (issue 25): a fuzzer (tests/support/hostile_fuzz.py) sends every API
 the server advertises in ApiVersions, at every advertised version and one past it, with
 null, empty, full, repeated, huge and random fields and as malformed raw frames
 (truncated, wrong and hostile lengths, garbage tags, bad compact lengths, flipped bits,
@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
-from hostile_fuzz import (
+from support.hostile_fuzz import (
     MODES,
     Findings,
     FuzzConnection,
@@ -47,9 +47,9 @@ from hostile_fuzz import (
     loopback_source,
     percentile,
 )
-from hostile_support import hostile_server
-from process_usage import MIB
-from test_server_bad_input import Wire
+from support.hostile_support import hostile_server
+from support.process_usage import MIB
+from support.wire import Wire
 
 PEAK_RSS_BOUND = 600 * MIB
 GOOD_P99_BOUND_S = 2.0

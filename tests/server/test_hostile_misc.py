@@ -20,10 +20,10 @@ from pathlib import Path
 
 from kio.schema.errors import ErrorCode
 
-from hostile_support import TOPIC, fetch_frame, hostile_server, plain_login, read_response
-from kafka_server import COMPACTLOG, logged_server
-from security_support import Pki, secured_server
-from test_server_bad_input import Wire, request_frame
+from support.hostile_support import TOPIC, fetch_frame, hostile_server, plain_login, read_response
+from support.kafka_server import COMPACTLOG, logged_server
+from support.security_support import Pki, secured_server
+from support.wire import Wire, request_frame
 
 CREATE_TOPICS, API_VERSIONS = 19, 18
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from kio.schema.errors import ErrorCode
 
-from hostile_support import (
+from support.admin import metrics, sample, wait_until
+from support.hostile_support import (
     API_VERSIONS,
     METADATA,
     PRODUCE,
@@ -30,11 +31,10 @@ from hostile_support import (
     TOPIC,
     hostile_server,
     plain_login,
+    produce_frame,
 )
-from process_usage import Usage
-from test_server_admin import metrics, sample, wait_until
-from test_server_bad_input import Wire, request_frame
-from test_server_limits import produce_frame
+from support.process_usage import Usage
+from support.wire import Wire, request_frame
 
 MIB = 1 << 20
 

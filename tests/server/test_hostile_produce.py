@@ -24,9 +24,9 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from compactlog.storage.records import CODECS, CRC_START, HEADER
-from hostile_support import PRODUCE, TOPIC, hostile_server
-from process_usage import MIB, Usage
-from test_server_bad_input import Wire, request_frame
+from support.hostile_support import PRODUCE, TOPIC, hostile_server
+from support.process_usage import MIB, Usage
+from support.wire import Wire, request_frame
 
 ZEROS = bytes(MIB)
 

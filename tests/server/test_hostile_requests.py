@@ -17,8 +17,9 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from hostile_support import (
+from support.hostile_support import (
     API_VERSIONS,
+    AUTHORIZER_ON,
     FETCH,
     JOIN_GROUP,
     METADATA,
@@ -28,12 +29,10 @@ from hostile_support import (
     hostile_server,
     read_response,
 )
-from process_usage import MIB, Usage
-from test_server_bad_input import Wire, request_frame
+from support.process_usage import MIB, Usage
+from support.wire import Wire, request_frame
 
 DESCRIBE_GROUPS, CREATE_PARTITIONS, FIND_COORDINATOR = 15, 37, 10
-
-AUTHORIZER_ON = "[authorization]\nenabled = true\n"
 
 
 # -- item 5: the log throttle and what it is keyed by ----------------------------------
@@ -190,7 +189,7 @@ def test_a_large_frame_is_decoded_off_the_event_loop(tmp_path: Path) -> None:
 
 def test_a_response_of_many_entries_is_encoded_off_the_event_loop(tmp_path: Path) -> None:
     """A 393 KiB DescribeGroups naming group g 131,072 times (found by the hostile-client
-    fuzzer, tests/test_hostile_fuzz.py). Kafka answers each entry, so the response holds
+    fuzzer, tests/server/test_hostile_fuzz.py). Kafka answers each entry, so the response holds
     131,072 groups (2.4 MiB), which kio took 3.1 s to encode; the event loop did it, and
     another client waited 6.56 s of the request's 6.70 s (98 %) at once. Now responses of
     more than 2,000 entries are encoded on the decoding thread, and the loop keeps its
@@ -292,7 +291,7 @@ def test_session_timeout_bounds_are_settings(tmp_path: Path) -> None:
         assert join(wire, 20_001).error_code is ErrorCode.invalid_session_timeout
 
 
-# -- found by the hostile-client fuzzer (tests/test_hostile_fuzz.py) -------------------
+# -- found by the hostile-client fuzzer (tests/server/test_hostile_fuzz.py) -------------------
 
 
 def test_create_partitions_of_many_topics_costs_linear_cpu(tmp_path: Path) -> None:

@@ -18,12 +18,11 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.storage.store import LogStore
-from conftest import TESTS_DIR
-from hostile_support import JOIN_GROUP, METADATA, TOPIC, hostile_server
-from process_usage import Usage
-from test_hostile_requests import AUTHORIZER_ON
-from test_server_admin import get, http, wait_until
-from test_server_bad_input import Wire, request_frame
+from support.admin import get, http, wait_until
+from support.hostile_support import AUTHORIZER_ON, JOIN_GROUP, METADATA, TOPIC, hostile_server
+from support.paths import TESTS_DIR
+from support.process_usage import Usage
+from support.wire import Wire, request_frame
 
 # -- item 7: lookups by topic id -----------------------------------------------------------
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -27,14 +26,12 @@ from kafka.admin import MemberToRemove
 from kafka.errors import NoError, UnknownMemberIdError
 from kio.schema.errors import ErrorCode
 
-from admin_wire import commit, consumer_subscription, listed_groups, serve
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer
-from test_server_bad_input import Wire, request_frame
-
-JOIN_GROUP, SYNC_GROUP, LEAVE_GROUP, DESCRIBE_GROUPS = 11, 14, 13, 15
-SUBSCRIPTION = consumer_subscription("t")
+from support.admin_wire import listed_groups, serve
+from support.group_wire import JOIN_GROUP, LEAVE_GROUP, SYNC_GROUP, answer, join_fields, kept, state
+from support.kafka_server import LoggedServer
+from support.wire import Wire, request_frame
 
 
 def prepare(store: LogStore) -> None:
@@ -54,28 +51,10 @@ def wire(server: LoggedServer) -> Iterator[Wire]:
         yield connection
 
 
-def kept(wire: Wire, group: str) -> str:
-    """A new group name, with a committed offset so that it outlives its members."""
-    commit(wire, group, {("t", 0): 1})
-    return group
-
-
-def join_fields(group: str, member_id: str = "", instance: str | None = None) -> dict[str, Any]:
-    return {"group_id": group, "member_id": member_id, "group_instance_id": instance,
-            "session_timeout": timedelta(seconds=30),
-            "rebalance_timeout": timedelta(seconds=30), "protocol_type": "consumer",
-            "protocols": [{"name": "range", "metadata": SUBSCRIPTION}]}
-
-
 def send_join(wire: Wire, group: str, member_id: str = "", instance: str | None = None,
               version: int = 5) -> None:
     """Send a JoinGroup without waiting for its answer (`answer(wire, JOIN_GROUP)`)."""
     wire.send(request_frame(JOIN_GROUP, version, join_fields(group, member_id, instance), 11))
-
-
-def answer(wire: Wire, api_key: int, version: int = 5) -> Any:
-    _, body = wire.response(api_key, version)
-    return body
 
 
 def joined(wire: Wire, group: str, member_id: str = "", instance: str | None = None) -> Any:
@@ -113,14 +92,6 @@ def leave(wire: Wire, version: int, group: str,
 def codes(body: Any) -> list[tuple[str, str | None, ErrorCode]]:
     assert body.error_code is ErrorCode.none, body
     return [(m.member_id, m.group_instance_id, m.error_code) for m in body.members]
-
-
-def state(wire: Wire, group: str) -> tuple[str, list[str]]:
-    """The group's state and its members' ids (DescribeGroups)."""
-    body = wire.call(DESCRIBE_GROUPS, 5, {"groups": [group],
-                                          "include_authorized_operations": False})
-    (described,) = body.groups
-    return described.group_state, [m.member_id for m in described.members]
 
 
 @pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5])

@@ -13,13 +13,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from compactlog import LogStore
-from s3_support import (
+from support.failover import free_port, serve
+from support.s3_support import (
     S3Server,
-    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-from test_failover_s3 import free_port, serve
-from test_server_files import consume_from_zero
+from support.server_files import consume_from_zero
 
 TOPIC = "events"
 ROUNDS = 40

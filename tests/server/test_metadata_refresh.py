@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 
-from apps_support import create_topic, run_isolated, server_config
-from kafka_server import logged_server
+from support.apps_support import create_topic, run_isolated, server_config
+from support.kafka_server import logged_server
 
 REFRESH_MS = 1000
 REFRESHES = 3  # each client refreshes at least this often before the run ends

@@ -31,12 +31,10 @@ from compactlog.server.producer_ids import ID_DOCUMENT, DocumentIdAllocator
 from compactlog.server.security.acl_model import Operation, Permission, new_binding
 from compactlog.server.security.authorizer import ACL_DIR, AuthorizationConfig, Authorizer
 from compactlog.server.security.credentials import DIRECTORY, CredentialStore, make_credential
-from fakes import FakeClock
-from s3_support import (
+from support.fakes import FakeClock
+from support.s3_support import (
     FaultyClient,
     S3Server,
-    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
 TTL_S = 10.0

@@ -19,19 +19,15 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import struct
-import tempfile
 import typing
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kio.index import UnknownEntity, load_request_schema
 from kio.schema.errors import ErrorCode
 
-from compactlog.server.broker import Broker
-from compactlog.server.handlers import register_all
 from compactlog.server.protocol.frame_guard import encode_uvarint
 from compactlog.server.protocol.messages import (
     ProtocolError,
@@ -39,24 +35,12 @@ from compactlog.server.protocol.messages import (
     UnsupportedVersion,
     parse_request,
 )
-from compactlog.storage.store import LogStore
-from test_protocol_fuzz import encode_request
+from support.versions import ADVERTISED, SERVED
+from support.wire import encode_request
 
 METADATA, FETCH = 3, 1
 
 
-def tables() -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
-    """(served, advertised) version tables, as `compactlog serve` builds them."""
-    with tempfile.TemporaryDirectory() as directory, LogStore.open(Path(directory)) as store:
-        broker = Broker(store, "127.0.0.1", 9092)
-        try:
-            register_all(broker)
-            return dict(broker.versions), dict(broker.advertised)
-        finally:
-            broker.close()
-
-
-SERVED, ADVERTISED = tables()
 ADVERTISED_VERSIONS = [(key, version) for key, (low, high) in sorted(ADVERTISED.items())
                        for version in range(low, high + 1)]
 SERVED_VERSIONS = [(key, version) for key, version in ADVERTISED_VERSIONS

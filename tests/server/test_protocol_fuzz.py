@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
-import io
 import os
 import socket
 import struct
@@ -43,7 +42,7 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import Records
 
 from compactlog.server.broker import Broker
@@ -60,9 +59,11 @@ from compactlog.server.protocol.messages import (
 )
 from compactlog.storage.records import ProducerRecord, encode_batch
 from compactlog.storage.store import LogStore
-from test_server_bad_input import Wire, logged_server
+from support.kafka_server import logged_server
+from support.paths import TESTS_DIR
+from support.wire import Wire, encode_request
 
-TESTS_DIR = Path(__file__).parent
+HERE = Path(__file__).parent  # this module's folder, for the child's `import test_protocol_fuzz`
 # kio's `records` fields are a bytes subtype that Hypothesis cannot build by itself.
 st.register_type_strategy(Records, st.binary(max_size=80).map(Records))
 
@@ -82,18 +83,6 @@ TABLE = served_table()
 SERVED = [(key, version) for key, (low, high) in sorted(TABLE.items())
           for version in range(low, high + 1)]
 FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck))
-
-
-def encode_request(body: Any, correlation_id: int = 1, client_id: str | None = "fuzz") -> bytes:
-    """A request frame without its length prefix, as a client writes it (kio)."""
-    schema = type(body)
-    header_schema: Any = schema.__header_schema__
-    out = io.BytesIO()
-    entity_writer(header_schema)(out, header_schema(
-        request_api_key=schema.__api_key__, request_api_version=schema.__version__,
-        correlation_id=correlation_id, client_id=client_id))
-    entity_writer(schema)(out, body)
-    return out.getvalue()
 
 
 # -- bodies with one of everything -------------------------------------------------------
@@ -169,7 +158,7 @@ def hostile_sweep() -> int:
 
 def test_hostile_lengths_at_every_position_never_kill_the_process() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))}
+        filter(None, [str(HERE), str(TESTS_DIR), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
         [sys.executable, "-c", "import test_protocol_fuzz as t; print(t.hostile_sweep())"],
         capture_output=True, text=True, env=env, timeout=300)
@@ -248,7 +237,6 @@ def test_parse_request_on_damaged_frames(request: tuple[Any, int, str | None],
 
 
 # -- Hypothesis: round trips -------------------------------------------------------------
-
 
 
 unknown_tags = st.lists(st.tuples(st.integers(0, 2**31 - 1), st.binary(max_size=10)),

@@ -8,7 +8,7 @@ import time
 
 from compactlog.log_throttle import Throttle, held_back
 from compactlog.server.network.request_budget import RequestBudget
-from fakes import FakeClock
+from support.fakes import FakeClock
 
 
 async def settle() -> None:

@@ -20,10 +20,16 @@ from typing import Any
 
 import pytest
 
-from security_support import PASSWORD, Pki, SecuredServer, add_user, secured_server
-
-COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}
-RECORDS = {f"k{i}".encode(): f"v{i}".encode() for i in range(20)}
+from support.security_support import (
+    COMPACTED,
+    PASSWORD,
+    RECORDS,
+    Pki,
+    SecuredServer,
+    add_user,
+    confluent_round_trip,
+    secured_server,
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,37 +53,6 @@ def confluent_settings(server: SecuredServer, pki: Pki, mechanism: str) -> dict[
             "security.protocol": "SASL_SSL", "sasl.mechanism": mechanism,
             "sasl.username": "alice", "sasl.password": PASSWORD,
             "ssl.ca.location": str(pki.ca.path)}
-
-
-def confluent_round_trip(settings: dict[str, Any]) -> dict[bytes, bytes]:
-    from confluent_kafka import Consumer, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    topic = f"t-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient(settings)
-    for future in admin.create_topics([NewTopic(topic, 1, 1, config=COMPACTED)]).values():
-        future.result(30)
-    producer = Producer({**settings, "acks": "all"})
-    for key, value in RECORDS.items():
-        producer.produce(topic, value, key)
-    assert producer.flush(30) == 0
-    consumer = Consumer({**settings, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})
-    try:
-        consumer.subscribe([topic])
-        seen: dict[bytes, bytes] = {}
-        for _ in range(600):
-            message = consumer.poll(0.1)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            seen[message.key()] = message.value()
-            if len(seen) == len(RECORDS):
-                consumer.commit(asynchronous=False)
-                break
-    finally:
-        consumer.close()
-    return seen
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])

@@ -14,7 +14,7 @@ import pytest
 from compactlog.cli.serve import build_listeners, load_settings
 from compactlog.errors import UserError
 from compactlog.server.security.credentials import CredentialStore
-from kafka_server import COMPACTLOG
+from support.kafka_server import COMPACTLOG
 
 
 def names(listeners: list[object]) -> list[tuple[str, str, str, int]]:

@@ -20,8 +20,8 @@ from kio.schema.errors import ErrorCode
 from scramp import ScramClient
 
 from compactlog.server.security.sasl_mechanisms import FailureDelay
-from security_support import PASSWORD, Pki, SecuredServer, add_user, secured_server
-from test_server_bad_input import Wire, request_frame
+from support.security_support import PASSWORD, Pki, SecuredServer, add_user, secured_server
+from support.wire import Wire, request_frame
 
 HANDSHAKE, AUTHENTICATE, METADATA, API_VERSIONS = 17, 36, 3, 18
 DESCRIBE_SCRAM, ALTER_SCRAM = 50, 51
@@ -272,7 +272,7 @@ def test_users_added_and_deleted_by_the_cli_while_the_server_runs(
         server: SecuredServer) -> None:
     import subprocess
 
-    from kafka_server import COMPACTLOG
+    from support.kafka_server import COMPACTLOG
 
     add_user(server.data_dir, "erin", "erin-password")
     with Wire(address(server)) as wire:

@@ -17,8 +17,8 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from compactlog.server.security.tls import certificate_principal
-from security_support import Issued, Pki, SecuredServer, secured_server
-from test_server_bad_input import request_frame
+from support.security_support import Issued, Pki, SecuredServer, secured_server
+from support.wire import request_frame
 
 API_VERSIONS, METADATA, ALTER_SCRAM = 18, 3, 51
 
@@ -215,7 +215,7 @@ def test_a_failed_reload_keeps_the_certificate_in_use(mtls: SecuredServer, pki: 
 def test_confluent_kafka_over_mutual_tls(mtls: SecuredServer, pki: Pki) -> None:
     """librdkafka with a client certificate: produces to a compacted topic and consumes
     it with a group; its principal is the certificate's subject."""
-    from test_security_clients import RECORDS, confluent_round_trip
+    from support.security_support import RECORDS, confluent_round_trip
 
     mark = mtls.server.mark()
     settings = {"bootstrap.servers": mtls.address("SSL"), "security.protocol": "SSL",

@@ -57,8 +57,8 @@ from compactlog.server.security.acl_model import ResourceType as Kind
 from compactlog.server.security.authorizer import AuthorizationConfig, Authorizer
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from conftest import TESTS_DIR
-from kafka_server import COMPACTLOG, LoggedServer, logged_server
+from support.kafka_server import COMPACTLOG, LoggedServer, logged_server
+from support.paths import TESTS_DIR
 
 ANON = "User:ANONYMOUS"
 TOPICS = ("orders", "orders-eu", "secret")

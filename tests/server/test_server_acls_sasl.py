@@ -38,7 +38,7 @@ from kafka.admin import (
 )
 from kafka.admin import ResourceType as KpResourceType
 
-from security_support import PASSWORD, Pki, SecuredServer, add_user, secured_server
+from support.security_support import PASSWORD, Pki, SecuredServer, add_user, secured_server
 
 LISTENER = "SASL_PLAINTEXT"
 

@@ -58,7 +58,7 @@ from kafka.errors import InvalidPartitionsError
 from compactlog.compaction import load_factory
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
+from support.kafka_server import LoggedServer, logged_server
 
 KCAT = shutil.which("kcat")
 needs_kcat = pytest.mark.skipif(KCAT is None,

@@ -17,107 +17,37 @@ the server runs, and `max_request_bytes = 1000` from a --config file.
 
 from __future__ import annotations
 
-import io
 import random
-import socket
 import struct
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
 
 from compactlog.server.protocol.frame_guard import encode_uvarint
-from compactlog.server.protocol.messages import build
 from compactlog.storage.records import ProducerRecord, encode_batch
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
+from support.kafka_server import LoggedServer, logged_server
+from support.wire import (
+    API_VERSIONS,
+    CLIENT_ID,
+    FETCH,
+    METADATA,
+    PRODUCE,
+    Wire,
+    request_frame,
+    with_length,
+)
 
 MAX_REQUEST_BYTES = 1000
 PLAIN, PRICES, SCRATCH = "plain", "prices", "scratch"
-API_VERSIONS, METADATA, PRODUCE, FETCH = 18, 3, 0, 1
-CLIENT_ID = "bad-input"
 
 
 # -- requests and responses over a raw socket -----------------------------------------
-
-def request_frame(api_key: int, version: int, fields: Mapping[str, Any] | object,
-                  correlation_id: int = 1, client_id: str | None = CLIENT_ID) -> bytes:
-    """A whole request frame, length prefix included; `fields` is a kio request entity
-    or a dict that `build` completes (missing fields get neutral values)."""
-    schema = load_request_schema(api_key, version)
-    body = fields if isinstance(fields, schema) else build(schema, fields)  # type: ignore[arg-type]
-    header_schema: Any = schema.__header_schema__
-    out = io.BytesIO()
-    entity_writer(header_schema)(out, header_schema(
-        request_api_key=api_key, request_api_version=version,
-        correlation_id=correlation_id, client_id=client_id))
-    entity_writer(schema)(out, body)
-    return with_length(out.getvalue())
-
-
-def with_length(frame: bytes) -> bytes:
-    return struct.pack(">i", len(frame)) + frame
-
-
-class Wire:
-    """One raw connection to the server."""
-
-    def __init__(self, address: tuple[str, int], timeout: float = 10.0,
-                 source: str | None = None) -> None:
-        """`source`: the local address to connect from (any 127.x works on loopback)."""
-        self.sock = socket.create_connection(
-            address, timeout=timeout, source_address=None if source is None else (source, 0))
-        self.port = self.sock.getsockname()[1]
-
-    def __enter__(self) -> Wire:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def read_exactly(self, size: int) -> bytes:
-        chunks, got = [], 0
-        while got < size:
-            chunk = self.sock.recv(size - got)
-            if not chunk:
-                raise ConnectionError(f"closed after {got} of {size} bytes")
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
-
-    def response(self, api_key: int, version: int) -> tuple[int, Any]:
-        """(correlation id, body) of the next response, read as `version` of `api_key`."""
-        (size,) = struct.unpack(">i", self.read_exactly(4))
-        frame = self.read_exactly(size)
-        schema = load_response_schema(api_key, version)
-        header, used = entity_reader(schema.__header_schema__)(frame, 0)
-        body, body_size = entity_reader(schema)(frame, used)
-        assert used + body_size == len(frame), "the response has trailing bytes"
-        return header.correlation_id, body
-
-    def call(self, api_key: int, version: int, fields: Mapping[str, Any] | object,
-             correlation_id: int = 7) -> Any:
-        self.send(request_frame(api_key, version, fields, correlation_id))
-        got, body = self.response(api_key, version)
-        assert got == correlation_id
-        return body
-
-    def is_closed_by_server(self) -> bool:
-        """True once the server closes the connection; False if it sends anything."""
-        try:
-            data = self.sock.recv(1)
-        except ConnectionResetError:
-            return True
-        return data == b""
 
 
 def closing_line(port: int) -> str:
@@ -365,7 +295,6 @@ def test_api_versions_of_a_too_new_version_gets_the_kip_511_answer(
 
 
 # -- hostile lengths inside a frame ------------------------------------------------------
-
 
 
 @pytest.mark.parametrize(("frame", "logged"), [

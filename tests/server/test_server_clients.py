@@ -15,7 +15,7 @@ from kafka.errors import InvalidRecordError, TopicAlreadyExistsError
 from compactlog import LogStore
 from compactlog.compaction import load_factory
 from compactlog.storage.records import ProducerRecord
-from kafka_server import running_server
+from support.kafka_server import create_topic, running_server
 
 COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
              "segment.bytes": "4096", "delete.retention.ms": "0"}
@@ -25,14 +25,6 @@ COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
 def server(tmp_path: Path) -> Iterator[str]:
     with running_server(tmp_path / "data") as bootstrap:
         yield bootstrap
-
-
-def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str]) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.create_topics([NewTopic(name, partitions, 1, topic_configs=config)])
-    finally:
-        admin.close()
 
 
 def consume_all(bootstrap: str, topic: str, partitions: int, expected: int,

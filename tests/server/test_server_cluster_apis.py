@@ -15,11 +15,11 @@ import pytest
 from kafka import KafkaProducer
 from kio.schema.errors import ErrorCode
 
-from admin_wire import API_VERSIONS, serve
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
-from test_server_bad_input import Wire
+from support.admin_wire import API_VERSIONS, serve
+from support.kafka_server import LoggedServer, logged_server
+from support.wire import Wire
 
 (DESCRIBE_LOG_DIRS, CREATE_PARTITIONS, ELECT_LEADERS, ALTER_REASSIGNMENTS,
  LIST_REASSIGNMENTS, DESCRIBE_CLUSTER, DESCRIBE_PRODUCERS) = 35, 37, 43, 45, 46, 60, 61

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
-from admin_wire import (
+from compactlog.storage.store import LogStore
+from support.admin_wire import (
     ALTER_CONFIGS,
     BROKER,
     INCREMENTAL_ALTER_CONFIGS,
@@ -20,9 +21,8 @@ from admin_wire import (
     overrides,
     serve,
 )
-from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer
-from test_server_bad_input import Wire
+from support.kafka_server import LoggedServer
+from support.wire import Wire
 
 ALTER_VERSIONS = [0, 1, 2]
 INCREMENTAL_VERSIONS = [0, 1]

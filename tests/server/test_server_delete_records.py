@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
-from admin_wire import DELETE_RECORDS, serve
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer
-from test_server_bad_input import Wire
+from support.admin_wire import DELETE_RECORDS, serve
+from support.kafka_server import LoggedServer
+from support.wire import Wire
 
 VERSIONS = [0, 1, 2]
 LIST_OFFSETS, FETCH = 2, 1

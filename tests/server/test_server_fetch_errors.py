@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,9 @@ from compactlog.server.protocol.error_codes import error_code
 from compactlog.server.upkeep import Upkeep
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
-from test_server_admin import metrics, sample
-from test_server_bad_input import FETCH, Wire
+from support.admin import metrics, sample
+from support.kafka_server import LoggedServer, logged_server
+from support.wire import Wire, fetch
 
 TOPIC = "t"
 
@@ -56,18 +55,6 @@ def server(tmp_path: Path) -> Iterator[LoggedServer]:
     damage(segment)
     with logged_server(data, tmp_path / "server.log", "--admin-listen", "127.0.0.1:0") as up:
         yield up
-
-
-def fetch(wire: Wire, version: int, parts: list[tuple[str, int, int]]) -> dict[Any, Any]:
-    topics: dict[str, list[dict[str, Any]]] = {}
-    for name, index, offset in parts:
-        topics.setdefault(name, []).append(
-            {"partition": index, "fetch_offset": offset, "partition_max_bytes": 1 << 20})
-    body = wire.call(FETCH, version, {
-        "replica_id": -1, "max_wait": timedelta(milliseconds=10), "min_bytes": 1,
-        "max_bytes": 1 << 20, "isolation_level": 0, "session_epoch": -1,
-        "topics": [{"topic": name, "partitions": p} for name, p in topics.items()]})
-    return {(t.topic, p.partition_index): p for t in body.responses for p in t.partitions}
 
 
 def test_storage_errors_are_kafka_storage_error() -> None:

@@ -12,18 +12,18 @@ replaced ledgers are closed (issue 11, breakages 3 and 8, with real processes).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from compactlog.compaction import load_factory
 from compactlog.storage.records import ProducerRecord, encode_batch, parse_header
 from compactlog.storage.sealed import WriteOptions, write_segment
 from compactlog.storage.store import LogStore
-from kafka_server import logged_server
+from support.kafka_server import logged_server
+from support.server_files import consume_from_zero, open_parquet_files
 
 SEGMENTS = 2000
 OPEN_FILES = 256
@@ -64,44 +64,6 @@ def build(data: Path) -> None:
         factory = load_factory("local_engine:LocalCompactionServiceFactory")
         factory.new_service(store, "compacted", {}).compact()
         add_sealed_segments(store, "compacted", SEGMENTS // 2, keys=100)
-
-
-def consume_from_zero(bootstrap: str, topic: str, end: int) -> list[int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
-                         "enable.auto.commit": False, "enable.partition.eof": True,
-                         "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 64 << 10})
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    offsets: list[int] = []
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(1.0)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF and offsets \
-                        and offsets[-1] == end - 1:
-                    return offsets
-                assert error.code() == KafkaError._PARTITION_EOF, f"{topic}: {error}"
-                continue
-            offsets.append(message.offset())
-    finally:
-        consumer.close()
-    raise AssertionError(f"{topic}: read {len(offsets)} records, last "
-                         f"{offsets[-1] if offsets else None}, in 120 s")
-
-
-def open_parquet_files(pid: int) -> list[str]:
-    found = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if ".parquet" in target:
-            found.append(target)
-    return found
 
 
 def test_a_server_with_256_open_files_serves_2000_segments_raw_and_compacted(

@@ -17,12 +17,11 @@ from confluent_kafka import Consumer, TopicPartition
 
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from kafka_server import logged_server
-from s3_support import (
+from support.kafka_server import logged_server
+from support.s3_support import (
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-from test_server_files import consume_from_zero, open_parquet_files
+from support.server_files import consume_from_zero, open_parquet_files
 
 SEGMENTS = 400
 OPEN_FILES = 128

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
-from admin_wire import (
+from compactlog.storage.store import LogStore
+from support.admin_wire import (
     commit,
     committed,
     consumer_subscription,
@@ -19,9 +20,8 @@ from admin_wire import (
     listed_groups,
     serve,
 )
-from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
-from test_server_bad_input import Wire
+from support.kafka_server import LoggedServer, logged_server
+from support.wire import Wire
 
 DELETE_GROUPS, OFFSET_DELETE = 42, 47
 VERSIONS = [0, 1, 2]

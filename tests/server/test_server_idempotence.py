@@ -31,7 +31,7 @@ from compactlog.server.producers import (
 )
 from compactlog.server.protocol.messages import build
 from compactlog.storage.records import BatchHeader, parse_header
-from kafka_server import running_server
+from support.kafka_server import running_server
 
 PRODUCE, INIT_PRODUCER_ID = 0, 22
 
@@ -448,7 +448,7 @@ def test_rebuild_bound_and_expiry(tmp_path: Path) -> None:
 
 def test_a_resend_is_recognised_however_many_small_segments_were_sealed_since(
         tmp_path: Path) -> None:
-    """Found while reading acks=all duplicates of the Jepsen harness (tests/test_jepsen.py,
+    """Found while reading acks=all duplicates of the Jepsen harness (tests/faults/test_jepsen.py,
     seed 2101): on an object store a segment is sealed every upload_interval_s, so after
     a take-over (or a restart) the state rebuilt from the last eight sealed segments
     covered well under a second; an idempotent producer that resent a batch stored

@@ -41,8 +41,8 @@ from compactlog.server.protocol.messages import (
 )
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
-from test_protocol_conformance import ADVERTISED, SERVED
+from support.kafka_server import LoggedServer, logged_server
+from support.versions import ADVERTISED, SERVED
 
 API_VERSIONS, METADATA = 18, 3
 TOPICS = ["lt-plain", "lt-prices", "other"]

@@ -31,12 +31,13 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kio.schema.errors import ErrorCode
 
-from compactlog.storage.records import ProducerRecord, encode_batch
+from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
-from test_cli import run
-from test_server_admin import metrics, sample, wait_until
-from test_server_bad_input import API_VERSIONS, FETCH, PRODUCE, Wire, request_frame
+from support.admin import metrics, sample, wait_until
+from support.cli import run
+from support.hostile_support import produce_frame
+from support.kafka_server import LoggedServer, logged_server
+from support.wire import API_VERSIONS, FETCH, PRODUCE, Wire, request_frame
 
 TOPIC = "t"
 MIB = 1 << 20
@@ -274,15 +275,6 @@ def test_a_client_that_reads_nothing_does_not_stop_a_shutdown(tmp_path: Path) ->
 
 
 # -- the request memory budget -------------------------------------------------------------
-
-
-def produce_frame(value_size: int, correlation_id: int = 5) -> bytes:
-    batch = encode_batch([ProducerRecord(b"big", b"x" * value_size)], 0)
-    return request_frame(PRODUCE, 9, {
-        "acks": -1, "timeout": timedelta(seconds=30),
-        "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records":
-                                                           bytes(batch)}]}],
-    }, correlation_id)
 
 
 def test_reads_pause_when_the_request_budget_is_spent(tmp_path: Path) -> None:

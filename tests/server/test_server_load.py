@@ -24,8 +24,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
-from test_server_admin import metrics, sample, wait_until
+from support.admin import metrics, sample, wait_until
+from support.kafka_server import LoggedServer, logged_server
 
 TOPIC = "t"
 IDLE, SLOW = 1000, 50

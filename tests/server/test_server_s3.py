@@ -17,14 +17,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from compactlog import LogStore
 from compactlog.storage.store import REMOTE_REFRESH_S
-from kafka_server import logged_server
-from s3_support import (
+from support.cli import ok, run
+from support.kafka_server import logged_server
+from support.s3_support import (
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-from test_cli import ok, run
 
 TOPIC = "prices"
 CONFIG = {"cleanup.policy": "compact", "segment.ms": "200", "delete.retention.ms": "0",

@@ -41,8 +41,8 @@ from kafka import TopicPartition as KpTopicPartition
 
 from compactlog import LogStore, ProducerRecord
 from compactlog.compaction import load_factory
-from kafka_server import running_server
-from test_server_clients import create_topic as kafka_python_create_topic
+from support.kafka_server import create_topic as kafka_python_create_topic
+from support.kafka_server import running_server
 
 # (partition, offset, key, value); a value of None is a tombstone.
 Rec = tuple[int, int, bytes, bytes | None]

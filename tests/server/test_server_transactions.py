@@ -34,8 +34,8 @@ from kio.schema.errors import ErrorCode
 
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
-from test_server_bad_input import Wire, request_frame
+from support.kafka_server import LoggedServer, logged_server
+from support.wire import Wire, request_frame
 
 PRODUCE, FETCH, LIST_OFFSETS, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 2, 10, 22
 GROUP, TRANSACTION, SHARE = 0, 1, 2

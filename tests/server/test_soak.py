@@ -17,16 +17,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from compactlog import LogStore
 from compactlog.client.reader import Reader
-from conftest import SPARK_TEST_CONF
-from test_server_admin import (
-    Servers,
-    create_topic,
-    get,
-    metrics,
-    sample,
-    server_config,
-    wait_until,
-)
+from support.admin import Servers, create_topic, get, metrics, sample, server_config, wait_until
+from support.spark import SPARK_TEST_CONF
 
 pytestmark = pytest.mark.slow
 

@@ -20,12 +20,12 @@ import pytest
 from confluent_kafka import Consumer
 from kio.schema.errors import ErrorCode
 
-from admin_wire import serve
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer
-from test_leave_group import JOIN_GROUP, SUBSCRIPTION, answer, join_fields, kept, state
-from test_server_bad_input import Wire, request_frame
+from support.admin_wire import serve
+from support.group_wire import JOIN_GROUP, SUBSCRIPTION, answer, join_fields, kept, state
+from support.kafka_server import LoggedServer
+from support.wire import Wire, request_frame
 
 SYNC_GROUP, HEARTBEAT, OFFSET_COMMIT = 14, 12, 8
 ASSIGNED = b"\x00\x01assignment of i1"

@@ -37,7 +37,7 @@ from compactlog.storage.records import (
 )
 from compactlog.storage.sealed import SealedSegment
 from compactlog.storage.store import LogStore
-from fakes import T0, FakeClock
+from support.fakes import T0, FakeClock
 
 BIG = 1 << 30
 COMPACT = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",

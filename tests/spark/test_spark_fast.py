@@ -11,9 +11,7 @@ from pyspark.sql import SparkSession
 
 from compactlog.spark import read_topic
 from compactlog.storage.store import LogStore
-from test_spark_source import TOPIC, data_dir, frame_rows, load, reader_rows
-
-__all__ = ["data_dir"]  # the module-scoped topic of test_spark_source, shared
+from support.spark_source import TOPIC, frame_rows, load, reader_rows
 
 
 @pytest.mark.parametrize("view", ["raw", "compacted"])

@@ -36,16 +36,15 @@ from compactlog.spark.read import read_part
 from compactlog.spark.source import CompactlogReader
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from s3_support import (
+from support.paths import SUPPORT_DIR, TESTS_DIR
+from support.s3_support import (
     ACCESS_KEY_ID,
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-from test_spark_source import millis
+from support.spark_source import millis
 
-TESTS_DIR = Path(__file__).parent
 TOPIC = "prices"
 PARTITIONS = 3
 CONFIG = {"cleanup.policy": "compact", "segment.bytes": "2048", "min.compaction.lag.ms": "0",
@@ -191,7 +190,7 @@ def run_job(s3: S3Server, url: str, tmp: Path, *args: str
            "PYSPARK_DRIVER_PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR),
                                                        os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(TESTS_DIR / "spark_s3_job.py"), url, TOPIC,
+    done = subprocess.run([sys.executable, str(SUPPORT_DIR / "spark_s3_job.py"), url, TOPIC,
                            *args], env=env, capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr[-4000:]

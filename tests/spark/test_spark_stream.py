@@ -23,7 +23,7 @@ from compactlog.spark.read import read_part
 from compactlog.spark.stream import _capped
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from test_spark_source import millis
+from support.spark_source import millis
 
 Row = tuple[int, int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
 TOPIC = "ticks"

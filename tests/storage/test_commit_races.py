@@ -21,7 +21,7 @@ from compactlog.compaction import load_factory
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
+from support.fakes import FakeClock
 
 TOPIC = "t"
 EVERYTHING = 1 << 30

@@ -1,6 +1,6 @@
 """Crash test: a writer process is SIGKILLed at random points during append and seal.
 
-The writer (tests/crash_writer.py) appends records whose content is a function of their
+The writer (tests/support/crash_writer.py) appends records whose content is a function of their
 (partition, offset) and acknowledges each append on stdout once it has returned. The
 segments are tiny, so the active segment rolls and is sealed into Parquet every few
 appends and many kills land in the middle of sealing. After each kill this test
@@ -51,9 +51,10 @@ from compactlog.storage.manifest import PartitionManifest
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import Record
 from compactlog.storage.store import LogStore
-from crash_writer import KILL_POINTS, PARTITIONS, TOPIC, expected_record
+from support.crash_writer import KILL_POINTS, PARTITIONS, TOPIC, expected_record
+from support.paths import SUPPORT_DIR
 
-WRITER = Path(__file__).with_name("crash_writer.py")
+WRITER = SUPPORT_DIR / "crash_writer.py"
 READY_TIMEOUT = 60.0
 READ_CHUNK = 2000
 FULL_CHECK_EVERY = 5  # other checks re-read only what was not verified before

@@ -11,10 +11,9 @@ from pyspark.sql import SparkSession
 from compactlog.errors import OffsetOutOfRangeError
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from engines import Engine, engine_fixture  # noqa: F401  (the `engine` fixture)
-from fakes import FakeClock
-from faultkit import read_all
-from test_durability_regressions import compact
+from support.engines import Engine, compact
+from support.fakes import FakeClock
+from support.faultkit import read_all
 
 COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.bytes": "1024",
              "file.delete.delay.ms": "0"}

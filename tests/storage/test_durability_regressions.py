@@ -31,20 +31,15 @@ from typing import Any
 import pytest
 
 from compactlog import fsutil
-from compactlog.compaction import load_factory
 from compactlog.errors import CompactlogError
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
+from support.engines import compact
+from support.fakes import FakeClock
 
 COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}
 DAY_MS = 24 * 3600 * 1000
-
-
-def compact(store: LogStore, topic: str, clock: FakeClock) -> Any:
-    factory = load_factory("local_engine:LocalCompactionServiceFactory")
-    return factory.new_service(store, topic, {"clock": clock}).compact()
 
 
 def view(partition: Partition) -> dict[bytes, bytes | None]:

@@ -4,7 +4,7 @@ reader sees, raw or compacted; it never makes a file straddle the compaction hor
 damaged input or a race with retention or DeleteRecords changes nothing. A merge and a
 compaction of one partition interleave in both orders (issue 21, item 3): whichever
 commits second conflicts when the merged file would straddle the new horizon, and the
-compacted view holds each key once. The store's model test (tests/test_model.py)
+compacted view holds each key once. The store's model test (tests/storage/test_model.py)
 interleaves merges with everything else."""
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
 from compactlog.tables import view_dataset
-from engines import CommitHookEngine, Engine, engine_fixture  # noqa: F401  (`engine`)
-from fakes import FakeClock
-from faultkit import compact
-from s3_support import (
+from support.engines import CommitHookEngine, Engine
+from support.fakes import FakeClock
+from support.faultkit import compact
+from support.s3_support import (
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
 
 TOPIC = "t"

@@ -14,12 +14,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from compactlog.backend import Location
 from compactlog.storage.partition import Partition
 from compactlog.storage.store import LogStore
-from s3_support import (
+from support.s3_support import (
     S3Server,
-    s3_env_fixture,  # noqa: F401  (the `s3_env` fixture)
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-from test_model import LogStoreModel, PartitionModel, model_settings
+from support.store_model import LogStoreModel, PartitionModel, model_settings
 
 
 class S3LogStoreModel(LogStoreModel):

@@ -18,8 +18,8 @@ from compactlog.errors import CompactlogError, PartitionFailedError
 from compactlog.storage import recovery
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
-from faultkit import read_all
+from support.fakes import FakeClock
+from support.faultkit import read_all
 
 
 def eio(path: str = "") -> OSError:

@@ -29,8 +29,8 @@ from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 from local_engine import LocalCompactionService
+from support.paths import SUPPORT_DIR, TESTS_DIR
 
-TESTS_DIR = Path(__file__).parent
 CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
           "segment.bytes": str(1 << 20)}
 
@@ -147,7 +147,7 @@ def test_a_reader_process_scanning_while_the_writer_rolls_merges_and_compacts(
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
         child = subprocess.Popen(
-            [sys.executable, str(TESTS_DIR / "refresh_scanner.py"), str(tmp_path / "data"),
+            [sys.executable, str(SUPPORT_DIR / "refresh_scanner.py"), str(tmp_path / "data"),
              "t", str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         try:
             step = 0

@@ -29,7 +29,7 @@ from compactlog.storage.partition import Partition
 from compactlog.storage.partitioner import partition_for_key
 from compactlog.storage.records import ProducerRecord, Record, encode_batch
 from compactlog.storage.store import MAX_PARTITIONS, LogStore
-from fakes import T0, FakeClock
+from support.fakes import T0, FakeClock
 
 
 def read_all(partition: Partition, offset: int = 0) -> list[Record]:

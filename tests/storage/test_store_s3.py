@@ -15,14 +15,13 @@ import pytest
 from compactlog import LogStore, ProducerRecord
 from compactlog.backend import Location
 from compactlog.errors import TopicExistsError, UnknownTopicError
-from s3_support import (
+from support.cli import ok, run
+from support.s3_support import (
     ACCESS_KEY_ID,
     SECRET_ACCESS_KEY,
     SESSION_TOKEN,
     S3Server,
-    s3_fixture,  # noqa: F401  (the `s3` fixture)
 )
-from test_cli import ok, run
 
 
 @pytest.fixture
@@ -230,7 +229,7 @@ def test_a_topic_change_killed_at_its_commit_point_does_not_block_the_next(
 
     from compactlog.backend.s3.document import ObjectDocument
     from compactlog.errors import ConflictError
-    from s3_support import FaultyClient
+    from support.s3_support import FaultyClient
 
     class Killed(BaseException):
         pass

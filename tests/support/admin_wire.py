@@ -13,8 +13,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
-from test_server_bad_input import Wire
+from support.kafka_server import LoggedServer, logged_server
+from support.wire import Wire
 
 (DELETE_RECORDS, OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, LIST_GROUPS, API_VERSIONS,
  DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS) = 21, 8, 9, 11, 16, 18, 32, 33, 44

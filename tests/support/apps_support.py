@@ -1,4 +1,4 @@
-"""Running the applications of tests/test_apps_*.py as real processes.
+"""Running the applications of tests/apps/test_apps_*.py as real processes.
 
 The Python applications run with the interpreter of their own virtualenv under
 .venv-apps/ (scripts/setup-apps.sh makes them), KafkaJS with node from
@@ -31,9 +31,9 @@ from kafka import TopicPartition as KpTopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
 from compactlog import LogStore
-from compat import APPS, ROOT
-from conftest import TESTS_DIR
-from kafka_server import LoggedServer
+from support.compat import APPS, ROOT
+from support.kafka_server import LoggedServer
+from support.paths import TESTS_DIR
 
 APPS_VENVS = ROOT / ".venv-apps"
 COMPACTLOG = Path(sys.executable).parent / "compactlog"

@@ -4,7 +4,7 @@ tests run against `compactlog serve`, its version, and the scenarios tested.
 A test says which scenario it is with `@pytest.mark.compat(SUBJECT, SCENARIO)`; the hook
 in conftest.py records its outcome to build/compat-results.json (or
 $COMPACTLOG_COMPAT_RESULTS), and scripts/compat_table.py renders the table from that.
-tests/test_compat_table.py checks that docs/server.md lists every subject and scenario
+tests/docs/test_compat_table.py checks that docs/server.md lists every subject and scenario
 here at its current version, and that every scenario is a test's (or marked n/a).
 
 Versions come from the pins (tests/apps/*/requirements.txt, package-lock.json,
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 APPS = ROOT / "tests" / "apps"
 
 # An xfail reason that names a server gap reads "SERVER GAP: <what>. Log: <...>"; the
@@ -115,7 +116,7 @@ SUBJECTS: dict[str, Subject] = {s.name: s for s in [
         "delete-group": "deleteGroups, then listGroups",
     }),
     Subject("kafka-python", "client", "pyproject.toml dev extra", {
-        "end-to-end": "tests/test_server_scenarios.py: create a compacted topic, produce "
+        "end-to-end": "tests/server/test_server_scenarios.py: create a compacted topic, produce "
                       "keyed records and tombstones with every codec, compact while "
                       "serving, read the view and the live log, group read and commit, "
                       "restart, resume",
@@ -127,7 +128,7 @@ SUBJECTS: dict[str, Subject] = {s.name: s for s in [
         "delete-group": "delete_groups after a group committed, then list_groups",
     }),
     Subject("aiokafka", "client", "pyproject.toml", {
-        "end-to-end": "tests/test_server_scenarios.py: create a compacted topic, produce "
+        "end-to-end": "tests/server/test_server_scenarios.py: create a compacted topic, produce "
                       "keyed records and tombstones with every codec, compact while "
                       "serving, read the view and the live log, group read and commit, "
                       "restart, resume",
@@ -137,7 +138,7 @@ SUBJECTS: dict[str, Subject] = {s.name: s for s in [
         "delete-group": ALL_OPS + " (aiokafka 0.14 has no DeleteGroups)",
     }),
     Subject("confluent-kafka", "client", "pyproject.toml dev extra", {
-        "end-to-end": "tests/test_server_scenarios.py: create a compacted topic, produce "
+        "end-to-end": "tests/server/test_server_scenarios.py: create a compacted topic, produce "
                       "keyed records and tombstones with every codec, compact while "
                       "serving, read the view and the live log, group read and commit, "
                       "restart, resume",
@@ -157,7 +158,7 @@ SUBJECTS: dict[str, Subject] = {s.name: s for s in [
             "for all topics)",
     }),
     Subject("kcat", "client", "Debian package (scripts/setup.sh --dev)", {
-        "end-to-end": "tests/test_server_scenarios.py: create a compacted topic, produce "
+        "end-to-end": "tests/server/test_server_scenarios.py: create a compacted topic, produce "
                       "keyed records and tombstones with every codec, compact while "
                       "serving, read the view and the live log, group read and commit, "
                       "restart, resume",

@@ -1,6 +1,6 @@
-"""The writer process of the crash test (tests/test_crash.py); killed with SIGKILL.
+"""The writer process of the crash test (tests/storage/test_crash.py); killed with SIGKILL.
 
-    python tests/crash_writer.py DATA_DIR SEED SEGMENT_BYTES warm|cold [KILL_POINT]
+    python tests/support/crash_writer.py DATA_DIR SEED SEGMENT_BYTES warm|cold [KILL_POINT]
 
 Opens the store (which recovers what the previous kill left), creates the topic if it
 is missing, prints "READY", then appends batches of records forever, alternating at

@@ -4,7 +4,7 @@ Every shell, Python and TOML block carries a `docs-test` marker, an HTML comment
 lines just above its fence (other comments may sit beside it):
 
     <!-- docs-test: session readme -->         run in order with the other blocks of the
-                                               session `readme` (tests/test_docs_run.py)
+                                               session `readme` (tests/docs/test_docs_run.py)
     <!-- docs-test: by tests/test_x.py -->     run as written by that test, which names
                                                the page it reads
     <!-- docs-test: config server -->          a server settings file: parsed by the
@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 RUNNABLE = {"sh", "bash", "shell", "python", "toml"}  # blocks of other languages are output
 FENCE = re.compile(r"^\s*```(\S*)\s*$")

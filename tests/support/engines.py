@@ -1,6 +1,6 @@
 """Every compaction engine, for scenario tests that must hold on each of them.
 
-A test takes the `engine` fixture (import `engine_fixture` from here), creates its topic
+A test takes the `engine` fixture (tests/conftest.py), creates its topic
 with `engine.config` merged into its own config, and compacts with `engine.service`:
   - local: the plain-Python fold of tests/local_engine.py (the reference);
   - arrow: the Arrow tasks (compaction/arrow_pipeline.py) run in this process, without
@@ -9,7 +9,7 @@ with `engine.config` merged into its own config, and compacts with `engine.servi
   - spark-sql: the Spark SQL pipeline (compaction/spark_pipeline.py) on the shared
     session (phase 1 as a Spark job, phase 2 one Spark task per piece).
 The Spark service's Arrow tasks as a Spark job run the same task body as `arrow`; the
-model tests (tests/test_compaction_model.py) run them.
+model tests (tests/compaction/test_compaction_model.py) run them.
 
 `CommitHookEngine` lets a test land another actor's change (a seal, a merge, retention,
 DeleteRecords, a config change) between a compaction's plan and its commit.
@@ -19,16 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-import pytest
+from typing import TYPE_CHECKING, Any
 
 from compactlog.compaction import TopicCompactionService, load_factory
 from compactlog.compaction.ledger import PieceResult
 from compactlog.compaction.plan import PartitionPlan
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
 from local_engine import LocalEngine
+from support.fakes import FakeClock
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,13 +61,6 @@ class Engine:
         return factory.new_service(store, topic, settings)
 
 
-@pytest.fixture(name="engine", params=ENGINES)
-def engine_fixture(request: pytest.FixtureRequest, clock: FakeClock) -> Engine:
-    name: str = request.param
-    spark = request.getfixturevalue("spark") if name.startswith("spark") else None
-    return Engine(name, clock, spark)
-
-
 class CommitHookEngine(LocalEngine):
     """The plain-Python engine, with `before_commit` run once its ledger files are
     written and before the runner commits them: what another actor does then lands
@@ -83,3 +74,8 @@ class CommitHookEngine(LocalEngine):
         written = super().write_ledgers(plans, run_id)
         self.before_commit()
         return written
+
+
+def compact(store: LogStore, topic: str, clock: FakeClock) -> Any:
+    factory = load_factory("local_engine:LocalCompactionServiceFactory")
+    return factory.new_service(store, topic, {"clock": clock}).compact()

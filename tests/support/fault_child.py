@@ -1,4 +1,4 @@
-"""Run one fault scenario (tests/fault_scenarios.py) and SIGKILL this process at the
+"""Run one fault scenario (tests/support/fault_scenarios.py) and SIGKILL this process at the
 Nth fault point it passes (or never, with -1), printing "ACK ..." for every record
 acknowledged before the kill.
 
@@ -12,12 +12,12 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for support.*
 
 from compactlog import faults
-from fakes import FakeClock
-from fault_scenarios import SCENARIOS, print_ack
-from faultkit import Oracle
+from support.fakes import FakeClock
+from support.fault_scenarios import SCENARIOS, print_ack
+from support.faultkit import Oracle
 
 
 def main() -> None:

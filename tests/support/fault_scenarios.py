@@ -1,8 +1,8 @@
-"""The operations that the fault tests break at every step (tests/faultkit.py), each
+"""The operations that the fault tests break at every step (tests/support/faultkit.py), each
 with the data directory it starts from and what its oracle expects.
 
-Shared by tests/test_fault_steps.py (faults raised or stalls, in process) and
-tests/fault_child.py (SIGKILL, in a child process that reports its acknowledgements).
+Shared by tests/faults/test_fault_steps.py (faults raised or stalls, in process) and
+tests/support/fault_child.py (SIGKILL, in a child process that reports its acknowledgements).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.retention import expired_segments
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
-from faultkit import TOPIC, Oracle, compact
+from support.fakes import FakeClock
+from support.faultkit import TOPIC, Oracle, compact
 
 COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
              "segment.bytes": "2048", "parquet.row.group.bytes": "65536"}

@@ -10,7 +10,7 @@ once per step and fault kind:
 - `stall`: the step waits while another committer (a second process's view of the same
   partition, as a compaction process has) commits to the same manifest;
 - `kill`: the process is killed with SIGKILL at the step (in a child process,
-  tests/fault_child.py).
+  tests/support/fault_child.py).
 
 Afterwards the store is reopened and the contract is checked against the oracle: every
 acknowledged record is there as it was written, nothing refused is visible, the
@@ -38,7 +38,7 @@ from compactlog.fsutil import TEMP_PREFIX
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
+from support.fakes import FakeClock
 
 TOPIC = "t"
 ERRORS = {"enospc": errno.ENOSPC, "eio": errno.EIO}

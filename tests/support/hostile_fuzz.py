@@ -1,4 +1,4 @@
-"""The hostile-client fuzzer of tests/test_hostile_fuzz.py (issue 25): request frames
+"""The hostile-client fuzzer of tests/server/test_hostile_fuzz.py (issue 25): request frames
 for every API and version a server advertises, with repeated, empty, null, huge and
 random fields (kio's schema classes) and raw malformed frames, sent over connections
 that never authenticate or that log in as a principal with narrow grants, while a
@@ -40,10 +40,10 @@ from kio.serial import entity_reader, entity_writer
 
 from compactlog.server.protocol.frame_guard import encode_uvarint
 from compactlog.storage.records import ProducerRecord, encode_batch
-from hostile_support import API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
-from process_usage import peak_rss, rss
-from security_support import PASSWORD
-from test_server_bad_input import Wire, request_frame
+from support.hostile_support import API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from support.process_usage import peak_rss, rss
+from support.security_support import PASSWORD
+from support.wire import Wire, request_frame
 
 JOIN_GROUP, SYNC_GROUP = 11, 14
 # APIs whose well-formed requests may wait for other clients or for data: no answer

@@ -7,8 +7,8 @@ written before it starts), with the settings given as TOML text, a PLAINTEXT lis
 and, with `sasl`, a SASL_PLAINTEXT one with user alice (and, with `admin`, the admin
 listener); `extra_topics` more one-partition topics t0000, t0001, ...; `open_files` the
 server's RLIMIT_NOFILE. Requests go out as raw kio frames through
-tests/test_server_bad_input.py's `Wire`; what they cost the server is read from /proc
-(tests/process_usage.py).
+tests/server/test_server_bad_input.py's `Wire`; what they cost the server is read from /proc
+(tests/support/process_usage.py).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from compactlog.storage.records import ProducerRecord
+from compactlog.storage.records import ProducerRecord, encode_batch
 from compactlog.storage.store import LogStore
-from kafka_server import LoggedServer, logged_server
-from security_support import PASSWORD, _listeners, add_user
-from test_server_bad_input import Wire, request_frame
+from support.kafka_server import LoggedServer, logged_server
+from support.security_support import PASSWORD, _listeners, add_user
+from support.wire import Wire, request_frame
 
 TOPIC = "t"
 PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18
@@ -105,3 +105,15 @@ def fetch_frame(partitions: list[tuple[str, int, int]], max_bytes: int = 2**31 -
 
 def read_response(wire: Wire, api_key: int, version: int) -> Any:
     return wire.response(api_key, version)[1]
+
+
+AUTHORIZER_ON = "[authorization]\nenabled = true\n"
+
+
+def produce_frame(value_size: int, correlation_id: int = 5) -> bytes:
+    batch = encode_batch([ProducerRecord(b"big", b"x" * value_size)], 0)
+    return request_frame(PRODUCE, 9, {
+        "acks": -1, "timeout": timedelta(seconds=30),
+        "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records":
+                                                           bytes(batch)}]}],
+    }, correlation_id)

@@ -14,13 +14,13 @@ import duckdb_extension_httpfs
 
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from iceberg_readers import ENGINES, StateRow, duckdb_connection, extension_path, read_state
 from local_engine import LocalCompactionService
-from s3_support import S3Server
+from support.iceberg_readers import ENGINES, StateRow, duckdb_connection, extension_path, read_state
+from support.s3_support import S3Server
 
 TOPIC = "prices"
 # Retired ledger files stay for an hour (retained snapshots keep theirs whatever the
-# delay: tests/test_iceberg_expiry.py).
+# delay: tests/iceberg/test_iceberg_expiry.py).
 CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
           "compaction.deletion.vectors": "true",
           "compaction.ledger.rewrite.live.fraction": "0",

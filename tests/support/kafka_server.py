@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
+
 COMPACTLOG = shutil.which("compactlog", path=str(Path(sys.executable).parent)) or "compactlog"
 
 
@@ -122,3 +125,11 @@ def running_server(data_dir: Path, *extra: str) -> Iterator[str]:
     log_path = data_dir.parent / f"server-{os.getpid()}-{time.monotonic_ns()}.log"
     with logged_server(data_dir, log_path, *extra) as server:
         yield server.bootstrap
+
+
+def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str]) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, partitions, 1, topic_configs=config)])
+    finally:
+        admin.close()

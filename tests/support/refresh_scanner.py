@@ -1,4 +1,4 @@
-"""A reader process for tests/test_reader_refresh.py: opens a data directory read-only and
+"""A reader process for tests/storage/test_reader_refresh.py: opens a data directory read-only and
 scans a topic's compacted view from the earliest offset, again and again, for a while,
 while another process writes. Prints one JSON line: how many scans, and every error.
 

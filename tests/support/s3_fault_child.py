@@ -1,5 +1,5 @@
-"""Run one fault scenario on a store on S3 (tests/s3_fault_kit.py), for the crash tests
-of tests/test_fault_steps_s3.py: open the store (its requests go through the test's
+"""Run one fault scenario on a store on S3 (tests/support/s3_fault_kit.py), for the crash tests
+of tests/faults/test_fault_steps_s3.py: open the store (its requests go through the test's
 fault proxy, per the AWS settings in the environment), read what the oracle reads, print
 "READY" and wait for a line on stdin (the test then arms the proxy, so that the step
 numbers count the operation's requests only), run the operation, printing "ACK ..." for
@@ -14,12 +14,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for support.*
 
-from fakes import FakeClock
-from fault_scenarios import print_ack
-from faultkit import Oracle
-from s3_fault_kit import S3_SCENARIOS, Place
+from support.fakes import FakeClock
+from support.fault_scenarios import print_ack
+from support.faultkit import Oracle
+from support.s3_fault_kit import S3_SCENARIOS, Place
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
-"""The fault scenarios of tests/fault_scenarios.py on a store on S3, for
-tests/test_fault_steps_s3.py (in process) and tests/s3_fault_child.py (a child process
-that the test kills): where a store lives (a Place: its s3:// URL and its local
+"""The fault scenarios of tests/support/fault_scenarios.py on a store on S3, for
+tests/faults/test_fault_steps_s3.py (in process) and tests/support/s3_fault_child.py (a
+child process that the test kills): where a store lives (a Place: its s3:// URL and its local
 directory), copying a prepared one to a fresh prefix, and checking the contract on a
 reopened one (faultkit.check_store, with the manifests' files looked up in the bucket).
 """
@@ -22,8 +22,8 @@ from compactlog.iceberg import avro, deletes
 from compactlog.storage.partition import Partition
 from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
-from fault_scenarios import (
+from support.fakes import FakeClock
+from support.fault_scenarios import (
     SCENARIOS,
     Report,
     Scenario,
@@ -32,7 +32,7 @@ from fault_scenarios import (
     expect_compaction,
     prepare_dv_compaction,
 )
-from faultkit import TOPIC, Oracle, check_store, check_store_goes_on, compact
+from support.faultkit import TOPIC, Oracle, check_store, check_store_goes_on, compact
 
 # Past the writer lease's default ttl (lease.py): a reopen after a writer that died or
 # could not release its lease (its store was failing) takes the lease over.
@@ -181,7 +181,7 @@ def arrow_compaction(store: LogStore, oracle: Oracle, clock: FakeClock,
 def prepare_arrow_compaction(partitions: int) -> Any:
     """As fault_scenarios.prepare_compaction, the first run with the Arrow tasks."""
     def prepare(store: LogStore, clock: FakeClock) -> None:
-        from fault_scenarios import COMPACTED, fill
+        from support.fault_scenarios import COMPACTED, fill
 
         store.create_topic(TOPIC, partitions, COMPACTED)
         fill(store, 3, 12, "a")

@@ -25,9 +25,8 @@ Actions (what a matching request gets):
                        half the body, then close: a response cut short
   strip_conditions     forward it without If-Match / If-None-Match (or one of them): a
                        store that ignores conditional writes
-Use: `from s3_faults import s3_proxy_fixture  # noqa: F401` (with s3_support's
-s3_fixture), then the `s3_proxy` fixture: a proxy per test in front of the session's moto
-server, whose `env` points the AWS settings at the proxy.
+Tests take the `s3_proxy` fixture (tests/conftest.py): a proxy per test in front of the
+session's moto server, whose `env` points the AWS settings at the proxy.
 """
 
 from __future__ import annotations
@@ -39,16 +38,13 @@ import re
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import pytest
-
 from compactlog.backend.s3.settings import S3Settings
-from s3_support import S3Server
+from support.s3_support import S3Server
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
               "trailer", "upgrade", "proxy-authorization", "proxy-authenticate"}
@@ -384,14 +380,3 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
-
-
-@pytest.fixture(name="s3_proxy")
-def s3_proxy_fixture(s3: S3Server) -> Iterator[S3Proxy]:
-    """A fault proxy in front of the session's moto server, stopped after the test."""
-    host, _, port = s3.endpoint_url.removeprefix("http://").partition(":")
-    proxy = S3Proxy((host, int(port)), s3).start()
-    try:
-        yield proxy
-    finally:
-        proxy.stop()

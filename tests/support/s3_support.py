@@ -6,10 +6,9 @@ ephemeral port and enforces If-None-Match: * and If-Match (412 otherwise). It ch
 condition and then writes without a lock, so two racing conditional PUTs can both pass:
 tests against it prove the protocol, not the store's atomicity (see LockedConditionalPuts).
 
-Use: `from s3_support import s3_fixture  # noqa: F401` in a test module, then the `s3`
-fixture.
-The server is started once per test run and stopped at its end; each test gets its own
-key prefix.
+Tests take the `s3` fixture (tests/conftest.py), or `s3_env` for the same server with its
+AWS settings in the test's environment. The server is started once per test run and
+stopped at its end; each test gets its own key prefix.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 from botocore.exceptions import ClientError
 
 from compactlog.backend import Location
@@ -48,8 +46,8 @@ class S3Server:
         return Location.parse(f"s3://{self.bucket}/{prefix}")
 
 
-@pytest.fixture(scope="session", name="s3")
-def s3_fixture() -> Iterator[S3Server]:
+def start_s3_server() -> Iterator[S3Server]:
+    """moto's server, running until the generator is closed (the `s3` fixture)."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -69,14 +67,6 @@ def s3_fixture() -> Iterator[S3Server]:
         yield found
     finally:
         server.stop()
-
-
-@pytest.fixture(name="s3_env")
-def s3_env_fixture(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    """The `s3` server, its AWS settings put in this test's environment (undone after)."""
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
-    return s3
 
 
 def client_error(status: int, code: str, operation: str = "PutObject") -> ClientError:

@@ -15,17 +15,19 @@ import json
 import os
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kafka_server import COMPACTLOG, LoggedServer, logged_server
+from support.kafka_server import COMPACTLOG, LoggedServer, logged_server
 
 PASSWORD = "s3cret-Pa55word-never-logged"
 NOW = datetime.datetime.now(datetime.UTC)
@@ -147,3 +149,38 @@ def secured_server(tmp_path: Path, pki: Pki, *listeners: str, extra: tuple[str, 
     log_path = tmp_path / f"server-{os.getpid()}-{time.monotonic_ns()}.log"
     with logged_server(data_dir, log_path, *args, *extra) as server:
         yield SecuredServer(server, _listeners(data_dir), data_dir)
+
+
+COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}
+RECORDS = {f"k{i}".encode(): f"v{i}".encode() for i in range(20)}
+
+
+def confluent_round_trip(settings: dict[str, Any]) -> dict[bytes, bytes]:
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(settings)
+    for future in admin.create_topics([NewTopic(topic, 1, 1, config=COMPACTED)]).values():
+        future.result(30)
+    producer = Producer({**settings, "acks": "all"})
+    for key, value in RECORDS.items():
+        producer.produce(topic, value, key)
+    assert producer.flush(30) == 0
+    consumer = Consumer({**settings, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    try:
+        consumer.subscribe([topic])
+        seen: dict[bytes, bytes] = {}
+        for _ in range(600):
+            message = consumer.poll(0.1)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            seen[message.key()] = message.value()
+            if len(seen) == len(RECORDS):
+                consumer.commit(asynchronous=False)
+                break
+    finally:
+        consumer.close()
+    return seen

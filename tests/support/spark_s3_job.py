@@ -1,5 +1,5 @@
 """A Spark job reading a topic on s3:// through the `compactlog` data source and through
-`read_topic`, run by tests/test_spark_source_s3.py in a process of its own.
+`read_topic`, run by tests/spark/test_spark_source_s3.py in a process of its own.
 
 Why a process of its own: a Spark executor reads the AWS settings from its own
 environment (tasks carry none), and the Python workers of a local session inherit the
@@ -24,7 +24,7 @@ from typing import Any
 
 from compactlog.compaction.spark_session import start_session
 from compactlog.spark import read_topic, register
-from conftest import SPARK_TEST_CONF
+from support.spark import SPARK_TEST_CONF
 
 
 def rows(frame: Any) -> list[list[Any]]:

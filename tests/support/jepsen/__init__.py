@@ -2,7 +2,7 @@
 faults chosen at random from a seed, and a checker over what every client saw.
 
 Two or three `compactlog serve` processes (nodes) share one s3:// URL on moto's server,
-behind the project's S3 fault proxy (tests/s3_faults.py); each has its own local
+behind the project's S3 fault proxy (tests/support/s3_faults.py); each has its own local
 directory and port. Producers with acks=all and acks=1, each pinned to one node, record
 every acknowledgement; consumer groups, pinned too, record what they read and commit;
 DeleteRecords, config changes and `compactlog compact` from outside run now and then;

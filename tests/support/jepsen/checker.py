@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compactlog.storage.records import Record
-from jepsen.cluster import Ownership
-from jepsen.final import Final, FinalPartition, Row, rid
-from jepsen.history import OK, UNKNOWN, History, Send
+from support.jepsen.cluster import Ownership
+from support.jepsen.final import Final, FinalPartition, Row, rid
+from support.jepsen.history import OK, UNKNOWN, History, Send
 
 SHOWN = 20  # violations printed per check
 

@@ -33,8 +33,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from jepsen.cluster import COMPACTLOG, Take, child_env, takes_in
-from jepsen.history import FAILED, OK, UNKNOWN, Commit, History, Op, Read, Send
+from support.jepsen.cluster import COMPACTLOG, Take, child_env, takes_in
+from support.jepsen.history import FAILED, OK, UNKNOWN, Commit, History, Op, Read, Send
 
 KV = "kv"  # compact,delete: compaction, DeleteRecords, tombstones
 LOG = "log"  # delete with retention.bytes: retention

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent.parent
-SRC = TESTS.parent / "src"
+from support.paths import ROOT
+
+SRC = ROOT / "src"
 COMPACTLOG = shutil.which("compactlog", path=str(Path(sys.executable).parent)) or "compactlog"
 
 STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"

@@ -19,7 +19,7 @@ from compactlog.client import Reader
 from compactlog.storage.records import Record
 from compactlog.storage.store import LogStore
 from compactlog.tables import view_dataset, view_files
-from jepsen.clients import RID
+from support.jepsen.clients import RID
 
 # (offset, key, value): a record as every read path can give it.
 Row = tuple[int, bytes | None, bytes | None]

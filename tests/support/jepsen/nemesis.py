@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import s3_faults
-from jepsen.cluster import Node
-from jepsen.history import Fault, History
-from s3_faults import S3Proxy
+from support import s3_faults
+from support.jepsen.cluster import Node
+from support.jepsen.history import Fault, History
+from support.s3_faults import S3Proxy
 
 # Key patterns of the S3 faults: the data, the commits, the documents.
 KEYS = (r"/segments/", r"/ledger/", r"/manifest/", r"manifest/current\.json$",

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from confluent_kafka.admin import NewTopic
 
-from jepsen import clients
-from jepsen.checker import Result, check
-from jepsen.clients import KV, LOG, ExternalCompactions, GroupWorker, ProducerWorker
-from jepsen.cluster import (
+from support.jepsen import clients
+from support.jepsen.checker import Result, check
+from support.jepsen.clients import KV, LOG, ExternalCompactions, GroupWorker, ProducerWorker
+from support.jepsen.cluster import (
     Node,
     Ownership,
     free_port,
@@ -34,11 +34,11 @@ from jepsen.cluster import (
     unmount,
     wait_for,
 )
-from jepsen.final import Row, read_final
-from jepsen.history import FAILED, History, Op
-from jepsen.nemesis import Nemesis, Step, is_fault, schedule
-from s3_faults import S3Proxy
-from s3_support import S3Server
+from support.jepsen.final import Row, read_final
+from support.jepsen.history import FAILED, History, Op
+from support.jepsen.nemesis import Nemesis, Step, is_fault, schedule
+from support.s3_faults import S3Proxy
+from support.s3_support import S3Server
 
 TOPICS = {KV: 2, LOG: 1}
 FS_BYTES = 192 * 1024 * 1024
