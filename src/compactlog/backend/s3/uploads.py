@@ -11,7 +11,7 @@ well above the longest upload a writer makes.
 
 Measured with pyarrow 26: when the upload of a part fails for good, S3FileSystem's
 output stream raises but does not abort its multipart upload
-(tests/test_s3_faults.py::test_a_failed_multipart_upload_leaves_no_object).
+(tests/faults/test_s3_faults.py::test_a_failed_multipart_upload_leaves_no_object).
 """
 
 from __future__ import annotations
