@@ -5,7 +5,7 @@ lines just above its fence (other comments may sit beside it):
 
     <!-- docs-test: session readme -->         run in order with the other blocks of the
                                                session `readme` (tests/docs/test_docs_run.py)
-    <!-- docs-test: by tests/test_x.py -->     run as written by that test, which names
+    <!-- docs-test: by tests/docs/test_x.py --> run as written by that test, which names
                                                the page it reads
     <!-- docs-test: config server -->          a server settings file: parsed by the
                                                server's own loader
