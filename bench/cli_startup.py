@@ -5,7 +5,7 @@ Each command runs N times as a fresh process (the installed `compactlog` script,
 user runs it); the table gives the median and the fastest wall time. Baselines:
 `python -c pass` (the interpreter alone) and `python -c "import click"` (the least a
 click CLI can import). The target (issue 24, item 7) is under 0.3 s for `--version`
-and `--help`; tests/test_cli_imports.py checks what start-up imports, not its time.
+and `--help`; tests/cli/test_cli_imports.py checks what start-up imports, not its time.
 
     PYTHONPATH=src .venv/bin/python bench/cli_startup.py [--runs 20]
 """

@@ -3,7 +3,7 @@
 
 The tests marked `@pytest.mark.compat(SUBJECT, SCENARIO)` record their outcomes in
 build/compat-results.json (tests/conftest.py; $COMPACTLOG_COMPAT_RESULTS overrides the
-path); the applications, clients, versions and scenarios come from tests/compat.py.
+path); the applications, clients, versions and scenarios come from tests/support/compat.py.
 
     scripts/compat_table.py              print the table
     scripts/compat_table.py --write      put it into docs/server.md, between the markers
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from compat import SUBJECTS, not_applicable, version  # noqa: E402
+from support.compat import SUBJECTS, not_applicable, version  # noqa: E402
 
 DOC = ROOT / "docs" / "server.md"
 BEGIN = "<!-- compat-table: begin (scripts/compat_table.py --write) -->"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the applications that tests/test_apps_*.py run against `compactlog serve`, as on
+# Install the applications that tests/apps/test_apps_*.py run against `compactlog serve`, as on
 # a fresh machine. Called by scripts/setup.sh; safe to run again: each part is reinstalled
 # only when its pinned requirements changed (a stamp file holds their checksum).
 #
@@ -47,7 +47,7 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     $apt_prefix env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >&2 || true
   fi
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-    echo "compactlog's KafkaJS test (tests/test_apps_kafkajs.py) needs Node.js and npm, and they could not be installed here." >&2
+    echo "compactlog's KafkaJS test (tests/apps/test_apps_kafkajs.py) needs Node.js and npm, and they could not be installed here." >&2
     echo "Install them, e.g. 'sudo apt-get install nodejs npm', and run this again." >&2
     exit 1
   fi

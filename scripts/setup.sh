@@ -36,7 +36,7 @@ if [ -z "${java_major}" ] || [ "${java_major}" -lt 17 ]; then
 fi
 
 # kcat, a command-line Kafka client on the system's librdkafka: the server scenarios in
-# tests/test_server_scenarios.py drive it. Installed with apt-get (as root, or through
+# tests/server/test_server_scenarios.py drive it. Installed with apt-get (as root, or through
 # sudo) when missing; only for the tests.
 if $dev && ! command -v kcat >/dev/null 2>&1; then
   apt_prefix=unavailable
@@ -83,7 +83,7 @@ if [ "$installed" = none ] || { $dev && [ "$installed" = base ]; }; then
   fi
 fi
 
-# The applications of tests/test_apps_*.py (Quix Streams, faust-streaming, KafkaJS), each
+# The applications of tests/apps/test_apps_*.py (Quix Streams, faust-streaming, KafkaJS), each
 # with its own pinned Kafka client: see scripts/setup-apps.sh.
 if $dev; then
   PYTHON="$python_bin" bash scripts/setup-apps.sh

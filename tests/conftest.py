@@ -1,8 +1,7 @@
-"""Shared fixtures. The Spark session is started once per test run and shared.
-
-Spark settings follow the "tiny" profile measured in shared/notes/spark.md (no UI, one
-shuffle partition per core, C1 JIT only, no whole-stage codegen): it halves the cost
-of the small jobs tests run. Never use it for benchmarks.
+"""Shared fixtures: a fake clock, a store, the Spark session (started once per test run
+and shared, with support/spark.py's settings), moto's S3 server, the S3 fault proxy, every
+compaction engine and the admin-API servers. Helpers are in the support package
+(tests/README.md); test modules take these fixtures by name and import none of them.
 """
 
 from __future__ import annotations
@@ -17,22 +16,16 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from compactlog.storage.store import LogStore
-from fakes import FakeClock
+from support.admin import Servers
+from support.engines import ENGINES, Engine
+from support.fakes import FakeClock
+from support.paths import TESTS_DIR
+from support.s3_faults import S3Proxy
+from support.s3_support import S3Server, start_s3_server
+from support.spark import SPARK_TEST_CONF
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-TESTS_DIR = Path(__file__).parent
-
-SPARK_TEST_CONF = {
-    "spark.sql.shuffle.partitions": "2",
-    "spark.default.parallelism": "2",
-    "spark.sql.adaptive.enabled": "false",
-    "spark.sql.codegen.wholeStage": "false",
-    "spark.rdd.compress": "false",
-    "spark.shuffle.compress": "false",
-    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto",
-}
 
 
 @pytest.fixture
@@ -46,11 +39,18 @@ def store(tmp_path: Path, clock: FakeClock) -> Iterator[LogStore]:
         yield opened
 
 
+def module_folders() -> list[Path]:
+    """The folders of the test modules, each on sys.path under pytest's default import
+    mode, as tests/ is."""
+    return sorted({path.parent for path in TESTS_DIR.glob("*/test_*.py")})
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    # Spark's Python workers import user strategy modules from here (user_strategies.py).
+    # Spark's Python workers import user strategy modules from here (user_strategies.py),
+    # and functions of test modules (pickled by reference) from their folders.
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])
+        filter(None, [str(TESTS_DIR), *map(str, module_folders()), os.environ.get("PYTHONPATH")])
     )
     from compactlog.compaction.spark_session import start_session
 
@@ -59,7 +59,53 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
-# -- the compatibility table (tests/compat.py, scripts/compat_table.py) -------------------
+# -- object storage: moto's S3 server and the fault proxy (support/s3_support.py, s3_faults.py)
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """moto's S3 server on loopback, started once per test run; each test takes its own
+    key prefix (`s3.location()`)."""
+    yield from start_s3_server()
+
+
+@pytest.fixture
+def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The `s3` server, its AWS settings put in this test's environment (undone after)."""
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    return s3
+
+
+@pytest.fixture
+def s3_proxy(s3: S3Server) -> Iterator[S3Proxy]:
+    """A fault proxy in front of the session's moto server, stopped after the test."""
+    host, _, port = s3.endpoint_url.removeprefix("http://").partition(":")
+    proxy = S3Proxy((host, int(port)), s3).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+# -- every compaction engine (support/engines.py) ----------------------------------------
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest, clock: FakeClock) -> Engine:
+    name: str = request.param
+    spark = request.getfixturevalue("spark") if name.startswith("spark") else None
+    return Engine(name, clock, spark)
+
+
+# -- servers with the admin API (support/admin.py) ----------------------------------------
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Servers]:
+    started = Servers(tmp_path)
+    yield started
+    started.stop()
+
+
+# -- the compatibility table (tests/support/compat.py, scripts/compat_table.py) ----------
 
 _COMPAT_RESULTS = pytest.StashKey[dict[str, dict[str, str]]]()
 
@@ -90,7 +136,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from compat import scenario_ids
+    from support.compat import scenario_ids
 
     skip_slow_unless_asked(config, items)
 
@@ -100,9 +146,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for mark in item.iter_markers("compat"):
             if tuple(mark.args) not in known:
                 raise pytest.UsageError(
-                    f"{item.nodeid}: compat{mark.args} is not a scenario of tests/compat.py")
+                    f"{item.nodeid}: compat{mark.args} is not a scenario of "
+                    "tests/support/compat.py")
             used.append([*mark.args, item.nodeid])
-    # tests/test_compat_table.py collects with this set to learn which tests cover what.
+    # tests/docs/test_compat_table.py collects with this set to learn which tests cover what.
     listing = os.environ.get("COMPACTLOG_LIST_COMPAT")
     if listing:
         Path(listing).write_text(json.dumps(used))
@@ -116,7 +163,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     # a server that did not stop cleanly), stands instead.
     if marks and (report.when == "call" or (report.when == "setup" and not report.passed)
                   or (report.when == "teardown" and report.failed)):
-        from compat import GAP_PREFIX, version
+        from support.compat import GAP_PREFIX, version
 
         xfail = hasattr(report, "wasxfail")
         reason = str(getattr(report, "wasxfail", ""))

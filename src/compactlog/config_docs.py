@@ -1,7 +1,7 @@
 """The topic config reference, rendered as Markdown from the key table in config.py.
 
 Invariant: docs/configuration.md is exactly `render_docs()`'s output (scripts/gen_docs.py
-writes it, `compactlog config-docs` prints it, and tests/test_docs.py keeps the two
+writes it, `compactlog config-docs` prints it, and tests/docs/test_docs.py keeps the two
 equal), so every key, default and range a user reads there is the one the code checks.
 """
 

@@ -13,7 +13,7 @@ is whole, before its commit). An injector sees each call and may raise (an OSErr
 with ENOSPC or EIO: a failed write or fsync), block (a stalled commit, while a test
 lands others), or kill the process (a crash at exactly that step). A test that first
 records the points an operation passes, then re-runs it with a fault at each one in
-turn, covers every step deterministically (tests/faultkit.py).
+turn, covers every step deterministically (tests/support/faultkit.py).
 """
 
 from __future__ import annotations

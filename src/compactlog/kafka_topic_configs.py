@@ -24,7 +24,7 @@ KAFKA_SOURCE = (
     "Kafka 4.0 in development; the 3.x topic configs plus compression.*.level)"
 )
 
-# In LogConfig's order. Kept by hand from KAFKA_SOURCE; tests/test_kafka_topic_configs.py
+# In LogConfig's order. Kept by hand from KAFKA_SOURCE; tests/core/test_kafka_topic_configs.py
 # checks that docs/configuration.md's table lists exactly these, and that each is a key.
 KAFKA_TOPIC_CONFIGS: tuple[str, ...] = (
     "segment.bytes",

@@ -22,7 +22,7 @@ Invariants every backend keeps (the tests run the same contract tests against bo
   never older than the committed version, and a damaged current.json falls back to it
   and to nothing older; an outcome the committer cannot know is CommitOutcomeUnknown,
   resolved by re-reading. The encoding is envelope.py's, the same in both backends.
-  tests/test_object_commit.py runs the same contract tests against both
+  tests/backend/test_object_commit.py runs the same contract tests against both
   (local/document.py, s3/document.py).
 - Layout: a topic exists exactly when its metadata document holds a live (not deleted)
   version, and creating or deleting one is one step that readers see whole (how, in
@@ -337,8 +337,8 @@ def clear_dead_claim(document: Document, based_on: int) -> bool:
     the compare-and-swap of current.json, which removing its audit copy does not touch,
     so of it and the caller's retry at most one lands (the other conflicts); a version
     that lands without its audit copy only loses the fallback past a damaged current.
-    Tests: tests/test_lease.py test_a_holder_killed_inside_a_renewal_does_not_block_
-    the_next_taker, tests/test_offset_files_s3.py test_a_dead_claim_does_not_block_
+    Tests: tests/backend/test_lease.py test_a_holder_killed_inside_a_renewal_does_not_block_
+    the_next_taker, tests/server/test_offset_files_s3.py test_a_dead_claim_does_not_block_
     the_server_state_documents."""
     current = document.load()
     if (current.version if current is not None else 0) != based_on:
@@ -361,8 +361,8 @@ def update_document(document: Document,
     ConflictError naming the document after `attempts` conflicts.
 
     `change` may run more than once, each time on a newer snapshot: it must be a pure
-    function of the snapshot it is given. tests/test_object_commit.py
-    test_update_document_goes_past_a_dead_claim, tests/test_fault_steps_s3.py (the hold
+    function of the snapshot it is given. tests/backend/test_object_commit.py
+    test_update_document_goes_past_a_dead_claim, tests/faults/test_fault_steps_s3.py (the hold
     document of the Iceberg sync)."""
     for _ in range(attempts):
         snapshot = document.load()

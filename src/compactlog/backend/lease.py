@@ -11,7 +11,7 @@ lease expired and was taken finds a newer epoch at its next commit (its compare-
 fails on the stamped version, it re-reads, and sees the epoch) and stops with
 FencedError. The lease's expiry only decides when a new owner may take over.
 
-Lease protocol (WriterLease; tests in tests/test_lease.py):
+Lease protocol (WriterLease; tests in tests/backend/test_lease.py):
   1. acquire: load the lease document; if a live lease (not released, not expired by
      this machine's clock) names another owner, refuse with DataDirLockedError naming
      it; else commit {owner, epoch + 1, expires_ms} on the version read. A conflict
@@ -28,7 +28,7 @@ Lease protocol (WriterLease; tests in tests/test_lease.py):
      LeaseLostError, and the store stops writing. test_a_taken_lease_is_lost_at_renewal.
      A server renews on a thread of its own (`keep`), so that nothing it does at the
      same time, such as opening every partition of a store it just took over on a slow
-     bucket, can outlast the lease; tests/test_jepsen.py, test_a_node_that_takes_over_
+     bucket, can outlast the lease; tests/faults/test_jepsen.py, test_a_node_that_takes_over_
      keeps_its_lease_while_it_opens_the_store. A library writer renews in its tick.
   3. release (close): commit {released: true} on our version; a conflict is logged (the
      lease was taken already). test_a_released_lease_is_taken_at_once
@@ -37,7 +37,7 @@ Lease protocol (WriterLease; tests in tests/test_lease.py):
      the ttl, for clock skew between machines), whether or not a renewal is under way:
      a process paused (SIGSTOP, a long GC, a slow renewal request) past its lease may
      already have been replaced, and only a successful renewal makes it valid again.
-     tests/test_failover_steps_s3.py,
+     tests/faults/test_failover_steps_s3.py,
      test_a_holder_past_its_expiry_serves_nothing_until_it_renews
 A holder that dies simply stops renewing; after ttl the next writer takes over.
 """

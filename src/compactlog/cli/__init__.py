@@ -3,7 +3,7 @@
 Errors print one line, `error: ...`, with no traceback unless --debug is given.
 Start-up imports only click: each command's module (and the store, server, Spark it
 needs) is imported when that command runs (`LazyGroup`), so `--version` and `--help`
-stay fast; tests/test_cli_imports.py checks which modules `--version` loads.
+stay fast; tests/cli/test_cli_imports.py checks which modules `--version` loads.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class LazyGroup(click.Group):
 
     `lazy` maps each command name to "module:attribute" and its one-line help; the
     help is kept here so `compactlog --help` lists every command without importing
-    any (tests/test_docs.py checks it against each command's own help)."""
+    any (tests/docs/test_docs.py checks it against each command's own help)."""
 
     def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

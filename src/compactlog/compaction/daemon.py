@@ -124,7 +124,7 @@ def serve(worker: CompactionWorker, data_dir: Path, idle_timeout_s: float,
           spark_master: str, to_json: Callable[[CompactionReport], dict[str, Any]],
           warm_up: bool = True) -> None:
     """Run the worker until it is idle for `idle_timeout_s`, stopped, or SIGTERM'd.
-    Steps (tests/test_cli_worker.py):
+    Steps (tests/cli/test_cli_worker.py):
       1. bind the socket in a fresh 0700 directory;
       2. warm the engine up (start Spark), so that the first request is warm too;
       3. publish compaction-worker.json: from here `compact` uses this worker;

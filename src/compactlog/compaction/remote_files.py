@@ -9,7 +9,7 @@ commits the manifest that lists it, and a retried task's outputs are orphans of 
 run for the sweep if no commit lists them. Credentials never travel in the task: the
 executor builds its client from its own AWS environment (volume.volume_from_spec).
 
-Steps of `compact_on_volume` (tests/test_compaction_s3.py):
+Steps of `compact_on_volume` (tests/compaction/test_compaction_s3.py):
   1. fetch every input file, and every input ledger file's deletion vector, into this
      process's read cache: the ledger files and their DVs land side by side, where the
      task body looks for a DV (next to its ledger file);

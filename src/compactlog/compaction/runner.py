@@ -6,8 +6,8 @@ new pair and ledger files, the others keep their old ones, and no file a committ
 manifest lists is deleted. Files are deleted by reachability (storage/sweep.py), never
 because a step failed.
 
-Protocol for each partition (tests/test_compaction_crash.py kills at each step;
-tests/test_fault_steps.py fails or stalls each one):
+Protocol for each partition (tests/compaction/test_compaction_crash.py kills at each step;
+tests/faults/test_fault_steps.py fails or stalls each one):
   0. get every rolled log segment sealed (compaction/rolled.py), so that the run covers
      all segments but the active one, as Kafka's cleaner does;
   1. take the partition's compaction lock; sweep ledger/ (orphans of runs that died,
@@ -23,7 +23,7 @@ tests/test_fault_steps.py fails or stalls each one):
      their names carry the run id;
   5a. on an object store, publish what the engine left in the local ledger/ and check
      that every file the commit will list is in the bucket, else fail before 5
-     (tests/test_compaction_s3.py);
+     (tests/compaction/test_compaction_s3.py);
   5. commit the new (horizon, ledger) pair, each ledger file with its current DV, in
      one manifest version by compare-and-swap, its checks made again on the newest
      manifest after every lost race (`swap`, `_check_commit`); the previous ledger's

@@ -1,7 +1,7 @@
 """Which partitions to compact next: triggers, priority, limits, backoff and pacing.
 
 The scheduler is pure bookkeeping over `PartitionLoad` snapshots and a clock, so every
-rule is tested without sleeping (tests/test_scheduler.py). The server's cleaner
+rule is tested without sleeping (tests/compaction/test_scheduler.py). The server's cleaner
 (server/cleaner.py) measures the loads, starts the runs it is given and reports back.
 
 A partition is due when any trigger holds (and a run would have something to do):

@@ -32,7 +32,7 @@ HotSpot refuses to archive with a class path that holds a non-empty directory, s
 JVM's Spark configuration directory is an empty one, and compactlog's log4j2 settings
 are passed by their file's path (spark_session.py); a user's own SPARK_CONF_DIR turns
 the archive off. `spark.compactlog.driver.class.archive=false` turns it off too.
-Tests: tests/test_spark_class_archive.py.
+Tests: tests/compaction/test_spark_class_archive.py.
 """
 
 from __future__ import annotations

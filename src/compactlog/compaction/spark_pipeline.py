@@ -152,7 +152,7 @@ def _order_column(strategy: Strategy) -> Column:
         return F.col("timestamp")
     name = strategy.order_header
     # try_element_at: under ANSI mode element_at fails on a record without the header
-    # (found by tests/test_arrow_phase1.py); such a record orders as null, lowest.
+    # (found by tests/compaction/test_arrow_phase1.py); such a record orders as null, lowest.
     value = F.try_element_at(
         F.filter(F.col("headers"), lambda header: header["key"] == F.lit(name)), F.lit(1)
     )["value"]

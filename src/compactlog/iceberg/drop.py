@@ -18,7 +18,7 @@ the next drop (the server's upkeep drops once per process start and at each swit
 finishes it. A reader that loaded the metadata before step 1 and reads on may find its
 files gone, as with an expired snapshot. A sync by hand (`sync_raw_table`) of a topic
 whose raw table is off makes the table again, held, until the next server start drops it.
-Tests: tests/test_iceberg_raw.py (the raw table switched off).
+Tests: tests/iceberg/test_iceberg_raw.py (the raw table switched off).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ snapshots reference:
 Runs in the server's upkeep (iceberg/table_upkeep.py) and after each compaction's sync,
 which hands over the metadata it left (step 1 reads nothing then): an expiry that
 expires nothing sends no request after a sync.
-Tests: tests/test_iceberg_expiry.py.
+Tests: tests/iceberg/test_iceberg_expiry.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ afresh where it now is.
 Iceberg has no relative paths: a table's metadata names its `location`, its manifest
 lists, manifests and delete files, and its data files (the ledger files, the sealed
 segments) by absolute path. A data directory restored from a backup to another path,
-renamed, or copied (tests/test_fault_steps_s3.py copies a prefix before each replay) keeps
+renamed, or copied (tests/faults/test_fault_steps_s3.py copies a prefix before each replay) keeps
 metadata that names the old directory: reading it there fails (moved) or reads the old
 directory's files (copied), and a sync could not read the previous snapshot's manifests.
 
@@ -23,7 +23,7 @@ lost (docs/querying.md). Only after that commit (`release_history`):
      files stay, as expiry leaves them (expiry.py, step 5).
 A crash between the commit and 1 or 2 leaves held files or orphan table files behind:
 the next expiry of a snapshot in that partition replaces the hold whole.
-Tests: tests/test_iceberg_moved.py.
+Tests: tests/iceberg/test_iceberg_moved.py.
 """
 
 from __future__ import annotations

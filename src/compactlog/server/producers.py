@@ -37,7 +37,7 @@ and kafka-python, 5 in librdkafka), so its original batch is in that tail. The b
 is on bytes, not on the number of segments: on an object store a segment is sealed
 every upload_interval_s, so eight of them (the bound this once had) held well under a
 second, and a batch resent after a take-over was appended a second time (found by the
-Jepsen harness, tests/test_jepsen.py;
+Jepsen harness, tests/faults/test_jepsen.py;
 test_a_resend_is_recognised_however_many_small_segments_were_sealed_since). Kafka
 instead snapshots the state at each segment roll; a producer whose last batch is older
 than the bound is simply unknown after a restart, as if expired.

@@ -4,7 +4,7 @@ waits for.
 Invariant: a partition's produce response with acks=all (-1) says NONE only if, when it
 was decided, (a) a manifest that this server committed itself lists the batch's last
 offset in a sealed segment (`Partition.high_watermark`, never a manifest another writer
-committed: tests/test_failover_steps_s3.py, test_a_fenced_writer_acknowledges_nothing),
+committed: tests/faults/test_failover_steps_s3.py, test_a_fenced_writer_acknowledges_nothing),
 and (b) this server's writer lease was still valid (lease.py step 4). Otherwise (the
 wait passed the request's timeout_ms, the partition failed, or the lease lapsed) it
 says REQUEST_TIMED_OUT or NOT_LEADER_OR_FOLLOWER, as Kafka answers an acks=all produce

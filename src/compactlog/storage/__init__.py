@@ -7,7 +7,7 @@ its home when first used (PEP 562), so importing one of them loads that module a
 what it needs, not the whole store (a Spark task that reads Parquet does not load the
 partition and its recovery). No public name is also a submodule's name: Python sets
 the package's attribute to the submodule once it is imported, and the name would then
-be the module (tests/test_storage_surface.py).
+be the module (tests/storage/test_storage_surface.py).
 """
 
 from __future__ import annotations

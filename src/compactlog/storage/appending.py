@@ -39,7 +39,7 @@ class AppendResult:
 
 def append_encoded(partition: Partition, batch: bytearray, header: BatchHeader) -> AppendResult:
     """Append protocol (called with the lock held; the "append" scenario of
-    tests/test_fault_steps.py fails, stalls and kills each step):
+    tests/faults/test_fault_steps.py fails, stalls and kills each step):
       1. roll first if the active segment is due (a failure here writes nothing);
       2. write the batch after the active segment's indexed bytes; a failed or short
          write is cut off again and raised as StorageError (the partition goes on);

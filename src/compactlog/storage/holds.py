@@ -11,7 +11,7 @@ on several machines (compaction runs and the server's upkeep) add and release en
 without losing one another's. Every change goes through backend.update_document, which
 clears the claim a holder left when it died or its PUT failed inside a commit: else
 every later commit of that version conflicted, and on S3 the Iceberg sync of that topic
-failed at every run from then on (tests/test_fault_steps_s3.py, compact-1 at request
+failed at every run from then on (tests/faults/test_fault_steps_s3.py, compact-1 at request
 30). It maps a holder ("iceberg-state") to the relative paths
 it holds, each with the time it was first held:
 
@@ -31,7 +31,7 @@ The protocol for a holder (iceberg/expiry.py is the one here):
      whole (`release`), only after nothing can read its state any more.
 Each of these loads the document once and commits only if the entry changes (once
 more per conflict).
-Tests: tests/test_iceberg_expiry.py.
+Tests: tests/iceberg/test_iceberg_expiry.py.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ seals other partitions in turn). Inputs are read one at a time, so a merge holds
 input's rows in memory and two files open besides the open-file cache: its output, and
 the input it reads.
 
-Merge protocol (merge_small_segments; tests in tests/test_merging.py):
+Merge protocol (merge_small_segments; tests in tests/storage/test_merging.py):
   1. take the seal lock (without waiting: a seal in progress means a merge later) and
      choose a run in the current manifest; while this machine runs a compaction of the
      partition, only a run wholly at or below the horizon (a dirty run could straddle
@@ -52,16 +52,17 @@ more: it cannot know the horizon that run will commit. That run's own commit doe
 (compaction/runner.py, step 5c): it conflicts when a listed segment straddles its new
 horizon, and goes through when the merged file lies wholly at or below it; and a run's
 dirty input never holds a row at or below the old horizon, even from a file across it
-(compaction/plan.py). Tests, in tests/test_merging.py:
+(compaction/plan.py). Tests, in tests/storage/test_merging.py:
   test_a_merge_across_a_running_compactions_horizon_makes_its_commit_conflict
   test_a_merge_below_a_running_compactions_horizon_lets_it_commit
   test_a_segment_across_the_horizon_feeds_only_its_rows_above_it
 A failure in 2-4 removes the file of 3 if no committed manifest lists it (else the
-sweep does); the inputs stay in force. tests/test_fault_steps.py ("merge") raises a
+sweep does); the inputs stay in force. tests/faults/test_fault_steps.py ("merge") raises a
 fault at every disk step of two merges, one on each side of a horizon, and kills the
-process at sampled steps; tests/test_model.py and tests/test_compaction_model.py
-interleave merges with appends, retention and compactions; tests/test_merging_server_
-s3.py merges what an ack_after_upload server sealed while it serves.
+process at sampled steps; tests/storage/test_model.py and
+tests/compaction/test_compaction_model.py interleave merges with appends, retention and
+compactions; tests/server/test_merging_server_s3.py merges what an ack_after_upload server
+sealed while it serves.
 """
 
 from __future__ import annotations

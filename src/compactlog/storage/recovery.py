@@ -9,7 +9,7 @@ and no temporary file; nothing that a committed manifest lists has been deleted.
 Recovery steps for a writer (each repairs one crash point of a protocol in sealing.py,
 backend/local/document.py or the compaction runner; the crash tests name them):
   1. remove temporary files in manifest/, holds/, log/ and segments/ (a crash before a
-     rename; tests/test_fault_steps.py kills at every step of the hold commit);
+     rename; tests/faults/test_fault_steps.py kills at every step of the hold commit);
   2. sweep (sweep.py): orphans in segments/ (a seal that crashed after its rename but
      before its commit), orphans in ledger/ if no compaction holds the partition, and
      retired files whose delay has passed;
@@ -22,14 +22,14 @@ backend/local/document.py or the compaction runner; the crash tests name them):
 On an object store, before any of these, the writer (holding the lease):
   0a. removes the audit copies of manifest versions never committed (a committer killed
       between its audit copy and its commit point): test_a_writer_killed_at_a_commit_
-      point_does_not_block_the_next_writer (tests/test_fault_steps_s3.py);
+      point_does_not_block_the_next_writer (tests/faults/test_fault_steps_s3.py);
   0b. compares the epoch this local directory last wrote under (its `writer_epoch` file)
       with the epoch stamped in the manifest: a newer stamp means another writer took
       over since, so every local log file is superseded, whatever offsets it holds (its
       records were never acknowledged to acks=all, or they are in the bucket already),
       and all of them are set aside as one suffix; offsets then go on from the bucket's
       sealed end, dense and never reused. test_a_restart_after_a_take_over_sets_aside_
-      the_whole_local_suffix (tests/test_failover_steps_s3.py). Log files without that
+      the_whole_local_suffix (tests/faults/test_failover_steps_s3.py). Log files without that
       file were written by a build that kept none (738e3b6): step 3b alone decides;
   0c. records its own epoch in that file (fsynced), then stamps it into the manifest
       (lease.py), and takes the manifest's sealed end as its durable high watermark
@@ -115,7 +115,7 @@ def recover(partition: Partition) -> Recovered:
         # would give up ("manifest kept changing") and the store could not open. This
         # writer holds the lease, so it is the document's owner and may purge it, as its
         # sweep does. test_a_writer_killed_at_a_commit_point_does_not_block_the_next_
-        # writer (tests/test_fault_steps_s3.py)
+        # writer (tests/faults/test_fault_steps_s3.py)
         partition.document.purge_uncommitted()  # 0a.
         _set_aside_after_take_over(partition, report)  # 0b.
         _write_local_epoch(partition)  # 0c.
@@ -229,7 +229,7 @@ def _set_aside_after_take_over(partition: Partition, report: RecoveryReport) -> 
         # (738e3b6), which recorded no epoch and acknowledged them from this disk. Nothing
         # says a writer took over since, so they are not all superseded: step 3b keeps a
         # file that continues the bucket's sealed end and sets aside one that does not,
-        # as that build's recovery did (tests/test_old_data.py, the crashed writer).
+        # as that build's recovery did (tests/contract/test_old_data.py, the crashed writer).
         return
     if any(path.stat().st_size > 0 for _, path in files):
         _set_aside(partition, report, [path for _, path in files],
@@ -250,7 +250,7 @@ def _set_aside_superseded(partition: Partition, sealed_end: int,
     writer sealed (its records never reached the bucket); a file that starts after it
     leaves a hole. Either one, and every file after it, is moved aside (kept for
     inspection, never read): appending after it would put two records at one offset,
-    or offsets that never exist. tests/test_failover_s3.py"""
+    or offsets that never exist. tests/faults/test_failover_s3.py"""
     files = log_files(partition.log_dir)
     for position, (base, _) in enumerate(files):
         if base != sealed_end:
@@ -327,7 +327,7 @@ def follow_writer(partition: Partition, load_manifest: Callable[[], None],
     order a seal landing between the two steps left offsets in neither place: the old
     manifest did not list their segment and the listing no longer had their log file,
     and reads failed with a false "offset ... is missing" (issue 21, item 7;
-    tests/test_reader_refresh.py). Should the log files still begin past the covered
+    tests/storage/test_reader_refresh.py). Should the log files still begin past the covered
     end, the reader does both steps again, a few times; a gap that stays is real."""
     logs = list(partition.logs if known is None else known)
     for _ in range(FOLLOW_ATTEMPTS):

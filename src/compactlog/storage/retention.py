@@ -16,7 +16,7 @@ What others may change under it, and what step 2 checks: it re-applies its chang
 the newest manifest after a conflict, removing only the files it chose (by name) and
 never moving the log start back. A compaction that landed meanwhile only moved the
 horizon forward, so what was at or below the old horizon still is, and its ledger
-keeps what retention removes: tests/test_commit_races.py test_retention_re_applies_
+keeps what retention removes: tests/storage/test_commit_races.py test_retention_re_applies_
 itself_over_a_compaction_and_keeps_the_view. DeleteRecords applies the same way over a
 compaction's commit, keeping the compaction's pair and its own `deleted_below`:
 test_delete_records_re_applies_itself_over_a_compaction. A merge of segments this

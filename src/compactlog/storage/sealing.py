@@ -4,15 +4,15 @@ Invariant: a rolled segment's records are readable throughout, from the log file
 the commit that lists its sealed form and from the Parquet file after; the log file is
 deleted only after that commit, and a sealed file that no commit lists is never read.
 
-Sealing protocol for a rolled log segment (tests/test_fault_steps.py covers a fault at
-every step, and tests/test_crash.py a kill):
+Sealing protocol for a rolled log segment (tests/faults/test_fault_steps.py covers a fault at
+every step, and tests/storage/test_crash.py a kill):
   1. write the Parquet file under a temporary name in segments/ and fsync it;
   2. publish it under its final name (its Volume: rename it and fsync the directory; on
      S3 a create-only PUT);
   3. commit a manifest version that lists it (compare-and-swap, a Document); a manifest
      whose sealed segments already reach past the file's first offset means another
      writer sealed those offsets (two writers on one object-store prefix): FencedError,
-     and this partition takes no more writes (tests/test_store_s3.py,
+     and this partition takes no more writes (tests/storage/test_store_s3.py,
      test_a_second_writer_on_one_prefix_is_fenced_not_merged);
   4. delete the log files that the committed manifest's sealed segments cover.
 A failure in 1-3 leaves the log file in force; the file of 1-2, if any, is an orphan
@@ -24,7 +24,7 @@ What others may change under a seal, and what its commit checks (step 3 re-appli
 `add_segment` to the newest manifest after a conflict):
 - a compaction (another process) commits a new (horizon, ledger) pair: the fields are
   disjoint and the new segment lies above any horizon, so both stand;
-  tests/test_commit_races.py test_a_seal_re_applies_itself_over_a_compaction_that_
+  tests/storage/test_commit_races.py test_a_seal_re_applies_itself_over_a_compaction_that_
   landed_first, and the other order, test_a_compaction_that_landed_after_a_seal_
   keeps_the_new_segment;
 - merging and retention are this writer's own and take the seal lock or commit only a

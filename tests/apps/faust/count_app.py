@@ -1,7 +1,7 @@
 """A faust-streaming application: a running count per key, in a Table.
 
 Run with the interpreter of .venv-apps/faust (scripts/setup-apps.sh), by
-tests/test_apps_faust.py:
+tests/apps/test_apps_faust.py:
 
     python count_app.py --broker HOST:PORT --app-id ID --input TOPIC --data-dir DIR
 

@@ -1,4 +1,4 @@
-// KafkaJS against `compactlog serve`: one step of tests/test_apps_kafkajs.py per run.
+// KafkaJS against `compactlog serve`: one step of tests/apps/test_apps_kafkajs.py per run.
 //
 //   node scenario.js BROKER STEP [ARGS...]
 //

@@ -1,7 +1,7 @@
 """A Quix Streams application: a running count per key, in RocksDB state.
 
 Run with the interpreter of .venv-apps/quix (scripts/setup-apps.sh), by
-tests/test_apps_quix.py. Quix keeps the state in RocksDB under --state-dir and writes
+tests/apps/test_apps_quix.py. Quix keeps the state in RocksDB under --state-dir and writes
 every change to a compacted changelog topic that it creates itself
 (changelog__<group>--<input>--default); with the state directory gone, it restores the
 state from that topic before processing. Each count is printed to stdout as a JSON line:

@@ -18,7 +18,7 @@ what a torn or corrupt current.json falls back to, and only to it: an older copy
 lose a commit, so if the newest copy is damaged too the document is unreadable
 (CorruptionError). A separate file each, so one damaged file never loses a version.
 
-Commit protocol (LocalDocument.commit; the test of each step in tests/test_commit.py):
+Commit protocol (LocalDocument.commit; the test of each step in tests/backend/test_commit.py):
   1. take the document's lock (an flock; waits up to lock_timeout_s, then fails with
      CommitLockTimeout); test_the_lock_times_out_into_a_conflict,
      test_commits_from_threads_and_processes_never_lose_one

@@ -16,7 +16,7 @@ dates every upload 2010-11-10), and an upload in progress must never be aborted.
 
 Measured with pyarrow 26: when the upload of a part fails for good, S3FileSystem's
 output stream raises but does not abort its multipart upload
-(tests/test_s3_faults.py::test_a_failed_multipart_upload_leaves_no_object).
+(tests/faults/test_s3_faults.py::test_a_failed_multipart_upload_leaves_no_object).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ failures, which come back as values or as their own exceptions:
 - a PUT that may have landed (a 5xx answer, or no answer after it was sent): the
   PutOutcomeUnknown subclass of StorageError, so a committer knows to read back.
 boto3's client retries each request with backoff first (S3Settings in backend/s3/settings.py), and
-the client is taken as given, so a test's wrapped client (tests/s3_support.py
+the client is taken as given, so a test's wrapped client (tests/support/s3_support.py
 FaultyClient) sees every request; requests are made with keyword arguments only.
 
 With error_mapping.py, probe.py and settings.py, it is one of the modules of compactlog.backend.s3,

@@ -18,7 +18,7 @@ and to nothing older. `commit_id` (random, per commit call) lets a committer rec
 its own PUT when an answer was lost.
 
 Commit protocol (ObjectDocument.commit; the test of each step in
-tests/test_object_commit.py, which runs the same tests against LocalDocument):
+tests/backend/test_object_commit.py, which runs the same tests against LocalDocument):
   1. (no lock: the store's conditional write decides at step 4)
   2. GET current.json (its ETag and version; past a damaged one, the newest audit copy:
      test_a_torn_current_falls_back_to_the_newest_copy_only) and compare with the
@@ -46,7 +46,7 @@ tests/test_object_commit.py, which runs the same tests against LocalDocument):
      test_an_unknown_outcome_blocks_its_version_until_resolved
   5. DELETE audit copies older than `keep` versions (a failure is logged; the commit
      stands); test_audit_copies_are_pruned
-Faults of the store, through the fault proxy in front of moto (tests/test_s3_faults.py):
+Faults of the store, through the fault proxy in front of moto (tests/faults/test_s3_faults.py):
 every request is retried by botocore with backoff (S3Settings in backend/s3/settings.py), and what
 outlasts the retries is a one-line error from backend/s3/error_mapping.py naming the operation and
 the key. Per step:
@@ -64,7 +64,8 @@ the key. Per step:
   5. retried (same test); persistent: the commit stands, pruning is retried at the next:
      test_a_persistent_fault_when_pruning_leaves_the_commit_standing
 Bad setup (a missing bucket, refused credentials, a store without conditional writes,
-checked once by backend/s3/probe.py in `at`) is an ObjectStoreSetupError: tests/test_s3_setup.py.
+checked once by backend/s3/probe.py in `at`) is an ObjectStoreSetupError:
+tests/backend/test_s3_setup.py.
 
 A commit that dies after 3 leaves an audit copy of a version maybe never committed: it
 blocks commits of that version (they conflict at 3) until `purge_uncommitted` removes it.
@@ -461,7 +462,7 @@ class ObjectDocument:
         document (a compaction's sweep, a fenced writer) must not remove an audit copy
         that a stalled owner's commit may still land on; it finds the version unproven
         and deletes no orphan. test_a_non_owner_never_removes_an_audit_copy
-        (tests/test_failover_steps_s3.py)."""
+        (tests/faults/test_failover_steps_s3.py)."""
         current = self._intact_current_version()
         if current is None:
             return False

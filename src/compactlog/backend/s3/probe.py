@@ -11,7 +11,7 @@ midway, one small object under the location's prefix whose name starts with
 `.compactlog-probe-` (never read by the store).
 
 Probe protocol (check_conditional_writes; the test of each step in
-tests/test_s3_setup.py):
+tests/backend/test_s3_setup.py):
   1. PUT a fresh probe object with `If-None-Match: *`: it must succeed. A missing
      bucket, refused credentials or a down endpoint fail here with backend/s3/error_mapping.py's
      message; test_a_missing_bucket_is_named, test_refused_credentials_are_named,

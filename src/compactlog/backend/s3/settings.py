@@ -35,7 +35,7 @@ bounded by construction: `max_attempts` requests per operation, each at most
 - pyarrow uses the AWS SDK's standard strategy (`AwsStandardS3RetryStrategy`) with the
   same `max_attempts` and the SDK's own backoff (not settable from Python), and the same
   connect and request timeouts. Measured here with pyarrow 26 on Linux, whatever its
-  docstring says, request_timeout does bound a stalled read (tests/test_s3_faults.py).
+  docstring says, request_timeout does bound a stalled read (tests/faults/test_s3_faults.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ store's lock), so nothing needs fencing.
 On an object store (ObjectOffsetFiles): `PREFIX/groups/<quoted group id>.json`, each
 body stamped with the writer's epoch. One PUT per write, conditional on the ETag this
 writer last saw (`If-None-Match: *` for a group it never saw). Protocol (tests in
-tests/test_offset_files_s3.py):
+tests/server/test_offset_files_s3.py):
   1. load (when the writer opens, after it took the lease): LIST the prefix, GET each
      document; one stamped with a newer epoch means a newer owner: FencedError;
      test_a_newer_owner_fences_an_older_one_at_load. Each document of an older epoch is

@@ -7,7 +7,7 @@ max_request_bytes, delays another connection's request by one slice's work (abou
 millisecond), not by the whole request's seconds (issue 25: the hostile-client fuzzer
 held another client for 1-3 s with one 1 MiB DescribeGroups). The entries are still
 answered in order, each from the state when its turn comes, as Kafka's handlers read
-their state entry by entry. Test: tests/test_hostile_requests.py,
+their state entry by entry. Test: tests/server/test_hostile_requests.py,
 test_a_request_of_many_entries_gives_other_clients_their_turns.
 """
 

@@ -1,0 +1,237 @@
+"""Incremental compaction with deletion vectors (compaction/incremental.py,
+storage/deletion.py): the compacted view after many incremental runs equals a full
+compaction of the same records; the rewrite threshold decides between a DV and a
+rewrite; retention, DeleteRecords and tombstone retention leave the view through DVs;
+retired DVs are swept; every reader applies them (the Reader, the TableView, Fetch's
+read path, offset lookups). The Spark readers are covered by tests/spark/test_spark_source.py
+and tests/spark/test_spark_fast.py, whose fixture has DVs, and the docs' DuckDB and Polars
+queries by tests/docs/test_docs_querying.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from compactlog.client.reader import Reader
+from compactlog.compaction import load_factory
+from compactlog.iceberg import expire_snapshots
+from compactlog.storage.records import ProducerRecord, Record
+from compactlog.storage.store import LogStore
+from support.fakes import FakeClock
+
+TOPIC = "t"
+
+
+def service(store: LogStore, clock: FakeClock, topic: str = TOPIC) -> Any:
+    factory = load_factory("local_engine:LocalCompactionServiceFactory")
+    return factory.new_service(store, topic, {"clock": clock, "engine": "arrow"})
+
+
+def config(rewrite: float, **extra: str) -> dict[str, str]:
+    return {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
+            "delete.retention.ms": str(10**12), "compaction.deletion.vectors": "true",
+            "compaction.ledger.rewrite.live.fraction": str(rewrite),
+            "segment.bytes": "4096", **extra}
+
+
+def batch(rng: random.Random, count: int, keys: int, tag: str) -> list[ProducerRecord]:
+    return [ProducerRecord(b"k%03d" % rng.randrange(keys),
+                           None if rng.random() < 0.1 else f"{tag}-{i}".encode())
+            for i in range(count)]
+
+
+def compacted(store: LogStore, topic: str, partition: int = 0) -> list[Record]:
+    reader = Reader(store, topic, partition, read_compacted=True)
+    records: list[Record] = []
+    while chunk := reader.poll(max_records=97):
+        records += chunk
+    return records
+
+
+@pytest.mark.parametrize("rewrite", [0.0, 0.3, 0.7, 1.0])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_many_incremental_runs_equal_one_full_compaction(
+        tmp_path: Path, rewrite: float, seed: int) -> None:
+    rng = random.Random(seed)
+    clock = FakeClock()
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        store.create_topic(TOPIC, 2, config(rewrite))
+        store.create_topic("full", 2, config(rewrite, **{
+            "compaction.deletion.vectors": "false"}))
+        incremental = service(store, clock)
+        dvs_seen = 0
+        for run in range(8):
+            records = batch(rng, 300 if run == 0 else rng.choice([5, 30, 120]), 150, str(run))
+            for topic in (TOPIC, "full"):
+                for index in range(2):
+                    store.append(topic, records, partition=index)
+                for partition in store.topic(topic).partitions:
+                    partition.roll()
+            incremental.compact()
+            clock.advance_ms(1000)
+            ledgers = [p.manifest.ledger for p in store.topic(TOPIC).partitions]
+            dvs_seen += sum(1 for ledger in ledgers for info in ledger if info.dv_file)
+            for ledger in ledgers:
+                assert all(info.live_count > 0 for info in ledger)
+                assert all(a.last_offset < b.base_offset for a, b in itertools.pairwise(ledger))
+        service(store, clock, "full").compact()
+        for index in range(2):
+            assert compacted(store, TOPIC, index) == compacted(store, "full", index)
+            keys = [r.key for r in compacted(store, TOPIC, index)]
+            assert len(keys) == len(set(keys))
+            status = store.topic(TOPIC).partition(index).stats()
+            ledger = store.topic(TOPIC).partition(index).manifest.ledger
+            assert status["ledger_records"] == sum(i.record_count - i.dv_count for i in ledger)
+        if rewrite == 1.0:
+            assert dvs_seen == 0  # every file that lost a record was rewritten
+        if rewrite == 0.0:
+            assert dvs_seen > 0
+
+
+def test_a_file_is_rewritten_below_the_threshold_and_old_dvs_are_swept(
+        tmp_path: Path) -> None:
+    clock = FakeClock()
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        store.create_topic(TOPIC, 1, config(0.5, **{
+            "file.delete.delay.ms": "1000",
+            # no snapshot keeps the replaced ledger (tests/iceberg/test_iceberg_expiry.py)
+            "iceberg.history.expire.max-snapshot-age-ms": "0"}))
+        partition = store.topic(TOPIC).partition(0)
+        compactor = service(store, clock)
+        store.append(TOPIC, [ProducerRecord(b"k%03d" % k, b"a") for k in range(100)])
+        partition.roll()
+        compactor.compact()
+        (first,) = partition.manifest.ledger
+        for start in (0, 20):  # 20 keys superseded each time: a DV, then a larger DV
+            store.append(TOPIC, [ProducerRecord(b"k%03d" % k, b"b")
+                                 for k in range(start, start + 20)])
+            partition.roll()
+            compactor.compact()
+            assert partition.manifest.ledger[0].file == first.file
+        dv = partition.manifest.ledger[0]
+        assert dv.dv_count == 40 and dv.live_count == 60
+        retired = {Path(item.path).name for item in partition.manifest.retired}
+        assert any(".dv-" in name for name in retired)  # the first DV, replaced
+        store.append(TOPIC, [ProducerRecord(b"k%03d" % k, b"c") for k in range(40, 60)])
+        partition.roll()
+        compactor.compact()  # 40 of 100 left live: below 0.5, so the file is rewritten
+        assert first.file not in {info.file for info in partition.manifest.ledger}
+        assert not any(info.dv_file for info in partition.manifest.ledger)
+        # Without a DV the manifest has no DV fields: builds before DVs read it as before.
+        assert "dv_" not in (partition.directory / "manifest" / "current.json").read_text()
+        clock.advance_ms(2000)
+        # The server's upkeep expires snapshots too: the replaced file's hold (taken
+        # less than file.delete.delay.ms before the last run) is released now.
+        expire_snapshots(store, TOPIC)
+        partition.sweep()
+        on_disk = {p.name for p in partition.ledger_dir.glob("*.parquet")}
+        assert on_disk == {Path(p).name for p in partition.manifest.live_files()
+                           if p.startswith("ledger/")}
+        view = compacted(store, TOPIC)
+        assert len(view) == 100
+        assert [r.value for r in view].count(b"a") == 40
+
+
+def test_retention_and_delete_records_leave_the_view_through_dvs(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        store.create_topic(TOPIC, 1, config(0.0, **{
+            "cleanup.policy": "compact,delete", "retention.ms": "60000",
+            "delete.retention.ms": "5000"}))
+        partition = store.topic(TOPIC).partition(0)
+        compactor = service(store, clock)
+        store.append(TOPIC, [ProducerRecord(b"old%d" % k, b"v") for k in range(10)])
+        clock.advance_ms(30_000)
+        store.append(TOPIC, [ProducerRecord(b"new%d" % k, b"v") for k in range(10)]
+                     + [ProducerRecord(b"new0", None)])
+        partition.roll()
+        compactor.compact()
+        assert len(partition.manifest.ledger) == 1
+        clock.advance_ms(40_000)  # the "old" records are past retention.ms, tombstone too
+        store.append(TOPIC, [ProducerRecord(b"x", b"v")])
+        partition.roll()
+        compactor.compact()
+        view = compacted(store, TOPIC)
+        assert {r.key for r in view} == {b"new%d" % k for k in range(1, 10)} | {b"x"}
+        assert any(info.dv_file for info in partition.manifest.ledger)
+        cut = sorted(r.offset for r in view)[3]
+        partition.delete_records(cut)
+        store.append(TOPIC, [ProducerRecord(b"y", b"v")])
+        partition.roll()
+        compactor.compact()
+        view = compacted(store, TOPIC)
+        assert all(r.offset >= cut for r in view)
+        assert {r.key for r in view} >= {b"x", b"y"}
+
+
+def test_reads_that_seek_skip_deleted_rows(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        store.create_topic(TOPIC, 1, config(0.0))
+        partition = store.topic(TOPIC).partition(0)
+        compactor = service(store, clock)
+        store.append(TOPIC, [ProducerRecord(b"k%d" % k, b"a") for k in range(10)])
+        partition.roll()
+        compactor.compact()
+        clock.advance_ms(1000)
+        store.append(TOPIC, [ProducerRecord(b"k9", b"b"), ProducerRecord(b"k0", b"b")])
+        partition.roll()
+        compactor.compact()
+        ledger = partition.manifest.ledger
+        assert ledger[0].dv_file is not None and ledger[0].dv_count == 2
+        view = compacted(store, TOPIC)
+        assert [r.offset for r in view] == [*range(1, 9), 10, 11]
+        assert partition.read_compacted(0, 1)[0].offset == 1
+        assert partition.read_compacted(9, 5)[0].offset == 10
+        last = partition.compacted.last_ledger_record()
+        assert last is not None and last.offset == 11
+        assert partition.compacted.offset_for_timestamp(0) == 1
+        entries = partition.compacted.read_ledger(0, 100)
+        assert [r.offset for r in entries] == [*range(1, 9), 10, 11]
+
+
+def make_first_strategy_dvs(store: LogStore, clock: FakeClock) -> None:
+    """Under `first`, a key's old ledger record deleted by a tombstone whose retention
+    (0) ended at once: only the DV says the old record is gone."""
+    store.create_topic(TOPIC, 1, config(0.0, **{"compaction.strategy": "first",
+                                                 "delete.retention.ms": "0"}))
+    partition = store.topic(TOPIC).partition(0)
+    store.append(TOPIC, [ProducerRecord(b"k%d" % k, b"a") for k in range(10)])
+    partition.roll()
+    service(store, clock).compact()
+    store.append(TOPIC, [ProducerRecord(b"k1", None)])
+    partition.roll()
+    service(store, clock).compact()
+    assert partition.manifest.ledger[0].dv_count == 1
+    store.append(TOPIC, [ProducerRecord(b"k1", b"b"), ProducerRecord(b"k2", b"b")])
+    partition.roll()
+
+
+def test_every_engine_leaves_out_what_a_dv_deleted(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        make_first_strategy_dvs(store, clock)
+        factory = load_factory("local_engine:LocalCompactionServiceFactory")
+        factory.new_service(store, TOPIC, {"clock": clock}).compact()  # plain Python
+        view = {r.key: r.value for r in compacted(store, TOPIC)}
+        assert view[b"k1"] == b"b" and view[b"k2"] == b"a"
+
+
+def test_the_sql_engine_leaves_out_what_a_dv_deleted(tmp_path: Path,
+                                                     spark: SparkSession) -> None:
+    from compactlog.compaction.spark_service import SparkCompactionService
+
+    clock = FakeClock()
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        make_first_strategy_dvs(store, clock)
+        store.alter_topic(TOPIC, {"compaction.phase1.engine": "sql"})
+        SparkCompactionService(store, TOPIC, {"spark.session": spark, "clock": clock}).compact()
+        view = {r.key: r.value for r in compacted(store, TOPIC)}
+        assert view[b"k1"] == b"b" and view[b"k2"] == b"a"
+        assert not any(info.dv_file for info in store.topic(TOPIC).partition(0).manifest.ledger)
