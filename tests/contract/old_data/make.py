@@ -8,7 +8,8 @@ This script is run with the OLD code on the path (a worktree of 738e3b6, any ven
 the project's dependencies), never by the tests; from the repository's root:
 
     git worktree add /tmp/old 738e3b6
-    PYTHONPATH=/tmp/old/src .venv/bin/python tests/contract/old_data/make.py --out tests/contract/old_data
+    PYTHONPATH=/tmp/old/src .venv/bin/python tests/contract/old_data/make.py \
+        --out tests/contract/old_data
 
 It replaces local/, bucket/ and expected.json (about 20 s; no JVM). Record timestamps
 are fixed, but topic ids, run ids, producer ids' files and wall-clock fields differ
