@@ -31,21 +31,23 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from compactlog.backend import (
     Layout,
     Location,
+    Snapshot,
     Volume,
-    clear_dead_claim,
     is_deleted,
     layout_for,
+    update_document,
 )
 from compactlog.backend.lease import DEFAULT_TTL_S, LeaseLostError, WriterLease
 from compactlog.config import TopicConfig
 from compactlog.errors import (
     CompactlogError,
-    ConflictError,
     CorruptionError,
     DataDirLockedError,
     ReadOnlyStoreError,
@@ -383,18 +385,23 @@ class LogStore:
         self._require_writable()
         with self._lock:
             topic = self.topic(name)
-            new_config = topic.meta.config.altered(set_values, delete)
-            meta = TopicMeta(
-                topic.meta.name, topic.meta.topic_id, topic.meta.partitions, new_config,
-                topic.meta.created_ms,
-            )
-            try:
-                topic.meta_snapshot = topic.document.commit(topic.meta_version,
-                                                            meta.to_json())
-            except ConflictError:
-                clear_dead_claim(topic.document, topic.meta_version)  # a retry lands
-                raise
-            topic.meta = meta
+
+            def altered(snapshot: Snapshot | None) -> dict[str, Any]:
+                # Applied to the committed version (update_document: a killed
+                # committer's claim on the next one is cleared on the way). A topic
+                # deleted or re-created meanwhile is not this one.
+                if snapshot is None or is_deleted(snapshot.body) \
+                        or snapshot.body.get("topic_id") != topic.meta.topic_id:
+                    raise UnknownTopicError(name)
+                current = TopicMeta.from_json(snapshot.body)
+                return replace(current, config=current.config.altered(set_values, delete)
+                               ).to_json()
+
+            committed = update_document(topic.document, altered)
+            assert committed is not None  # `altered` always has a body to commit
+            topic.meta_snapshot = committed
+            topic.meta = TopicMeta.from_json(committed.body)
+            new_config = topic.meta.config
             log.info("altered topic %s: set %s, deleted %s", name, dict(set_values), list(delete))
             return new_config
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compactlog.backend import Document, Snapshot, clear_dead_claim
+from compactlog.backend import Document, Snapshot, update_document
 from compactlog.backend.local.document import LocalDocument
-from compactlog.errors import ConflictError, CorruptionError
+from compactlog.errors import CorruptionError
 from compactlog.log_throttle import Throttle
 from compactlog.server.security.acl_model import (
     AclBinding,
@@ -108,7 +108,9 @@ class Authorizer:
         self._state = self._load()
 
     def _load(self) -> _State:
-        snapshot = self._document.load()
+        return self._parse(self._document.load())
+
+    def _parse(self, snapshot: Snapshot | None) -> _State:
         if snapshot is None:
             return _State.of(None, ())
         try:
@@ -195,22 +197,24 @@ class Authorizer:
         return removed
 
     def _change(self, change: Callable[[tuple[AclBinding, ...]], set[AclBinding]]) -> None:
+        """Apply `change` to the ACLs committed now, and commit the result. Another
+        process may commit meanwhile: then `change` is applied again to what it
+        committed, and a killed committer's claim is cleared on the way
+        (backend.update_document), so `change` must be a pure function of the ACLs it
+        is given."""
         with self._lock:
-            # Another process may have committed meanwhile: start from the latest. A
-            # commit that loses a race with one (ConflictError) changes nothing.
-            current = self._load()
-            self._state = current
-            new = _State.of(None, change(current.acls))
-            if new.acls == current.acls:
+
+            def changed(snapshot: Snapshot | None) -> dict[str, Any] | None:
+                current = self._parse(snapshot)
+                self._state = current
+                new = _State.of(None, change(current.acls))
+                if new.acls == current.acls:
+                    return None
+                return {"acls": [acl.to_json() for acl in new.acls]}
+
+            committed = update_document(self._document, changed)
+            if committed is None:
                 return
-            body: dict[str, Any] = {"acls": [acl.to_json() for acl in new.acls]}
-            try:
-                snapshot = self._document.commit(current.version, body)
-            except ConflictError:
-                # A killed committer's claim would refuse every change: clear it, so
-                # that the caller's retry lands.
-                clear_dead_claim(self._document, current.version)
-                raise
-            self._state = _State.of(snapshot, new.acls)
-            log.info("ACLs changed: %d in force (version %d)", len(new.acls),
-                     snapshot.version)
+            self._state = self._parse(committed)
+            log.info("ACLs changed: %d in force (version %d)", len(self._state.acls),
+                     committed.version)
