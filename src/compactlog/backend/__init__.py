@@ -382,7 +382,7 @@ def load_or_create(document: Document, make: Callable[[], dict[str, Any]]) -> Sn
     """A document made once and then only read (the cluster id on S3, the decoy secret
     of SCRAM logins): what is current, or else `make()` committed as its first version
     by whoever comes first, everyone else reading that (update_document's loop: a
-    racing maker's commit conflicts, and it reads the winner's). tests/
+    racing maker's commit conflicts, and it reads the winner's). tests/backend/
     test_object_commit.py test_load_or_create_makes_once_and_every_server_reads_the_same."""
     made = update_document(document, lambda current: None if current is not None else make())
     current = made if made is not None else document.load()
