@@ -303,6 +303,25 @@ def test_update_document_goes_past_a_dead_claim(backend: Backend) -> None:
     assert body_of(doc) == (2, {"n": 2})
 
 
+def test_update_document_starts_from_what_the_caller_read(backend: Backend) -> None:
+    """`loaded`: the first attempt starts from the caller's read, without reading again;
+    a stale one conflicts, and the change is applied again to what is current."""
+    doc = backend.open()
+    first = doc.commit(0, {"n": 1})
+    backend.open().commit(1, {"n": 2})  # the caller's read is stale now
+    seen: list[int] = []
+
+    def increment(snapshot: Snapshot | None) -> dict[str, Any]:
+        assert snapshot is not None
+        seen.append(snapshot.version)
+        return {"n": snapshot.body["n"] + 1}
+
+    committed = update_document(doc, increment, loaded=first)
+    assert committed is not None and committed.version == 3
+    assert body_of(doc) == (3, {"n": 3}) and seen == [1, 2]
+    assert update_document(backend.open(), lambda snapshot: None, loaded=None) is None
+
+
 def test_update_document_gives_up_naming_the_document(backend: Backend) -> None:
     """A document that changes under every attempt: ConflictError naming where it is."""
     doc = backend.open()

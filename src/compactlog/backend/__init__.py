@@ -31,6 +31,7 @@ Invariants every backend keeps (the tests run the same contract tests against bo
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -349,9 +350,16 @@ def clear_dead_claim(document: Document, based_on: int) -> bool:
 UPDATE_ATTEMPTS = 8
 
 
+class Unread(enum.Enum):
+    """`update_document`'s `loaded` when the caller has not read the document."""
+
+    UNREAD = 0
+
+
 def update_document(document: Document,
                     change: Callable[[Snapshot | None], dict[str, Any] | None],
-                    attempts: int = UPDATE_ATTEMPTS) -> Snapshot | None:
+                    attempts: int = UPDATE_ATTEMPTS,
+                    loaded: Snapshot | Unread | None = Unread.UNREAD) -> Snapshot | None:
     """The one read-modify-write loop over a document: load it, apply `change` to what
     is current (None: nothing to commit, and nothing is), commit the new body based on
     the version loaded. On ConflictError, clear a dead claim (clear_dead_claim: without
@@ -361,11 +369,13 @@ def update_document(document: Document,
     ConflictError naming the document after `attempts` conflicts.
 
     `change` may run more than once, each time on a newer snapshot: it must be a pure
-    function of the snapshot it is given. tests/backend/test_object_commit.py
+    function of the snapshot it is given. A caller that has just read the document
+    passes what it read as `loaded` (None: there was none), and the first attempt starts
+    from it instead of reading again (one request fewer on S3). tests/backend/test_object_commit.py
     test_update_document_goes_past_a_dead_claim, tests/faults/test_fault_steps_s3.py (the hold
     document of the Iceberg sync)."""
-    for _ in range(attempts):
-        snapshot = document.load()
+    for attempt in range(attempts):
+        snapshot = document.load() if attempt or isinstance(loaded, Unread) else loaded
         body = change(snapshot)
         if body is None:
             return None

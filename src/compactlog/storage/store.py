@@ -397,7 +397,7 @@ class LogStore:
                 return replace(current, config=current.config.altered(set_values, delete)
                                ).to_json()
 
-            committed = update_document(topic.document, altered)
+            committed = update_document(topic.document, altered, loaded=topic.meta_snapshot)
             assert committed is not None  # `altered` always has a body to commit
             topic.meta_snapshot = committed
             topic.meta = TopicMeta.from_json(committed.body)

@@ -116,7 +116,7 @@ class ObjectLayout:
                 raise TopicExistsError(name)
             return meta
 
-        update_document(document, created)
+        update_document(document, created, loaded=current)
 
     def delete(self, name: str, snapshot: Snapshot | None) -> None:
         document = self.meta_document(name)
