@@ -394,8 +394,12 @@ def load_or_create(document: Document, make: Callable[[], dict[str, Any]]) -> Sn
     by whoever comes first, everyone else reading that (update_document's loop: a
     racing maker's commit conflicts, and it reads the winner's). tests/backend/
     test_object_commit.py test_load_or_create_makes_once_and_every_server_reads_the_same."""
-    made = update_document(document, lambda current: None if current is not None else make())
-    current = made if made is not None else document.load()
+    current = document.load()  # made already, the usual case: one read
+    if current is not None:
+        return current
+    made = update_document(document, lambda found: None if found is not None else make(),
+                           loaded=None)
+    current = made if made is not None else document.load()  # another maker won
     if current is None:  # committed, then gone: only a deletion from outside does that
         raise ConflictError(f"{document.where}: the document could not be read or made")
     return current
