@@ -323,6 +323,19 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         maximum=1.0,
     ),
     ConfigKey(
+        "compaction.segment.adopt.min.bytes",
+        "long",
+        1024 * 1024,
+        "compactlog: with compaction.deletion.vectors, a sealed segment of at least this "
+        "many bytes of which at least compaction.ledger.rewrite.live.fraction of the records "
+        "survive joins the ledger as it is, with a deletion vector for the records that do "
+        "not (on a local disk a hard link to the segment's file: nothing is copied), rather "
+        "than having its survivors copied into a new ledger file. An incremental run's cost "
+        "then follows its new data. Smaller segments are copied, so that the ledger does "
+        "not fill with small files. -1: never adopt.",
+        minimum=-1,
+    ),
+    ConfigKey(
         "parquet.row.group.bytes",
         "int",
         4 * 1024 * 1024,

@@ -148,7 +148,8 @@ def _expired_tombstones(file: FileRows, path: str, filesystem: fs.FileSystem) ->
     if file.condition.tombstone_cutoff_ms is None:
         return np.empty(0, np.int64)
     with filesystem.open_input_file(path) as handle:
-        table = pq.read_table(handle, columns=["offset", "value_size", "tombstone_since_ms"])
+        table = pq.read_table(handle,
+                              columns=["offset", *file.condition.tombstone_columns])
     return file.expired_tombstones(table)
 
 

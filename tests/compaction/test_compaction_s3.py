@@ -141,11 +141,14 @@ def ledger_objects(s3: S3Server, where: Location) -> list[str]:
     return [key for key in list_keys(where) if "/ledger/" in key]
 
 
-@pytest.mark.parametrize("dvs", ["false", "true"])
+@pytest.mark.parametrize("dvs", ["false", "true", "adopt"])
 def test_compaction_on_s3_keeps_the_latest_record_of_every_key(
         where: Location, s3: S3Server, tmp_path: Path, service: Compactor, dvs: str) -> None:
-    config = {**COMPACT, "compaction.deletion.vectors": dvs,
-              "compaction.ledger.rewrite.live.fraction": "0.1"}
+    # adopt: deletion vectors, and dirty segments adopted into the ledger as they are
+    # (compaction/adoption.py; uploaded by the task, remote_files.py step 3).
+    config = {**COMPACT, "compaction.deletion.vectors": "false" if dvs == "false" else "true",
+              "compaction.ledger.rewrite.live.fraction": "0.1",
+              "compaction.segment.adopt.min.bytes": "0" if dvs == "adopt" else "-1"}
     with LogStore.open(where, local_dir=tmp_path / "writer") as store:
         store.create_topic("t", 2, config)
         produce(store, "t", 0, 400)
@@ -157,8 +160,10 @@ def test_compaction_on_s3_keeps_the_latest_record_of_every_key(
         produce(store, "t", 400, 30)  # an incremental run over a few new records
         service(store, "t").compact()
         assert view(store, "t") == oracle(store, "t")
-        if dvs == "true" and service is not driver_service:
+        if dvs != "false" and service is not driver_service:
             assert any(".dv-" in key for key in ledger_objects(s3, where))
+        if dvs == "adopt" and service is not driver_service:
+            assert any(key.endswith("-adopted.parquet") for key in ledger_objects(s3, where))
         expected = oracle(store, "t")
     # Another machine: its own local directory, nothing but the bucket.
     with LogStore.open(where, read_only=True, local_dir=tmp_path / "reader") as reader:

@@ -96,10 +96,12 @@ def test_the_cleaner_hands_its_cap_to_the_compaction_processes() -> None:
 def _fill(store: LogStore, clock: FakeClock, partitions: int, records: int,
           config: dict[str, str] | None = None) -> None:
     """`records` 1 KiB incompressible values per partition, every key distinct (so the
-    ledger written is as large as the segments read), in sealed segments of ~1 MiB."""
+    ledger written is as large as the segments read), in sealed segments of ~1 MiB,
+    copied, not adopted (which writes nothing: compaction/adoption.py)."""
     store.create_topic(TOPIC, partitions, {
         "cleanup.policy": "compact", "segment.bytes": str(1 << 20),
-        "min.compaction.lag.ms": "0", "parquet.compression": "none", **(config or {})})
+        "min.compaction.lag.ms": "0", "parquet.compression": "none",
+        "compaction.segment.adopt.min.bytes": "-1", **(config or {})})
     rng = random.Random(3)
     for partition in range(partitions):
         for start in range(0, records, 200):

@@ -45,6 +45,8 @@ PARTITIONS = 2
 BASE = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.bytes": str(1 << 20),
         "compaction.deletion.vectors": "true",
         "compaction.ledger.rewrite.live.fraction": "0"}
+ADOPTED = "-adopted"
+ADOPT = {"compaction.segment.adopt.min.bytes": "0"}
 PATHS = ["reader", "fetch", "duckdb", "polars", "spark", "read_topic"]
 
 
@@ -96,63 +98,73 @@ def horizons_of(store: LogStore, topic: str) -> dict[int, int | None]:
 
 @pytest.fixture(scope="module")
 def topics(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[Row]]]:
-    """Three topics, all sealed (so the table paths, which read the sealed part, hold the
-    whole view), and the rows each view must hold."""
+    """Three topics and the same three with adoption, all sealed (so the table paths,
+    which read the sealed part, hold the whole view), and the rows each view must hold."""
     path = tmp_path_factory.mktemp("one-view") / "data"
     now_ms = int(time.time() * 1000)
     expected: dict[str, list[Row]] = {}
     with LogStore.open(path) as store:
-        # erased: DeleteRecords below the horizon, after two compactions (the first
-        # ledger file has a deletion vector), and no new data since.
-        store.create_topic("erased", PARTITIONS, BASE)
-        append_each(store, "erased", [ProducerRecord(b"k%d" % (i % 8),
-                                                     None if i % 9 == 4 else b"v%d" % i)
-                                      for i in range(48)])
-        roll_all(store, "erased")
-        compact(store, "erased")
-        append_each(store, "erased", [ProducerRecord(b"k%d" % (i % 3), b"w%d" % i)
-                                      for i in range(6)])
-        roll_all(store, "erased")
-        compact(store, "erased")
-        raw = raw_records(store, "erased")
-        view = fold(raw, horizons_of(store, "erased"))
-        cuts = {}
-        for partition in store.topic("erased").partitions:
-            assert any(info.dv_file for info in partition.manifest.ledger)
-            ledger = [row for row in view if row[0] == partition.index
-                      and row[1] <= (partition.manifest.horizon or -1)]
-            cuts[partition.index] = ledger[len(ledger) // 2][1]
-            partition.delete_records(cuts[partition.index])
-        expected["erased"] = [row for row in view if row[1] >= cuts[row[0]]]
-        assert expected["erased"] != view
+        # Each topic twice: the second time its dirty segments are adopted into the
+        # ledger as they are (compaction/adoption.py: files without tombstone_since_ms).
+        for suffix, base in (("", BASE), (ADOPTED, {**BASE, **ADOPT})):
+            # erased: DeleteRecords below the horizon, after two compactions (the first
+            # ledger file has a deletion vector), and no new data since.
+            erased = "erased" + suffix
+            store.create_topic(erased, PARTITIONS, base)
+            append_each(store, erased, [ProducerRecord(b"k%d" % (i % 8),
+                                                       None if i % 9 == 4 else b"v%d" % i)
+                                        for i in range(48)])
+            roll_all(store, erased)
+            compact(store, erased)
+            append_each(store, erased, [ProducerRecord(b"k%d" % (i % 3), b"w%d" % i)
+                                        for i in range(6)])
+            roll_all(store, erased)
+            compact(store, erased)
+            raw = raw_records(store, erased)
+            view = fold(raw, horizons_of(store, erased))
+            cuts = {}
+            for partition in store.topic(erased).partitions:
+                assert any(info.dv_file for info in partition.manifest.ledger)
+                ledger = [row for row in view if row[0] == partition.index
+                          and row[1] <= (partition.manifest.horizon or -1)]
+                cuts[partition.index] = ledger[len(ledger) // 2][1]
+                partition.delete_records(cuts[partition.index])
+            expected[erased] = [row for row in view if row[1] >= cuts[row[0]]]
+            assert expected[erased] != view
 
-        # aged: compacted under `compact`, then switched to `compact,delete` with
-        # retention.ms of an hour: the ledger's records two hours old leave the view.
-        store.create_topic("aged", PARTITIONS, BASE)
-        append_each(store, "aged", [ProducerRecord(b"k%d" % (i % 10), b"old%d" % i, (),
-                                                   now_ms - 2 * HOUR_MS) for i in range(20)])
-        append_each(store, "aged", [ProducerRecord(b"k%d" % (5 + i % 10), b"new%d" % i, (),
-                                                   now_ms) for i in range(20)])
-        roll_all(store, "aged")
-        compact(store, "aged")
-        store.alter_topic("aged", {"cleanup.policy": "compact,delete",
-                                   "retention.ms": str(HOUR_MS)})
-        view = fold(raw_records(store, "aged"), horizons_of(store, "aged"))
-        expected["aged"] = [row for row in view if not row[3].startswith(b"old")]
-        assert expected["aged"] != view
+            # aged: compacted under `compact`, then switched to `compact,delete` with
+            # retention.ms of an hour: the ledger's records two hours old leave the view.
+            aged = "aged" + suffix
+            store.create_topic(aged, PARTITIONS, base)
+            append_each(store, aged, [ProducerRecord(b"k%d" % (i % 10), b"old%d" % i, (),
+                                                     now_ms - 2 * HOUR_MS) for i in range(20)])
+            append_each(store, aged, [ProducerRecord(b"k%d" % (5 + i % 10), b"new%d" % i, (),
+                                                     now_ms) for i in range(20)])
+            roll_all(store, aged)
+            compact(store, aged)
+            store.alter_topic(aged, {"cleanup.policy": "compact,delete",
+                                     "retention.ms": str(HOUR_MS)})
+            view = fold(raw_records(store, aged), horizons_of(store, aged))
+            expected[aged] = [row for row in view if not row[3].startswith(b"old")]
+            assert expected[aged] != view
 
-        # tombstones: kept by a compaction two hours ago, with delete.retention.ms an
-        # hour: the contract says the key does not appear at all any more.
-        store.create_topic("tombstones", PARTITIONS, {**BASE,
-                                                      "delete.retention.ms": str(HOUR_MS)})
-        append_each(store, "tombstones", [
-            ProducerRecord(b"k%d" % (i % 12), None if i >= 30 and i % 2 else b"v%d" % i)
-            for i in range(36)])
-        roll_all(store, "tombstones")
-        compact(store, "tombstones", lambda: time.time() - 2 * HOUR_MS / 1000)
-        view = fold(raw_records(store, "tombstones"), horizons_of(store, "tombstones"))
-        expected["tombstones"] = [row for row in view if row[3] is not None]
-        assert expected["tombstones"] != view
+            # tombstones: kept by a compaction two hours ago, with delete.retention.ms an
+            # hour: the contract says the key does not appear at all any more.
+            tombstones = "tombstones" + suffix
+            store.create_topic(tombstones, PARTITIONS, {**base,
+                                                        "delete.retention.ms": str(HOUR_MS)})
+            append_each(store, tombstones, [
+                ProducerRecord(b"k%d" % (i % 12), None if i >= 30 and i % 2 else b"v%d" % i)
+                for i in range(36)])
+            roll_all(store, tombstones)
+            compact(store, tombstones, lambda: time.time() - 2 * HOUR_MS / 1000)
+            view = fold(raw_records(store, tombstones), horizons_of(store, tombstones))
+            expected[tombstones] = [row for row in view if row[3] is not None]
+            assert expected[tombstones] != view
+            if suffix:
+                for name in (erased, aged, tombstones):
+                    for partition in store.topic(name).partitions:
+                        assert any(info.adopted_at_ms for info in partition.manifest.ledger)
     return path, expected
 
 
@@ -180,7 +192,8 @@ def session_if_needed(request: pytest.FixtureRequest) -> SparkSession | None:
     return None
 
 
-@pytest.mark.parametrize("topic", ["erased", "aged", "tombstones"])
+@pytest.mark.parametrize("topic", ["erased", "aged", "tombstones", "erased" + ADOPTED,
+                                   "aged" + ADOPTED, "tombstones" + ADOPTED])
 @pytest.mark.parametrize("path_name", PATHS)
 def test_every_read_path_serves_the_one_compacted_view(
     topics: tuple[Path, dict[str, list[Row]]], topic: str, path_name: str,

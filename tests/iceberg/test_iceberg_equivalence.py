@@ -42,7 +42,8 @@ STRATEGIES = ["latest", "first", "order:timestamp"]
 
 produce_op = st.tuples(st.just("produce"), st.integers(1, 25), st.integers(0, 10**6),
                        st.integers(0, 4))
-compact_op = st.tuples(st.just("compact"), st.booleans())  # deletion vectors on or off
+# Deletion vectors on or off; dirty segments adopted into the ledger as they are or not.
+compact_op = st.tuples(st.just("compact"), st.booleans(), st.booleans())
 merge_op = st.just(("merge",))
 retention_op = st.just(("retention",))
 delete_op = st.tuples(st.just("delete_records"), st.integers(0, PARTITIONS - 1),
@@ -120,7 +121,10 @@ def run_schedule(root: Path, strategy: str, compact_delete: bool,
                                           r.timestamp or 0) for i, r in enumerate(records)]
                 store.topic(TOPIC).partition(index).roll()
             elif name == "compact":
-                store.alter_topic(TOPIC, {"compaction.deletion.vectors": str(op[1]).lower()})
+                adopt = len(op) > 2 and op[2]
+                store.alter_topic(TOPIC, {"compaction.deletion.vectors": str(op[1]).lower(),
+                                          "compaction.segment.adopt.min.bytes":
+                                          "0" if adopt else "-1"})
                 LocalCompactionService(store, TOPIC, {"engine": "arrow",
                                                       "clock": clock}).compact()
                 after = snapshots(table)[-1]["id"] if Path(table).exists() else None

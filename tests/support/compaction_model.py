@@ -78,6 +78,9 @@ class CompactionModel(RuleBasedStateMachine):
         self.full_run_comparable = True  # see the module: one_full_run_agrees
 
     extra_config: dict[str, str] = {}  # noqa: RUF012  (read only)
+    # compaction.segment.adopt.min.bytes: 0 adopts every segment that qualifies
+    # (compaction/adoption.py), -1 none; the tests' segments are far below the default.
+    adopt_min_bytes = -1
 
     def open_store(self) -> LogStore:
         """The store under test (test_compaction_model_s3.py: on an s3:// location)."""
@@ -94,6 +97,7 @@ class CompactionModel(RuleBasedStateMachine):
             "null.key.policy": null_policy, "segment.bytes": str(1 << 30),
             "compaction.deletion.vectors": str(deletion_vectors).lower(),
             "compaction.ledger.rewrite.live.fraction": str(rewrite),
+            "compaction.segment.adopt.min.bytes": str(self.adopt_min_bytes),
             **self.extra_config,
         }
         self.store.create_topic("m", config=self.topic_config)
@@ -255,8 +259,10 @@ class ArrowDeletionVectorModel(CompactionModel):
     @initialize(strategy=st.sampled_from(["latest", "first", "order:header:v"]),
                 retention=st.sampled_from([0, RETENTION_MS]),
                 null_policy=st.sampled_from(["drop", "keep"]),
-                rewrite=st.sampled_from([0.0, 0.01, 0.5, 0.9, 1.0]))
-    def create(self, strategy: str, retention: int, null_policy: str, rewrite: float) -> None:
+                rewrite=st.sampled_from([0.0, 0.01, 0.5, 0.9, 1.0]), adopt=st.booleans())
+    def create(self, strategy: str, retention: int, null_policy: str, rewrite: float,
+               adopt: bool) -> None:
+        self.adopt_min_bytes = 0 if adopt else -1
         self.create_topic(strategy, retention, null_policy, True, rewrite)
 
     def make_service(self, store: LogStore, topic: str, clock: Clock) -> TopicCompactionService:

@@ -33,8 +33,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
+from compactlog.compaction.adoption import adopt, adoptable
 from compactlog.compaction.arrow_survivors import (
     NotInView,
     Phase1Stats,
@@ -42,7 +44,7 @@ from compactlog.compaction.arrow_survivors import (
     partition_survivors,
     supports,
 )
-from compactlog.compaction.incremental import decide, runs_to_write
+from compactlog.compaction.incremental import Fate, decide, runs_to_write
 from compactlog.compaction.io_throttle import IoThrottle, per_task, throttled
 from compactlog.compaction.ledger import (
     PieceInput,
@@ -218,10 +220,26 @@ def _task(plan: PartitionPlan, run_id: str) -> dict[str, Any]:
         "target_file_bytes": plan.target_file_bytes,
         "deletion_vectors": plan.deletion_vectors,
         "rewrite_below": plan.rewrite_live_fraction,
+        "adopt_min_bytes": plan.adopt_min_bytes,
         # On an object store: where the task fetches its inputs and publishes its output.
         "volume": plan.volume_spec,
         "relative": [item.relative for item in plan.inputs],
     }
+
+
+def _adopted(inputs: list[InputFile], survivors: np.ndarray, rules: TombstoneRules,
+             task: dict[str, Any], page_checksums: bool) -> dict[str, Fate]:
+    """The dirty segments adopted into the ledger as they are (adoption.py), by path."""
+    fates: dict[str, Fate] = {}
+    for item in inputs:
+        if not adoptable(item, survivors, int(task.get("adopt_min_bytes", -1)),
+                         task["rewrite_below"], rules.deleted_below):
+            continue
+        result = adopt(item, survivors, rules, task["rewrite_below"], task["run_id"],
+                       Path(task["out_dir"]), page_checksums)
+        if result is not None:
+            fates[str(item.path)] = Fate(item, "adopt", result)
+    return fates
 
 
 def _use_task_cpus() -> None:
@@ -284,6 +302,7 @@ def _compact_local(task: dict[str, Any]) -> dict[str, Any]:
         fates = {str(item.path): decide(item, deleted.get(str(item.path)), survivors, rules,
                                         task["rewrite_below"], task["run_id"], page_checksums)
                  for item in inputs if item.is_ledger}
+        fates |= _adopted(inputs, survivors, rules, task, page_checksums)
         pieces += [fate.result.to_json() for fate in fates.values() if fate.result is not None]
         runs = runs_to_write(inputs, fates)
     sequence = 0

@@ -16,6 +16,12 @@ gets one fate:
     writing the row corrects it): phase 2 copies its live rows into a new file, with the dirty
     part's survivors;
   - drop: no row is left.
+A dirty segment gets a fate too when it is adopted into the ledger as it is
+(adoption.py): `adopt`, with a DV of the rows phase 2 would not have copied; the others
+are written by phase 2.
+A file adopted by an earlier run has no tombstone_since_ms column: its entry's
+adopted_at_ms stands for it on its tombstones (null values), and a kept empty value that
+is a tombstone now counts as unset (rewrite).
 So the view over (kept files with their DVs + new files) is the view a full rewrite
 would have written, record for record, save tombstone_since_ms of rows not rewritten,
 which is unchanged and so the same too.
@@ -40,7 +46,7 @@ class Fate:
     """What one previous ledger file becomes (see the module)."""
 
     item: InputFile
-    action: str  # keep | dv | rewrite | drop
+    action: str  # keep | dv | rewrite | drop | adopt (a dirty segment: adoption.py)
     result: PieceResult | None = None  # for keep, dv and drop: the file's counts
 
 
@@ -59,8 +65,10 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
         low, high = np.searchsorted(survivors, [info.base_offset, info.last_offset + 1])
         if high - low < rewrite_below * info.record_count:
             return Fate(item, "rewrite")
-    # Only the columns the rules need (no value, no key unless null keys are kept).
-    columns = ["offset", "tombstone_since_ms", "value_size"]
+    # Only the columns the rules need (no value, no key unless null keys are kept). An
+    # adopted file has no tombstone_since_ms: its tombstones were kept when it was.
+    adopted = info.adopted_at_ms
+    columns = ["offset", "value_size"] + (["tombstone_since_ms"] if adopted is None else [])
     columns += ["key"] if rules.null_key_policy == "keep" else []
     columns += ["timestamp"] if rules.retention_ms >= 0 else []
     # ParquetFile, not read_table: the dataset layer costs more than the read here.
@@ -79,14 +87,22 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
     else:
         null_key = np.zeros(len(offsets), bool)
         keep = chosen
-    since_column = table.column("tombstone_since_ms")
-    since_null = pc.is_null(since_column).to_numpy(zero_copy_only=False)
     size = table.column("value_size")
-    tomb = pc.is_null(size)
+    null_value = pc.is_null(size).to_numpy(zero_copy_only=False)
+    tombstone = null_value.copy()
     if rules.empty_value_is_tombstone:
-        tomb = pc.or_(tomb, pc.fill_null(pc.equal(size, 0), False))
-    tombstone = tomb.to_numpy(zero_copy_only=False) & ~null_key
-    since = since_column.fill_null(rules.now_ms).to_numpy()
+        tombstone |= pc.fill_null(pc.equal(size, 0), False).to_numpy(zero_copy_only=False)
+    tombstone &= ~null_key
+    if adopted is None:
+        since_column = table.column("tombstone_since_ms")
+        since_null = pc.is_null(since_column).to_numpy(zero_copy_only=False)
+        since = since_column.fill_null(rules.now_ms).to_numpy()
+    else:
+        # Set, in effect, on the rows that were tombstones when it was adopted: a key's
+        # null value. An empty value may have become a tombstone since (by
+        # empty.value.is.tombstone): it counts as unset, so its file is rewritten.
+        since_null = ~(null_value & ~null_key)
+        since = np.full(len(offsets), adopted, np.int64)
     expired_tombstone = tombstone & (rules.now_ms - since >= rules.delete_retention_ms)
     tombstones_removed = int((keep & expired_tombstone).sum())
     keep &= ~expired_tombstone
@@ -128,7 +144,8 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
 
 def runs_to_write(inputs: list[InputFile], fates: dict[str, Fate]) -> list[list[InputFile]]:
     """The maximal runs of consecutive inputs that phase 2 writes (rewritten ledger
-    files and dirty segments), split at every ledger file that stays as it is, so that
+    files and dirty segments), split at every file that stays as it is (a kept ledger
+    file, or an adopted segment), so that
     the new files' offset ranges never interleave with the kept files'."""
     runs: list[list[InputFile]] = [[]]
     for item in inputs:

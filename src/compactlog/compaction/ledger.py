@@ -71,6 +71,9 @@ class PieceInput:
     dv_crc32c: int | None = None
     # Rows below this offset are not input either (plan.InputFile.from_offset).
     from_offset: int = 0
+    # A ledger file adopted from a sealed segment (SegmentInfo.adopted_at_ms): it has no
+    # tombstone_since_ms column, and its tombstones were kept at this instant.
+    adopted_at_ms: int | None = None
 
     def verify(self) -> None:
         # Remembered per process (compaction/verified.py): ledger files are immutable.
@@ -89,7 +92,7 @@ class PieceInput:
         checked again when `checksum` is False: the caller proved the file whole)."""
         dv = str(path.parent / info.dv_file) if info.dv_file else None
         return cls(str(path), is_ledger, info.size_bytes, info.crc32c if checksum else None,
-                   dv, info.dv_size_bytes, info.dv_crc32c, from_offset)
+                   dv, info.dv_size_bytes, info.dv_crc32c, from_offset, info.adopted_at_ms)
 
     def not_input(self, offsets: np.ndarray, deleted: np.ndarray | None) -> np.ndarray | None:
         """Which of a row group's `offsets` are not input (its DV's, `deleted`, and those
@@ -154,11 +157,18 @@ def _row_groups(path: str, page_checksums: bool = True) -> Iterator[pa.Table]:
         handle.close()  # at once, not when the collector finds it (bounded open files)
 
 
-def _as_ledger_table(table: pa.Table) -> pa.Table:
+def _as_ledger_table(table: pa.Table, adopted_at_ms: int | None) -> pa.Table:
+    """A row group of a segment or ledger file with the ledger's columns: a segment's
+    rows were never kept (null); an adopted file's tombstones of then, its keys' null
+    values, were kept at `adopted_at_ms` (an empty value that is a tombstone now was
+    not one then: null, so _filter_group counts it from this run)."""
     if "tombstone_since_ms" not in table.column_names:
-        table = table.append_column(
-            "tombstone_since_ms", pa.nulls(table.num_rows, type=pa.int64())
-        )
+        since = pa.nulls(table.num_rows, type=pa.int64())
+        if adopted_at_ms is not None:
+            was_tombstone = pc.and_(pc.is_null(table.column("value")),
+                                    pc.is_valid(table.column("key")))
+            since = pc.if_else(was_tombstone, pa.scalar(adopted_at_ms, pa.int64()), since)
+        table = table.append_column("tombstone_since_ms", since)
     return table.select(LEDGER_SCHEMA.names).cast(LEDGER_SCHEMA)
 
 
@@ -200,8 +210,8 @@ def write_ledger_piece(
                 # column is copied once, not once for the DV and again for the survivors.
                 gone = source.not_input(group.column("offset").to_numpy(), deleted)
                 counts["records_in"] += group.num_rows - (0 if gone is None else int(gone.sum()))
-                kept = _filter_group(_as_ledger_table(group), survivors, rules, counts, gone,
-                                     source.is_ledger)
+                kept = _filter_group(_as_ledger_table(group, source.adopted_at_ms), survivors,
+                                     rules, counts, gone, source.is_ledger)
                 if not kept.num_rows:
                     continue
                 offsets = kept.column("offset")
@@ -252,35 +262,34 @@ def write_ledger_piece(
     return PieceResult(info, **counts, oldest_tombstone_ms=oldest)
 
 
-def _filter_group(
-    table: pa.Table, survivors: np.ndarray, rules: TombstoneRules, counts: dict[str, int],
-    gone: np.ndarray | None = None, is_ledger: bool = False,
-) -> pa.Table:
-    """The rows of `table` (a row group of a ledger file when `is_ledger`) that stay in
-    the view, counted into `counts`; `gone` marks rows that are not input (a deletion
-    vector took them out before, or they lie below the input's from_offset): neither
-    kept nor counted."""
-    offsets = table.column("offset").to_numpy()
+def rows_kept(
+    offsets: np.ndarray, null_key: np.ndarray, tombstone: np.ndarray, since: np.ndarray,
+    timestamps: np.ndarray | None, survivors: np.ndarray, rules: TombstoneRules,
+    counts: dict[str, int], gone: np.ndarray | None = None, is_ledger: bool = False,
+) -> np.ndarray:
+    """Per row of a file's row group, whether it stays in the view (phase 2's rules), its
+    removals counted into `counts`. The row group is given by its columns: `offsets`,
+    `null_key` (its key is null), `tombstone` (a key's null value, or an empty one under
+    empty.value.is.tombstone), `since` (tombstone_since_ms, rules.now_ms where unset),
+    `timestamps` (needed only on compact,delete). `gone` marks rows that are not input
+    (a deletion vector took them out before, or they lie below the input's
+    from_offset): neither kept nor counted. `is_ledger`: the rows are a ledger file's."""
     chosen = deleted_mask(offsets, survivors)  # "is in the sorted array", whatever it holds
-    null_key = pc.is_null(table.column("key")).to_numpy(zero_copy_only=False)
     if gone is not None:  # not input: every mask below starts without them
         chosen &= ~gone
-        null_key &= ~gone
+        null_key = null_key & ~gone
+    keep: np.ndarray
     if rules.null_key_policy == "keep":
         keep = chosen | null_key
     else:
         keep = chosen & ~null_key
         counts["null_keys_removed"] += int(null_key.sum())
-    # A null-key record deletes no key, so it is never a tombstone: `keep` passes it on.
-    tombstone = is_tombstone_mask(table, rules.empty_value_is_tombstone).to_numpy(
-        zero_copy_only=False
-    ) & ~null_key
-    since = table.column("tombstone_since_ms").fill_null(rules.now_ms).to_numpy()
     expired_tombstone = tombstone & (rules.now_ms - since >= rules.delete_retention_ms)
     counts["tombstones_removed"] += int((keep & expired_tombstone).sum())
     keep &= ~expired_tombstone
     if rules.retention_ms >= 0:
-        too_old = table.column("timestamp").to_numpy() < rules.now_ms - rules.retention_ms
+        assert timestamps is not None, "compact,delete reads the timestamps"
+        too_old = timestamps < rules.now_ms - rules.retention_ms
         counts["expired_removed"] += int((keep & too_old).sum())
         keep &= ~too_old
     if rules.deleted_below:
@@ -294,6 +303,25 @@ def _filter_group(
         counts["expired_removed"] += int((was_in_view & deleted).sum())
         keep &= ~deleted
     counts["tombstones_kept"] += int((keep & tombstone).sum())
+    return keep
+
+
+def _filter_group(
+    table: pa.Table, survivors: np.ndarray, rules: TombstoneRules, counts: dict[str, int],
+    gone: np.ndarray | None = None, is_ledger: bool = False,
+) -> pa.Table:
+    """The rows of `table` (a row group of a ledger file when `is_ledger`) that stay in
+    the view (`rows_kept`), with tombstone_since_ms set on exactly the kept tombstones."""
+    null_key = pc.is_null(table.column("key")).to_numpy(zero_copy_only=False)
+    # A null-key record deletes no key, so it is never a tombstone: `keep` passes it on.
+    tombstone = is_tombstone_mask(table, rules.empty_value_is_tombstone).to_numpy(
+        zero_copy_only=False
+    ) & ~null_key
+    keep = rows_kept(
+        table.column("offset").to_numpy(), null_key, tombstone,
+        table.column("tombstone_since_ms").fill_null(rules.now_ms).to_numpy(),
+        table.column("timestamp").to_numpy() if rules.retention_ms >= 0 else None,
+        survivors, rules, counts, gone, is_ledger)
     kept = table.filter(pa.array(keep))
     if not kept.num_rows:
         return kept

@@ -83,6 +83,8 @@ class PartitionPlan:
     # compaction.deletion.vectors and compaction.ledger.rewrite.live.fraction.
     deletion_vectors: bool = False
     rewrite_live_fraction: float = 0.5
+    # compaction.segment.adopt.min.bytes (adoption.py; -1: never).
+    adopt_min_bytes: int = -1
     # The partition's volume when it is not its local directory (an S3 prefix): tasks
     # fetch their inputs from it and publish their outputs to it (remote_files.py).
     volume_spec: dict[str, str] | None = None
@@ -231,6 +233,7 @@ def plan_partition(
         task_memory_bytes=config["compaction.task.memory.bytes"],
         deletion_vectors=config["compaction.deletion.vectors"],
         rewrite_live_fraction=config["compaction.ledger.rewrite.live.fraction"],
+        adopt_min_bytes=config["compaction.segment.adopt.min.bytes"],
         volume_spec=None if volume.is_local else volume.spec,
         without_spark=config["compaction.without.spark"],
     )

@@ -14,9 +14,10 @@ Steps of `compact_on_volume` (tests/compaction/test_compaction_s3.py):
      process's read cache: the ledger files and their DVs land side by side, where the
      task body looks for a DV (next to its ledger file);
   2. run the task body on the local copies with a fresh local output directory;
-  3. publish every ledger file the body wrote there (create-only PUT), then every new
-     deletion vector (written next to its cached ledger file; the inputs' own DVs are
-     already in the bucket);
+  3. publish every file the body wrote there (create-only PUT): new ledger files, and
+     adopted segments with their DVs (adoption.py: the cached copy's bytes, uploaded as
+     they are); then every other new deletion vector (written next to its cached ledger
+     file; the inputs' own DVs are already in the bucket);
   4. remove the output directory; the cache keeps the copies for later runs.
 A failure in 1-3 fails the task: Spark retries it or the run fails, and the driver
 commits nothing; what 3 published is an orphan until the sweep deletes it.
@@ -52,13 +53,15 @@ def compact_on_volume(task: dict[str, Any], body: TaskBody) -> dict[str, Any]:
     try:
         result = body({**task, "inputs": local_inputs, "volume": None,  # 2.
                        "out_dir": str(out_dir)})
+        published: set[str] = set()
         for written in sorted(out_dir.iterdir()):  # 3.
             if not written.name.startswith(TEMP_PREFIX):
                 volume.publish(written, f"{LEDGER_DIR}/{written.name}")
+                published.add(written.name)
         for piece in result["pieces"]:
             info = piece.get("info") or {}
             dv_file = info.get("dv_file")
-            if dv_file and dv_file not in input_dvs:
+            if dv_file and dv_file not in input_dvs | published:
                 volume.publish(volume.path_of(f"{LEDGER_DIR}/{dv_file}"),
                                f"{LEDGER_DIR}/{dv_file}")
     finally:

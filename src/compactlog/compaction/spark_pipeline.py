@@ -262,7 +262,7 @@ def _piece_row(piece: Piece, run_id: str) -> tuple[str]:
         "partition": plan.partition,
         "sequence": piece.sequence,
         "inputs": [[item.path, item.is_ledger, item.size_bytes, item.crc32c, item.dv_path,
-                    item.dv_size_bytes, item.dv_crc32c, item.from_offset]
+                    item.dv_size_bytes, item.dv_crc32c, item.from_offset, item.adopted_at_ms]
                    for item in piece.piece_inputs()],
         "survivors": base64.b64encode(piece.survivors.astype("<i8").tobytes()).decode(),
         "rules": plan.rules.__dict__,

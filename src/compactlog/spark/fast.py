@@ -50,7 +50,7 @@ from compactlog.spark.options import VIEWS, ReadOptions
 from compactlog.spark.read import read_tail
 from compactlog.spark.read_plan import FilePart, TailPart, plan_read
 from compactlog.spark.source import NAME, CompactlogDataSource
-from compactlog.storage import TOMBSTONE_COLUMNS, LogStore, read_deletion_vector
+from compactlog.storage import LogStore, read_deletion_vector
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -96,7 +96,7 @@ def read_topic(spark: SparkSession, path: str, topic: str, view: str = "raw",
                  .parquet(*(_local(part) for part in group)))
         # One condition for every file of the partition and kind, without the bounds
         # that all of them meet: a filter makes even count() read its columns.
-        condition = group[0].group_condition.trimmed(
+        condition = group[0].group_condition.within(
             min(part.info.base_offset for part in group),
             max(part.info.last_offset for part in group),
             min(part.info.min_timestamp for part in group))
@@ -143,8 +143,9 @@ def _excluded(part: FilePart) -> Iterator[np.ndarray]:
     if info.dv_file:
         yield read_deletion_vector(Path(_local(part)).parent / info.dv_file,
                                    info.dv_size_bytes, info.dv_crc32c)
-    if part.rows.condition.tombstone_cutoff_ms is not None:
-        narrow = pq.read_table(_local(part), columns=["offset", *TOMBSTONE_COLUMNS])
+    condition = part.rows.condition
+    if condition.tombstone_cutoff_ms is not None:
+        narrow = pq.read_table(_local(part), columns=["offset", *condition.tombstone_columns])
         yield part.rows.expired_tombstones(narrow)
 
 

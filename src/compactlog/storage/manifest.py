@@ -41,14 +41,20 @@ class SegmentInfo:
     dv_size_bytes: int = 0
     dv_crc32c: int | None = None
     dv_count: int = 0
+    # Ledger files only: set on a sealed segment that a compaction adopted into the
+    # ledger as it is (compaction/adoption.py), at that run's now. Such a file has no
+    # tombstone_since_ms column: each of its tombstones was kept from this instant.
+    adopted_at_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """As a manifest stores it: the DV fields only when there is a DV, so that a
-        manifest without DVs reads the same to builds that predate them."""
+        """As a manifest stores it: the DV and adoption fields only when set, so that a
+        manifest without them reads the same to builds that predate them."""
         body = asdict(self)
         if self.dv_file is None:
             for name in ("dv_file", "dv_size_bytes", "dv_crc32c", "dv_count"):
                 del body[name]
+        if self.adopted_at_ms is None:
+            del body["adopted_at_ms"]
         return body
 
     @property

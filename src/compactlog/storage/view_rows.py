@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -96,8 +96,12 @@ class RowCondition:
     min_timestamp: int | None = None  # compact,delete: retention.ms
     tombstone_cutoff_ms: int | None = None  # ledger: tombstones kept at or before this
     empty_value_is_tombstone: bool = False
+    # Set on a ledger file adopted from a sealed segment (SegmentInfo.adopted_at_ms),
+    # whose tombstones were all kept at this instant: it has no tombstone_since_ms
+    # column, and the rule reads value_size and key instead.
+    tombstones_kept_at_ms: int | None = None
 
-    def trimmed(self, first_offset: int, last_offset: int, min_timestamp: int) -> RowCondition:
+    def within(self, first_offset: int, last_offset: int, min_timestamp: int) -> RowCondition:
         """This condition without the bounds that rows with these statistics all meet."""
         return RowCondition(
             self.min_offset if self.min_offset is not None and first_offset < self.min_offset
@@ -107,6 +111,18 @@ class RowCondition:
             self.min_timestamp if self.min_timestamp is not None
             and min_timestamp < self.min_timestamp else None,
             self.tombstone_cutoff_ms, self.empty_value_is_tombstone)
+
+    def trimmed(self, info: SegmentInfo) -> RowCondition:
+        """This condition for the file `info`: `within` its statistics, and with its
+        tombstones' one instant if it was adopted (SegmentInfo.adopted_at_ms)."""
+        found = self.within(info.base_offset, info.last_offset, info.min_timestamp)
+        adopted = info.adopted_at_ms
+        if found.tombstone_cutoff_ms is None or adopted is None:
+            return found
+        if adopted > found.tombstone_cutoff_ms:
+            # None of its tombstones is past delete.retention.ms yet.
+            return replace(found, tombstone_cutoff_ms=None)
+        return replace(found, tombstones_kept_at_ms=adopted)
 
     def excludes_all(self, info: SegmentInfo) -> bool:
         """No row of the file `info` can be in the view."""
@@ -124,8 +140,20 @@ class RowCondition:
         """The columns `mask` reads."""
         found = ["offset"]
         found += ["timestamp"] if self.min_timestamp is not None else []
-        found += TOMBSTONE_COLUMNS if self.tombstone_cutoff_ms is not None else []
+        found += self.tombstone_columns
         return found
+
+    @property
+    def tombstone_columns(self) -> list[str]:
+        """The columns the tombstone rule reads (none when it has nothing to do)."""
+        if self.tombstone_cutoff_ms is None:
+            return []
+        if self.tombstones_kept_at_ms is not None:
+            # The key too: a null key's null value is no tombstone (only the column that
+            # an adopted file lacks would say so). Read only while one of its tombstones
+            # is past retention: the next compaction drops them (plan.tombstones_due).
+            return ["value_size", "key"]
+        return TOMBSTONE_COLUMNS
 
     def mask(self, table: pa.Table) -> np.ndarray | None:
         """True for the rows of `table` (with `columns` among its own) in the view; None
@@ -155,6 +183,12 @@ class RowCondition:
         tombstone = pc.is_null(size)
         if self.empty_value_is_tombstone:
             tombstone = pc.or_(tombstone, pc.fill_null(pc.equal(size, 0), False))
+        if self.tombstones_kept_at_ms is not None:
+            # Adopted: every tombstone was kept at that instant, at or before the cutoff
+            # (`trimmed` leaves the rule out otherwise); a null key's value deletes nothing.
+            every: np.ndarray = pc.and_(tombstone, pc.is_valid(table.column("key"))).to_numpy(
+                zero_copy_only=False)
+            return every
         old = pc.fill_null(pc.less_equal(table.column("tombstone_since_ms"),
                                          self.tombstone_cutoff_ms), False)
         found: np.ndarray = pc.and_(tombstone, old).to_numpy(zero_copy_only=False)
@@ -317,8 +351,7 @@ def _files(folder: str, infos: tuple[SegmentInfo, ...],
         if condition.end_offset is not None and info.base_offset >= condition.end_offset:
             return
         if not condition.excludes_all(info):
-            yield FileRows(folder, info, condition.trimmed(
-                info.base_offset, info.last_offset, info.min_timestamp))
+            yield FileRows(folder, info, condition.trimmed(info))
 
 
 def _last_offset(info: SegmentInfo) -> int:
