@@ -12,12 +12,15 @@ on S3 (tests/compaction/test_compaction_s3.py), by every read path
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from rich.console import Console
 
+from compactlog.cli.compaction_report import summary_table
 from compactlog.client.reader import Reader
 from compactlog.compaction import load_factory
 from compactlog.storage.records import ProducerRecord, Record
@@ -48,6 +51,12 @@ def view(store: LogStore, topic: str) -> list[Record]:
     return records
 
 
+def render(table: Any) -> str:
+    console = Console(width=120, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
 def append(store: LogStore, records: list[ProducerRecord]) -> None:
     """The same records into both topics, each batch sealed into a segment of its own."""
     for topic in (ADOPTING, COPYING):
@@ -69,8 +78,10 @@ def test_an_adopted_segment_is_a_hard_link_with_a_dv_of_its_superseded_rows(
         partition = store.topic(ADOPTING).partition(0)
         append(store, [ProducerRecord(b"k%03d" % k, b"a") for k in range(100)])
         (segment,) = partition.manifest.segments
-        for topic in (ADOPTING, COPYING):
-            compact(store, topic, clock)
+        reports = [compact(store, topic, clock) for topic in (ADOPTING, COPYING)]
+        assert [report.total("segments_adopted") for report in reports] == [1, 0]
+        assert reports[0].total("records_out") == reports[1].total("records_out") == 100
+        assert "1 segment adopted as it is" in render(summary_table(reports[0]))
         (first,) = partition.manifest.ledger
         assert first.file.endswith("-adopted.parquet")
         assert first.adopted_at_ms == clock.ms and first.dv_file is None
@@ -85,8 +96,10 @@ def test_an_adopted_segment_is_a_hard_link_with_a_dv_of_its_superseded_rows(
         # 10 of 100 superseded within it: adopted, with a DV of those 10.
         append(store, [ProducerRecord(b"k%03d" % (20 + k % 90), b"c") for k in range(100)])
         clock.advance_ms(10)
-        for topic in (ADOPTING, COPYING):
-            compact(store, topic, clock)
+        reports = [compact(store, topic, clock) for topic in (ADOPTING, COPYING)]
+        assert [report.total("segments_adopted") for report in reports] == [1, 0]
+        for name in ("records_in", "records_out", "keys", "tombstones_kept"):
+            assert reports[0].total(name) == reports[1].total(name), name
         ledger = partition.manifest.ledger
         adopted = [info for info in ledger if info.adopted_at_ms is not None]
         # Every key of the first file was written again (0..19, then 20..99): dropped.

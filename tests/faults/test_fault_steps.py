@@ -2,7 +2,7 @@
 
 For each scenario (tests/support/fault_scenarios.py: appends that roll and seal, a seal in the
 server's way, compactions of one and two partitions (also incremental, with deletion
-vectors), retention with its sweep, a topic
+vectors, and with dirty segments adopted as they are), retention with its sweep, a topic
 config change), the fault points the operation passes are recorded once; then, for
 each step, the operation runs again on a fresh copy of its data directory with that
 step failing with ENOSPC, failing with EIO, stalling while another committer commits
@@ -139,7 +139,8 @@ def cases(kinds: tuple[str, ...]) -> list[Any]:
 
 # Steps each operation passes; test_step_counts_are_current keeps these in line.
 STEPS = {"append": 23, "seal": 30, "compact-1": 50, "compact-2": 86, "retention": 15,
-         "alter": 9, "compact-dv-1": 59, "compact-dv-2": 100, "merge": 28}
+         "alter": 9, "compact-dv-1": 59, "compact-dv-2": 100, "compact-adopt": 67,
+         "merge": 28}
 # The steps [first, end) of the Iceberg sync after a compaction (runner step 5b: the
 # table's files and the partitions' hold documents; the replay runs where the table was
 # written, so the sync builds v2 on the template's v1, incrementally). A failed sync is
@@ -148,9 +149,9 @@ STEPS = {"append": 23, "seal": 30, "compact-1": 50, "compact-2": 86, "retention"
 # step and its commit point (v2.metadata.json renamed into place), and at every step in
 # the slow run.
 SYNC_STEPS = {"compact-1": (22, 46), "compact-2": (34, 78), "compact-dv-1": (21, 55),
-              "compact-dv-2": (42, 92)}
+              "compact-dv-2": (42, 92), "compact-adopt": (29, 63)}
 SYNC_SAMPLE = {"compact-1": (22, 40), "compact-2": (34, 72), "compact-dv-1": (21, 49),
-               "compact-dv-2": (42, 86)}
+               "compact-dv-2": (42, 86), "compact-adopt": (29, 57)}
 
 
 def sync_steps(steps: list[Step]) -> tuple[int, int] | None:

@@ -168,6 +168,29 @@ def verify_dv_compaction(store: LogStore, where: str) -> None:
                 assert (partition.ledger_dir / info.dv_file).exists(), where
 
 
+# The same with the second run's dirty segments adopted into the ledger as they are
+# (compaction/adoption.py): its steps link each segment into ledger/ and write its DV.
+WITH_ADOPTION = {**WITH_DVS, "compaction.segment.adopt.min.bytes": "0"}
+
+
+def prepare_adopting_compaction(store: LogStore, clock: FakeClock) -> None:
+    store.create_topic(TOPIC, 1, WITH_ADOPTION)
+    fill(store, 3, 12, "a")
+    compact(store, clock, engine="arrow")
+    fill(store, 2, 5, "b")
+    store.append(TOPIC, [ProducerRecord(b"k%02d" % k, None) for k in (3, 7)])
+    store.topic(TOPIC).partition(0).roll()
+
+
+def verify_adopting_compaction(store: LogStore, where: str) -> None:
+    """Whichever pair is in force, each adopted file it lists is whole and its DV too."""
+    verify_dv_compaction(store, where)
+    for info in store.topic(TOPIC).partition(0).manifest.ledger:
+        if info.adopted_at_ms is not None:
+            path = store.topic(TOPIC).partition(0).ledger_dir / info.file
+            assert path.stat().st_size == info.size_bytes, where
+
+
 def expect_compaction(store: LogStore, oracle: Oracle) -> None:
     for index, partition in enumerate(store.topic(TOPIC).partitions):
         oracle.horizons[index].add(partition.manifest.sealed_end_offset - 1)
@@ -226,6 +249,8 @@ SCENARIOS = {scenario.name: scenario for scenario in (
              verify=verify_dv_compaction),
     Scenario("compact-dv-2", prepare_dv_compaction(2), dv_compaction, expect_compaction,
              verify=verify_dv_compaction),
+    Scenario("compact-adopt", prepare_adopting_compaction, dv_compaction, expect_compaction,
+             verify=verify_adopting_compaction),
     Scenario("retention", prepare_retention, retention, expect_retention),
     Scenario("alter", prepare_alter, alter, verify=verify_alter),
     Scenario("merge", prepare_merge, merge),

@@ -69,9 +69,12 @@ def summary_table(report: CompactionReport) -> RenderableType:
     if ran:
         removed = report.total("records_in") - report.total("records_out")
         tombstones = report.total("tombstones_removed")
+        adopted = report.total("segments_adopted")
         notes.append(Text(
             f"{removed:,} record{'' if removed == 1 else 's'} removed ({tombstones:,} "
             f"tombstone{'' if tombstones == 1 else 's'}) · "
+            + (f"{adopted:,} segment{'' if adopted == 1 else 's'} adopted as "
+               f"{'it is' if adopted == 1 else 'they are'} · " if adopted else "")
             + " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report.stages.items())
             + f" · {report.mb_per_s:.1f} MB/s after start-up"
             + (f" · I/O throttled {report.throttled_s:.1f}s" if report.throttled_s else ""),

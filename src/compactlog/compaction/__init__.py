@@ -43,6 +43,8 @@ class PartitionSummary:
     old_horizon: int | None = None
     horizon: int | None = None
     dirty_segments: int = 0
+    # Of those, joined the ledger as they are (compaction/adoption.py).
+    segments_adopted: int = 0
     skipped: str | None = None  # why nothing was done, when nothing was
     # Rolled segments the writer had not sealed when the run gave up waiting: the next
     # run covers them (compaction/rolled.py).

@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from compactlog import fsutil
+from compactlog import faults, fsutil
 from compactlog.compaction.io_throttle import observe_growth, observe_row_group
 from compactlog.compaction.ledger import PieceResult, TombstoneRules, rows_kept
 from compactlog.compaction.plan import InputFile, wholly_cut
@@ -133,6 +133,7 @@ def _link(source: Path, out_dir: Path, name: str) -> None:
     fsynced and renamed, so the name holds the whole file or none."""
     temp = fsutil.temp_path(out_dir, name)
     try:
+        faults.point("write", temp)  # the new name's directory entry, as a write makes one
         try:
             os.link(source, temp)
         except OSError:  # another file system, or one without hard links

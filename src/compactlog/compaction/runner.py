@@ -350,6 +350,8 @@ def _commit(
     summary.records_in = sum(item.info.live_count for item in plan.inputs)
     summary.bytes_in = sum(item.info.size_bytes for item in plan.inputs)
     summary.bytes_out = sum(info.size_bytes for info in new_ledger)
+    summary.segments_adopted = sum(1 for info in new_ledger if info.adopted_at_ms == now_ms
+                                   and run_id in info.file)
     # What the new ledger holds: one record per key (a tombstone until
     # delete.retention.ms has passed), as the summary of a partition with nothing new.
     summary.keys = sum(info.live_count for info in new_ledger)
