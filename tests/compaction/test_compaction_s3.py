@@ -19,7 +19,7 @@ import pytest
 
 from compactlog import LogStore, ProducerRecord, faults
 from compactlog.backend import Location
-from compactlog.backend.s3.volume import s3_client
+from compactlog.backend.s3.volume import ObjectVolume, s3_client
 from compactlog.compaction import TopicCompactionService, load_factory
 from compactlog.errors import ConflictError, StorageError
 from compactlog.storage.records import Record
@@ -143,9 +143,19 @@ def ledger_objects(s3: S3Server, where: Location) -> list[str]:
 
 @pytest.mark.parametrize("dvs", ["false", "true", "adopt"])
 def test_compaction_on_s3_keeps_the_latest_record_of_every_key(
-        where: Location, s3: S3Server, tmp_path: Path, service: Compactor, dvs: str) -> None:
+        where: Location, s3: S3Server, tmp_path: Path, service: Compactor, dvs: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # adopt: deletion vectors, and dirty segments adopted into the ledger as they are
-    # (compaction/adoption.py; uploaded by the task, remote_files.py step 3).
+    # (compaction/adoption.py; copied within the bucket, remote_files.py step 3).
+    copied: list[str] = []
+    publish_copy = ObjectVolume.publish_copy
+
+    def copy_and_note(volume: ObjectVolume, temp: Path, relative: str, source: str) -> None:
+        copied.append(relative)
+        assert source.startswith("segments/")
+        publish_copy(volume, temp, relative, source)
+
+    monkeypatch.setattr(ObjectVolume, "publish_copy", copy_and_note)
     config = {**COMPACT, "compaction.deletion.vectors": "false" if dvs == "false" else "true",
               "compaction.ledger.rewrite.live.fraction": "0.1",
               "compaction.segment.adopt.min.bytes": "0" if dvs == "adopt" else "-1"}
@@ -163,7 +173,12 @@ def test_compaction_on_s3_keeps_the_latest_record_of_every_key(
         if dvs != "false" and service is not driver_service:
             assert any(".dv-" in key for key in ledger_objects(s3, where))
         if dvs == "adopt" and service is not driver_service:
-            assert any(key.endswith("-adopted.parquet") for key in ledger_objects(s3, where))
+            adopted = [key for key in ledger_objects(s3, where)
+                       if key.endswith("-adopted.parquet")]
+            assert adopted
+            if service is local_service:  # in this process: its copies are seen here
+                assert {key.rpartition("/ledger/")[2] for key in adopted} <= {
+                    relative.removeprefix("ledger/") for relative in copied}
         expected = oracle(store, "t")
     # Another machine: its own local directory, nothing but the bucket.
     with LogStore.open(where, read_only=True, local_dir=tmp_path / "reader") as reader:

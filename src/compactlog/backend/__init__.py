@@ -230,6 +230,13 @@ class Volume(Protocol):
         one; `temp` is gone afterwards (moved or removed)."""
         ...
 
+    def publish_copy(self, temp: Path, relative: str, source: str) -> None:
+        """As `publish`, for a local file whose bytes are those of this volume's data file
+        `source` (an adopted segment: compaction/adoption.py): an object store copies
+        `source` where it is, so the bytes are not sent again, under a name no other
+        writer uses for other bytes; `temp` becomes the local copy of `relative`."""
+        ...
+
     def evict(self, relative: str) -> None:
         """Drop a downloaded copy that failed its checks, so the next fetch downloads it
         again (nothing to do for a local file)."""

@@ -11,8 +11,8 @@ segment lacks. Every reader and every later run reads that instant from the entr
 
 The file's bytes are the segment's. On a local disk it is a hard link in ledger/ to the
 segment (the same inode: nothing is copied; a copy where links are impossible). On an
-object store the task uploads the copy it fetched (remote_files.py, step 3): the bytes
-travel once, as the rewritten file's would, but are never decoded. Either way the
+object store the store copies the segment's object within the bucket (remote_files.py,
+step 3: CopyObject, nothing sent but the request). Either way the
 ledger entry names a file of ledger/ like every other, so retention, merges and the
 sweep of segments/ never see it, and deleting the segment leaves it whole.
 

@@ -14,10 +14,12 @@ Steps of `compact_on_volume` (tests/compaction/test_compaction_s3.py):
      process's read cache: the ledger files and their DVs land side by side, where the
      task body looks for a DV (next to its ledger file);
   2. run the task body on the local copies with a fresh local output directory;
-  3. publish every file the body wrote there (create-only PUT): new ledger files, and
-     adopted segments with their DVs (adoption.py: the cached copy's bytes, uploaded as
-     they are); then every other new deletion vector (written next to its cached ledger
-     file; the inputs' own DVs are already in the bucket);
+  3. publish every file the body wrote there: new ledger files and DVs by a create-only
+     PUT, an adopted segment (adoption.py) by a copy of the segment's object within the
+     bucket (CopyObject: its bytes are not sent again; its name carries the run id and
+     the segment's base offset, so another attempt can only give it the same bytes);
+     then every other new deletion vector (written next to its cached ledger file; the
+     inputs' own DVs are already in the bucket);
   4. remove the output directory; the cache keeps the copies for later runs.
 A failure in 1-3 fails the task: Spark retries it or the run fails, and the driver
 commits nothing; what 3 published is an orphan until the sweep deletes it.
@@ -54,10 +56,16 @@ def compact_on_volume(task: dict[str, Any], body: TaskBody) -> dict[str, Any]:
         result = body({**task, "inputs": local_inputs, "volume": None,  # 2.
                        "out_dir": str(out_dir)})
         published: set[str] = set()
+        adopted = _adopted_sources(task, result)
         for written in sorted(out_dir.iterdir()):  # 3.
-            if not written.name.startswith(TEMP_PREFIX):
+            if written.name.startswith(TEMP_PREFIX):
+                continue
+            if written.name in adopted:
+                volume.publish_copy(written, f"{LEDGER_DIR}/{written.name}",
+                                    adopted[written.name])
+            else:
                 volume.publish(written, f"{LEDGER_DIR}/{written.name}")
-                published.add(written.name)
+            published.add(written.name)
         for piece in result["pieces"]:
             info = piece.get("info") or {}
             dv_file = info.get("dv_file")
@@ -67,3 +75,16 @@ def compact_on_volume(task: dict[str, Any], body: TaskBody) -> dict[str, Any]:
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)  # 4.
     return result
+
+
+def _adopted_sources(task: dict[str, Any], result: dict[str, Any]) -> dict[str, str]:
+    """Per ledger file the body adopted (adoption.py), the segment it is a copy of, by
+    its relative name in the volume: the file's entry keeps the segment's base offset."""
+    segments = {info["base_offset"]: relative for (_, is_ledger, info), relative
+                in zip(task["inputs"], task["relative"], strict=True) if not is_ledger}
+    found: dict[str, str] = {}
+    for piece in result["pieces"]:
+        info = piece.get("info") or {}
+        if info.get("adopted_at_ms") is not None and info["base_offset"] in segments:
+            found[info["file"]] = segments[info["base_offset"]]
+    return found

@@ -45,6 +45,10 @@ class LocalVolume:
             raise ValueError(f"{temp} must be written in {final.parent}")
         fsutil.publish_replace(temp, final)
 
+    def publish_copy(self, temp: Path, relative: str, source: str) -> None:
+        """`temp` already holds the bytes (a hard link to `source`, as adoption makes it)."""
+        self.publish(temp, relative)
+
     def remove(self, relative: str) -> bool:
         return fsutil.remove(self.root / relative)
 

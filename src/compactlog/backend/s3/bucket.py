@@ -1,5 +1,5 @@
 """One S3 bucket as the rest of compactlog speaks to it: get, head, conditional put,
-delete, list, and the few transfers the callers need, each one request (or one listing)
+copy, delete, list, and the few transfers the callers need, each one request (or one listing)
 with one error mapping.
 
 Invariant: every request to the store that compactlog makes through boto3 goes through a
@@ -244,6 +244,16 @@ class Bucket:
         except (StorageError, ObjectStoreSetupError):
             return False  # not told: taken, as far as this writer can know
         return head is not None and head.metadata.get(TOKEN) == token
+
+    def copy(self, source_key: str, key: str) -> None:
+        """Give `key` the bytes of the object `source_key` of this bucket, copied by the
+        store where they are (CopyObject: nothing is sent but the request). Not
+        conditional: CopyObject's If-None-Match is recent in S3 and missing from other
+        stores, so the caller copies only under a name that no other writer uses for
+        other bytes."""
+        with self._request("COPY", key):
+            self.client.copy_object(Bucket=self.name, Key=key,
+                                    CopySource={"Bucket": self.name, "Key": source_key})
 
     def delete(self, key: str, *, if_match: str | None = None,
                missing_ok: bool = False) -> bool:

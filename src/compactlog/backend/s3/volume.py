@@ -171,7 +171,24 @@ class ObjectVolume:
             temp.unlink(missing_ok=True)
             raise StorageError(f"{self.describe(relative)}: the name is taken; a data file "
                                "is never replaced")
-        # The uploaded bytes are the local file's: keep it as the cached copy.
+        self._keep_as_cached(temp, relative)
+
+    def publish_copy(self, temp: Path, relative: str, source: str) -> None:
+        """CopyObject from `source` (Bucket.copy: unconditional, so only under a name no
+        other writer uses for other bytes, as the caller promises)."""
+        try:
+            faults.point("upload", temp)
+            self.objects.copy(self.key(source), self.key(relative))
+        except (StorageError, ObjectStoreSetupError):
+            temp.unlink(missing_ok=True)
+            raise
+        except OSError as error:  # a fault point, as a failed request
+            temp.unlink(missing_ok=True)
+            raise self.objects.failed("COPY", self.key(relative), error) from error
+        self._keep_as_cached(temp, relative)
+
+    def _keep_as_cached(self, temp: Path, relative: str) -> None:
+        # The object's bytes are the local file's: keep it as the cached copy.
         path = self.path_of(relative)
         path.parent.mkdir(parents=True, exist_ok=True)
         size = temp.stat().st_size
