@@ -327,13 +327,25 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "long",
         1024 * 1024,
         "compactlog: with compaction.deletion.vectors, a sealed segment of at least this "
-        "many bytes of which at least compaction.ledger.rewrite.live.fraction of the records "
+        "many bytes of which at least compaction.segment.adopt.live.fraction of the records "
         "survive joins the ledger as it is, with a deletion vector for the records that do "
-        "not (on a local disk a hard link to the segment's file: nothing is copied), rather "
-        "than having its survivors copied into a new ledger file. An incremental run's cost "
-        "then follows its new data. Smaller segments are copied, so that the ledger does "
-        "not fill with small files. -1: never adopt.",
+        "not (on a local disk a hard link to the segment's file, on S3 a copy within the "
+        "bucket: nothing is decoded, encoded or sent), rather than having its survivors "
+        "copied into a new ledger file. Smaller segments are copied, so that the ledger "
+        "does not fill with small files. -1: never adopt.",
         minimum=-1,
+    ),
+    ConfigKey(
+        "compaction.segment.adopt.live.fraction",
+        "double",
+        0.9,
+        "compactlog: the share of a sealed segment's records that must survive for it to be "
+        "adopted into the ledger as it is (see compaction.segment.adopt.min.bytes), and never "
+        "less than compaction.ledger.rewrite.live.fraction (else the next run would rewrite "
+        "it). An adopted file keeps its superseded records' bytes until it is rewritten, and "
+        "every later run reads their keys: 0.9 bounds that to about a tenth.",
+        minimum=0.0,
+        maximum=1.0,
     ),
     ConfigKey(
         "parquet.row.group.bytes",

@@ -35,7 +35,9 @@ def config(**extra: str) -> dict[str, str]:
     return {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
             "delete.retention.ms": str(10**12), "compaction.deletion.vectors": "true",
             "compaction.ledger.rewrite.live.fraction": "0.5",
-            "compaction.segment.adopt.min.bytes": "0", **extra}
+            "compaction.segment.adopt.min.bytes": "0",
+            # The rewrite fraction decides (the default 0.9 is tested on its own).
+            "compaction.segment.adopt.live.fraction": "0", **extra}
 
 
 def compact(store: LogStore, topic: str, clock: FakeClock) -> Any:
@@ -176,6 +178,21 @@ def test_an_empty_value_that_became_a_tombstone_counts_from_the_run_after_the_sw
         clock.advance_ms(switched_ms + 10_000 - clock.ms)
         assert b"" not in [r.value for r in view(store, ADOPTING)]
         assert view(store, ADOPTING) == view(store, COPYING)
+
+
+def test_by_default_only_a_segment_nine_tenths_live_is_adopted(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        for name, live in (("most", 95), ("less", 85)):
+            topic_config = config()
+            del topic_config["compaction.segment.adopt.live.fraction"]
+            store.create_topic(name, 1, topic_config)
+            store.append(name, [ProducerRecord(b"k%d" % (k % live), b"v") for k in range(100)])
+            store.topic(name).partition(0).roll()
+            compact(store, name, clock)
+            (only,) = store.topic(name).partition(0).manifest.ledger
+            assert (only.adopted_at_ms is not None) is (name == "most"), name
+            assert only.live_count == live
 
 
 def test_small_segments_are_copied_and_minus_one_never_adopts(tmp_path: Path) -> None:

@@ -158,7 +158,8 @@ def test_compaction_on_s3_keeps_the_latest_record_of_every_key(
     monkeypatch.setattr(ObjectVolume, "publish_copy", copy_and_note)
     config = {**COMPACT, "compaction.deletion.vectors": "false" if dvs == "false" else "true",
               "compaction.ledger.rewrite.live.fraction": "0.1",
-              "compaction.segment.adopt.min.bytes": "0" if dvs == "adopt" else "-1"}
+              "compaction.segment.adopt.min.bytes": "0" if dvs == "adopt" else "-1",
+              "compaction.segment.adopt.live.fraction": "0"}
     with LogStore.open(where, local_dir=tmp_path / "writer") as store:
         store.create_topic("t", 2, config)
         produce(store, "t", 0, 400)

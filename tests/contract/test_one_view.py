@@ -46,7 +46,7 @@ BASE = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.byte
         "compaction.deletion.vectors": "true",
         "compaction.ledger.rewrite.live.fraction": "0"}
 ADOPTED = "-adopted"
-ADOPT = {"compaction.segment.adopt.min.bytes": "0"}
+ADOPT = {"compaction.segment.adopt.min.bytes": "0", "compaction.segment.adopt.live.fraction": "0"}
 PATHS = ["reader", "fetch", "duckdb", "polars", "spark", "read_topic"]
 
 

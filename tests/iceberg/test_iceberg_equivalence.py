@@ -124,7 +124,8 @@ def run_schedule(root: Path, strategy: str, compact_delete: bool,
                 adopt = len(op) > 2 and op[2]
                 store.alter_topic(TOPIC, {"compaction.deletion.vectors": str(op[1]).lower(),
                                           "compaction.segment.adopt.min.bytes":
-                                          "0" if adopt else "-1"})
+                                          "0" if adopt else "-1",
+                                          "compaction.segment.adopt.live.fraction": "0"})
                 LocalCompactionService(store, TOPIC, {"engine": "arrow",
                                                       "clock": clock}).compact()
                 after = snapshots(table)[-1]["id"] if Path(table).exists() else None

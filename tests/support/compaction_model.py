@@ -98,6 +98,8 @@ class CompactionModel(RuleBasedStateMachine):
             "compaction.deletion.vectors": str(deletion_vectors).lower(),
             "compaction.ledger.rewrite.live.fraction": str(rewrite),
             "compaction.segment.adopt.min.bytes": str(self.adopt_min_bytes),
+            # The rewrite fraction alone decides, so that files with dead rows are adopted.
+            "compaction.segment.adopt.live.fraction": "0",
             **self.extra_config,
         }
         self.store.create_topic("m", config=self.topic_config)

@@ -170,7 +170,8 @@ def verify_dv_compaction(store: LogStore, where: str) -> None:
 
 # The same with the second run's dirty segments adopted into the ledger as they are
 # (compaction/adoption.py): its steps link each segment into ledger/ and write its DV.
-WITH_ADOPTION = {**WITH_DVS, "compaction.segment.adopt.min.bytes": "0"}
+WITH_ADOPTION = {**WITH_DVS, "compaction.segment.adopt.min.bytes": "0",
+                 "compaction.segment.adopt.live.fraction": "0"}
 
 
 def prepare_adopting_compaction(store: LogStore, clock: FakeClock) -> None:

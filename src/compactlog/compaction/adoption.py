@@ -19,9 +19,11 @@ sweep of segments/ never see it, and deleting the segment leaves it whole.
 When (`adoptable`): with compaction.deletion.vectors, a dirty segment of at least
 compaction.segment.adopt.min.bytes (smaller ones are copied as before: adopting them
 would multiply the ledger's files), without a lost range, wholly above the old horizon,
-of which phase 1 chose at least compaction.ledger.rewrite.live.fraction of the rows:
-the share below which a ledger file is rewritten rather than kept with a DV
-(incremental.py), so that the next run does not rewrite it at once.
+of which phase 1 chose at least compaction.segment.adopt.live.fraction of the rows (0.9:
+an adopted file keeps its dead rows' bytes, and every later run reads their keys, until
+it is rewritten), and never less than compaction.ledger.rewrite.live.fraction, the share
+below which a ledger file is rewritten rather than kept with a DV (incremental.py), so
+that the next run does not rewrite it at once.
 
 Steps of `adopt` (tests/compaction/test_adoption.py):
   1. read the segment's narrow columns: offset and value_size; timestamp on

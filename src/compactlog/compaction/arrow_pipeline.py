@@ -221,6 +221,8 @@ def _task(plan: PartitionPlan, run_id: str) -> dict[str, Any]:
         "deletion_vectors": plan.deletion_vectors,
         "rewrite_below": plan.rewrite_live_fraction,
         "adopt_min_bytes": plan.adopt_min_bytes,
+        # Never below the rewrite fraction: the next run would rewrite the file at once.
+        "adopt_above": max(plan.adopt_live_fraction, plan.rewrite_live_fraction),
         # On an object store: where the task fetches its inputs and publishes its output.
         "volume": plan.volume_spec,
         "relative": [item.relative for item in plan.inputs],
@@ -233,9 +235,9 @@ def _adopted(inputs: list[InputFile], survivors: np.ndarray, rules: TombstoneRul
     fates: dict[str, Fate] = {}
     for item in inputs:
         if not adoptable(item, survivors, int(task.get("adopt_min_bytes", -1)),
-                         task["rewrite_below"], rules.deleted_below):
+                         task["adopt_above"], rules.deleted_below):
             continue
-        result = adopt(item, survivors, rules, task["rewrite_below"], task["run_id"],
+        result = adopt(item, survivors, rules, task["adopt_above"], task["run_id"],
                        Path(task["out_dir"]), page_checksums)
         if result is not None:
             fates[str(item.path)] = Fate(item, "adopt", result)

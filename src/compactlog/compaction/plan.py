@@ -83,8 +83,9 @@ class PartitionPlan:
     # compaction.deletion.vectors and compaction.ledger.rewrite.live.fraction.
     deletion_vectors: bool = False
     rewrite_live_fraction: float = 0.5
-    # compaction.segment.adopt.min.bytes (adoption.py; -1: never).
+    # compaction.segment.adopt.min.bytes (adoption.py; -1: never) and .live.fraction.
     adopt_min_bytes: int = -1
+    adopt_live_fraction: float = 0.9
     # The partition's volume when it is not its local directory (an S3 prefix): tasks
     # fetch their inputs from it and publish their outputs to it (remote_files.py).
     volume_spec: dict[str, str] | None = None
@@ -234,6 +235,7 @@ def plan_partition(
         deletion_vectors=config["compaction.deletion.vectors"],
         rewrite_live_fraction=config["compaction.ledger.rewrite.live.fraction"],
         adopt_min_bytes=config["compaction.segment.adopt.min.bytes"],
+        adopt_live_fraction=config["compaction.segment.adopt.live.fraction"],
         volume_spec=None if volume.is_local else volume.spec,
         without_spark=config["compaction.without.spark"],
     )
