@@ -386,7 +386,7 @@ class Run:
 
     def totals(self) -> dict[str, int]:
         names = ("records_in", "bytes_in", "records_out", "bytes_out", "keys",
-                 "tombstones_kept", "tombstones_removed", "dirty_segments")
+                 "tombstones_kept", "tombstones_removed", "dirty_segments", "segments_adopted")
         return {name: self.report.total(name) for name in names}
 
 
@@ -695,7 +695,8 @@ def print_run(run: Run) -> None:
           f"({t['bytes_in'] / 1e6:,.1f} MB) in, {t['records_out']:,} out "
           f"({t['bytes_out'] / 1e6:,.1f} MB), {t['keys']:,} keys, tombstones kept "
           f"{t['tombstones_kept']:,}, removed {t['tombstones_removed']:,}; "
-          f"{t['dirty_segments']} dirty segments", flush=True)
+          f"{t['dirty_segments']} dirty segments ({t['segments_adopted']} adopted as they "
+          "are)", flush=True)
     if run.phases:
         print("  phases: " + ", ".join(f"{name} {s:.2f} s" for name, s in run.phases.items()
                                        if s >= 0.005))
