@@ -333,7 +333,10 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         "bucket: nothing is decoded, encoded or sent), rather than having its survivors "
         "copied into a new ledger file. Smaller segments are copied, so that the ledger "
         "does not fill with small files. -1: never adopt.",
-        minimum=-1,
+        minimum=0,
+        maximum=LONG_MAX,
+        allow_minus_one=True,
+        minus_one_means="never adopting",
     ),
     ConfigKey(
         "compaction.segment.adopt.live.fraction",
