@@ -143,7 +143,7 @@ def _partition_files(partition: Partition, view: str,
 
 
 def _expired_tombstones(file: FileRows, path: str, filesystem: fs.FileSystem) -> np.ndarray:
-    """The offsets of `file`'s tombstones past delete.retention.ms: only the three narrow
+    """The offsets of `file`'s tombstones past delete.retention.ms: only the narrow
     columns the rule needs are read (on S3, by ranged reads of their column chunks)."""
     if file.condition.tombstone_cutoff_ms is None:
         return np.empty(0, np.int64)

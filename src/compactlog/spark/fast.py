@@ -13,7 +13,7 @@ only 0.48 (docs/benchmarks.md). So this function plans the same read as the data
   on compact,delete) as a SQL filter; Spark prunes columns and verifies every page's
   checksum (`parquet.page.verify-checksum.enabled`, sealed files are written with
   them); the ledger rows that deletion vectors delete, and expired tombstones (found on
-  the driver from three narrow columns), are taken out by a broadcast anti-join;
+  the driver from narrow columns), are taken out by a broadcast anti-join;
 - the unsealed tail of each partition, [sealed end, log end) at planning, goes through a
   small Python source (`compactlog-tail`) over the store's read API, which finds those
   records wherever they are by then (still in the log, or sealed meanwhile).
@@ -138,7 +138,7 @@ def _local(part: FilePart) -> str:
 def _excluded(part: FilePart) -> Iterator[np.ndarray]:
     """The offsets of `part`'s file that are not in the view though its bounds hold: its
     deletion vector's, and its tombstones past delete.retention.ms (read here, on the
-    driver, from three narrow columns)."""
+    driver, from narrow columns: RowCondition.tombstone_columns)."""
     info = part.info
     if info.dv_file:
         yield read_deletion_vector(Path(_local(part)).parent / info.dv_file,

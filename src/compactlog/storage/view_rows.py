@@ -15,8 +15,9 @@ The compacted view of a partition, for a read from offset `start`:
      - on a topic whose cleanup.policy includes `delete` with retention.ms >= 0, rows
        older than retention.ms: they leave on time alone, as in Kafka, not only at the
        next compaction,
-     - tombstones kept (tombstone_since_ms) delete.retention.ms ago or longer: after that
-       the key does not appear at all (item 2), whether or not a run has dropped them yet;
+     - tombstones kept (tombstone_since_ms; in a segment adopted as it is, the entry's
+       adopted_at_ms) delete.retention.ms ago or longer: after that the key does not
+       appear at all (item 2), whether or not a run has dropped them yet;
   2. then the raw log from max(horizon + 1, log start): sealed segments, then log
      segments (the tail), whose offsets are dense;
   all from `start` on and below the upper bound, the durable high watermark (item 13):
