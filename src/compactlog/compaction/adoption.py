@@ -53,7 +53,7 @@ from compactlog import faults, fsutil
 from compactlog.compaction.io_throttle import observe_growth, observe_row_group
 from compactlog.compaction.ledger import PieceResult, TombstoneRules, rows_kept
 from compactlog.compaction.plan import InputFile, wholly_cut
-from compactlog.storage import dv_file_name, write_deletion_vector
+from compactlog.storage import dv_file_name, tombstones_by_size, write_deletion_vector
 
 
 def adoptable(item: InputFile, survivors: np.ndarray, min_bytes: int,
@@ -99,11 +99,8 @@ def adopt(item: InputFile, survivors: np.ndarray, rules: TombstoneRules,
     offsets = table.column("offset").to_numpy()
     null_key = (pc.is_null(table.column("key")).to_numpy(zero_copy_only=False)
                 if may_hold_null_keys else np.zeros(len(offsets), bool))
-    size = table.column("value_size")
-    tombstone = pc.is_null(size).to_numpy(zero_copy_only=False)
-    if rules.empty_value_is_tombstone:
-        tombstone |= pc.fill_null(pc.equal(size, 0), False).to_numpy(zero_copy_only=False)
-    tombstone &= ~null_key
+    tombstone = tombstones_by_size(table.column("value_size"),
+                                   rules.empty_value_is_tombstone) & ~null_key
     counts = dict.fromkeys(("tombstones_kept", "tombstones_removed", "null_keys_removed",
                             "expired_removed"), 0)
     keep = rows_kept(  # 2.

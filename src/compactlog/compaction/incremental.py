@@ -38,7 +38,13 @@ import pyarrow.parquet as pq
 from compactlog.compaction.io_throttle import observe_row_group
 from compactlog.compaction.ledger import PieceResult, TombstoneRules
 from compactlog.compaction.plan import InputFile, wholly_cut
-from compactlog.storage import deleted_mask, drop_deleted, dv_file_name, write_deletion_vector
+from compactlog.storage import (
+    deleted_mask,
+    drop_deleted,
+    dv_file_name,
+    tombstones_by_size,
+    write_deletion_vector,
+)
 
 
 @dataclass(frozen=True)
@@ -89,10 +95,7 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
         keep = chosen
     size = table.column("value_size")
     null_value = pc.is_null(size).to_numpy(zero_copy_only=False)
-    tombstone = null_value.copy()
-    if rules.empty_value_is_tombstone:
-        tombstone |= pc.fill_null(pc.equal(size, 0), False).to_numpy(zero_copy_only=False)
-    tombstone &= ~null_key
+    tombstone = tombstones_by_size(size, rules.empty_value_is_tombstone) & ~null_key
     if adopted is None:
         since_column = table.column("tombstone_since_ms")
         since_null = pc.is_null(since_column).to_numpy(zero_copy_only=False)

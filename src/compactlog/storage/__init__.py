@@ -81,6 +81,7 @@ if TYPE_CHECKING:
         partition_rows,
         retention_ms,
         rows_of,
+        tombstones_by_size,
         upper_bound,
         view_start,
     )
@@ -148,6 +149,7 @@ __all__ = [
     "sealed_tables",
     "sweep_unreachable",
     "table_to_records",
+    "tombstones_by_size",
     "upper_bound",
     "verify_file",
     "view_start",
@@ -216,6 +218,7 @@ _HOMES = {
     "TimeRules": "compactlog.storage.view_rows",
     "TIMESTAMP_TYPE_MASK": "compactlog.storage.records",
     "TOMBSTONE_COLUMNS": "compactlog.storage.view_rows",
+    "tombstones_by_size": "compactlog.storage.view_rows",
     "Topic": "compactlog.storage.topic",
     "TRANSACTIONAL_MASK": "compactlog.storage.records",
     "upper_bound": "compactlog.storage.view_rows",

@@ -55,6 +55,17 @@ if TYPE_CHECKING:
 TOMBSTONE_COLUMNS = ["value_size", "tombstone_since_ms"]
 
 
+def tombstones_by_size(size: pa.ChunkedArray | pa.Array,
+                       empty_value_is_tombstone: bool) -> np.ndarray:
+    """Per row, from its value_size column, whether its value deletes its key: a null
+    value, or an empty one under empty.value.is.tombstone (a null key's deletes nothing:
+    the caller masks those out, when it has the key column). Never null."""
+    found: np.ndarray = pc.is_null(size).to_numpy(zero_copy_only=False)
+    if empty_value_is_tombstone:
+        found |= pc.fill_null(pc.equal(size, 0), False).to_numpy(zero_copy_only=False)
+    return found
+
+
 def upper_bound(view: View) -> int:
     """The offset below which a read of `view` may serve records: the durable high
     watermark. Every read path takes its end from here."""
@@ -180,19 +191,17 @@ class RowCondition:
         kept; which values are tombstones is the topic's setting now, as for the run
         that will drop them (compaction/incremental.py)."""
         assert self.tombstone_cutoff_ms is not None
-        size = table.column("value_size")
-        tombstone = pc.is_null(size)
-        if self.empty_value_is_tombstone:
-            tombstone = pc.or_(tombstone, pc.fill_null(pc.equal(size, 0), False))
+        tombstone = tombstones_by_size(table.column("value_size"),
+                                       self.empty_value_is_tombstone)
         if self.tombstones_kept_at_ms is not None:
             # Adopted: every tombstone was kept at that instant, at or before the cutoff
             # (`trimmed` leaves the rule out otherwise); a null key's value deletes nothing.
-            every: np.ndarray = pc.and_(tombstone, pc.is_valid(table.column("key"))).to_numpy(
+            every: np.ndarray = tombstone & pc.is_valid(table.column("key")).to_numpy(
                 zero_copy_only=False)
             return every
         old = pc.fill_null(pc.less_equal(table.column("tombstone_since_ms"),
                                          self.tombstone_cutoff_ms), False)
-        found: np.ndarray = pc.and_(tombstone, old).to_numpy(zero_copy_only=False)
+        found: np.ndarray = tombstone & old.to_numpy(zero_copy_only=False)
         return found
 
     def bounds_expression(self) -> ds.Expression | None:
