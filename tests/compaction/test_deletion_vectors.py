@@ -15,12 +15,16 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from compactlog.client.reader import Reader
 from compactlog.compaction import load_factory
 from compactlog.iceberg import expire_snapshots
+from compactlog.storage.deletion import deleted_mask
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
 from support.fakes import FakeClock
@@ -235,3 +239,21 @@ def test_the_sql_engine_leaves_out_what_a_dv_deleted(tmp_path: Path,
         view = {r.key: r.value for r in compacted(store, TOPIC)}
         assert view[b"k1"] == b"b" and view[b"k2"] == b"a"
         assert not any(info.dv_file for info in store.topic(TOPIC).partition(0).manifest.ledger)
+
+
+@given(
+    start=st.integers(-5, 50),
+    offsets=st.one_of(
+        st.integers(0, 60).map(lambda n: list(range(n))),  # a group without gaps
+        st.sets(st.integers(0, 120), max_size=60).map(sorted),  # ascending, with gaps
+        st.lists(st.integers(0, 100), max_size=60),  # any order, repeats: the general path
+    ),
+    deleted=st.lists(st.integers(-10, 130), max_size=80).map(sorted),
+)
+def test_deleted_mask_is_membership_in_the_sorted_array(
+        start: int, offsets: list[int], deleted: list[int]) -> None:
+    """deleted_mask, on either of its paths (ascending groups look the members up in
+    the group), is exactly "offset i is in `deleted`"."""
+    shifted = np.asarray([start + offset for offset in offsets], dtype=np.int64)
+    members = np.asarray(deleted, dtype=np.int64)
+    assert np.array_equal(deleted_mask(shifted, members), np.isin(shifted, members))

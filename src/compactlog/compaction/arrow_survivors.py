@@ -170,7 +170,9 @@ def _read_groups(paths: list[str], columns: list[str], page_checksums: bool,
                 group = handle.read_row_group(index, columns=wanted)
                 observe_row_group(handle.metadata, index, wanted)
                 group = hidden.visible(path, group).select(columns)
-                yield group.filter(pc.is_valid(group.column("key")))
+                # A filter copies every column: only for a group that has null keys.
+                keys = group.column("key")
+                yield group.filter(pc.is_valid(keys)) if keys.null_count else group
         finally:
             handle.close()
 

@@ -78,9 +78,27 @@ def deleted_mask(offsets: np.ndarray, deleted: np.ndarray) -> np.ndarray:
     """True where `offsets[i]` is in the sorted array `deleted`."""
     if not len(deleted) or not len(offsets):
         return np.zeros(len(offsets), bool)
+    if len(offsets) > 1 and bool((offsets[1:] > offsets[:-1]).all()):
+        return _ascending_mask(offsets, deleted)
     position = np.searchsorted(deleted, offsets)
     position[position >= len(deleted)] = 0
     found: np.ndarray = deleted[position] == offsets
+    return found
+
+
+def _ascending_mask(offsets: np.ndarray, deleted: np.ndarray) -> np.ndarray:
+    """deleted_mask for strictly ascending `offsets` (a file's row group): only the
+    members of `deleted` within the group's range are looked up, in the group, so the
+    cost follows those members rather than the group's rows (phase 2 keeps about one
+    row in ten of a dirty segment); a group without gaps takes them by subtraction."""
+    first, last = int(offsets[0]), int(offsets[-1])
+    within = deleted[np.searchsorted(deleted, first):np.searchsorted(deleted, last, "right")]
+    found = np.zeros(len(offsets), bool)
+    if last - first == len(offsets) - 1:  # every offset of the range, in order
+        found[within - first] = True
+    else:
+        position = np.searchsorted(offsets, within)  # < len(offsets): within <= last
+        found[position[offsets[position] == within]] = True
     return found
 
 
