@@ -609,6 +609,7 @@ class Row:
     records: int
     bytes_in: int
     ratio_vs_duckdb: float | None = None
+    ratio_vs_polars: float | None = None
     times: list[float] = field(default_factory=list)  # every run, for best-of rows
     # What ran the row's runs, from their reports (CompactionReport.engine), or the
     # baseline's library: never the label's word for it.
@@ -676,12 +677,14 @@ def labelled_spark(label: str) -> bool:
 def print_table(rows: list[Row]) -> None:
     width = max(len(row.engine) for row in rows)
     print(f"\n{'engine':{width}} {'seconds':>8} {'records/s':>12} {'MB/s':>8} {'x DuckDB':>9}"
-          "  ran on")
+          f" {'x Polars':>9}  ran on")
     for row in rows:
-        ratio = "     n/a" if row.ratio_vs_duckdb is None else f"{row.ratio_vs_duckdb:9.2f}"
+        ratios = ["      n/a" if ratio is None else f"{ratio:9.2f}"
+                  for ratio in (row.ratio_vs_duckdb, row.ratio_vs_polars)]
         print(f"{row.engine:{width}} {row.seconds:8.2f} {row.records_per_s:12,.0f} "
-              f"{row.mb_per_s:8.1f} {ratio}  {row.ran_on}")
-    print("(x DuckDB: seconds / DuckDB's seconds; records/s and MB/s count the sealed "
+              f"{row.mb_per_s:8.1f} {ratios[0]} {ratios[1]}  {row.ran_on}")
+    print("(x DuckDB, x Polars: seconds / that baseline's best seconds in this run; "
+          "records/s and MB/s count the sealed "
           "input; ran on: what each row's runs' reports say ran them. A row labelled "
           "Spark whose runs did not all run as Spark jobs gets no ratio: every run is one "
           "unless --topic-config compaction.without.spark=true)",
@@ -844,9 +847,11 @@ class Bench:
         on_spark.update({row.engine: all_on_spark([first.report]) for row in rows[-2:]})
         rows += self.baselines(inputs, expected, bytes_in)
         duck = next((row for row in rows if row.engine.startswith("DuckDB")), None)
+        polars = next((row for row in rows if row.engine.startswith("Polars")), None)
         for row in rows:
             honest = not labelled_spark(row.engine) or on_spark.get(row.engine, False)
             row.ratio_vs_duckdb = row.seconds / duck.seconds if duck and honest else None
+            row.ratio_vs_polars = row.seconds / polars.seconds if polars and honest else None
         print_table(rows)
         return rows
 
