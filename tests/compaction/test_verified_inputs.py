@@ -1,17 +1,20 @@
-"""The per-process memo of verified compaction inputs (compaction/verified.py): a file
+"""The per-process memo of verified compaction inputs (compaction/verified.py), and the
+whole-file CRC32C it checks (storage/sealed.file_crc32c): a file
 proven whole is not read for its CRC32C again, and any write to it, or a new file under
 its name, makes the next run check it again (and find the damage)."""
 
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from compactlog.compaction import verified
 from compactlog.errors import CorruptionError
-from compactlog.storage.sealed import file_crc32c
+from compactlog.storage.sealed import CHECKSUM_CHUNK, file_crc32c
 
 
 @pytest.fixture
@@ -80,3 +83,14 @@ def test_a_size_that_differs_is_an_error_even_when_remembered(tmp_path: Path,
     assert counted == []  # a file this process wrote counts as checked
     with pytest.raises(CorruptionError, match="bytes"):
         verified.verify_input(path, 999, crc, "input")
+
+
+@pytest.mark.parametrize("size", [0, 1, CHECKSUM_CHUNK - 1, CHECKSUM_CHUNK, CHECKSUM_CHUNK + 1,
+                                  2 * CHECKSUM_CHUNK + 7])
+def test_file_crc32c_is_the_crc_of_the_whole_file(tmp_path: Path, size: int) -> None:
+    """The file's CRC32C read through one refilled buffer equals the CRC of its bytes at
+    once, at the chunk's edges too."""
+    data = random.Random(size).randbytes(size)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    assert file_crc32c(path) == crc32c.crc32c(data)
