@@ -14,8 +14,10 @@ same ledger files as plain Parquet.
 2. The same query (`count(*)`, `sum(octet_length(value))`, `max("offset")`) by DuckDB 1.5.5,
    from the state table (`iceberg_scan`, its position deletes applied) and from the
    ledger files the manifests list (`read_parquet` of that list: the baseline, which
-   counts the rows the deletes take out, so its answer differs), median and minimum of
-   --repeat, the two sources taking turns.
+   counts the rows the deletes take out, so its answer differs), and, as a diagnostic of
+   what the position deletes cost, the state table's current snapshot with its delete
+   manifests left out of a copy of its manifest list (the same data files; its answer is
+   the baseline's); median and minimum of --repeat, the sources taking turns.
 
     .venv/bin/python bench/iceberg_tables.py
     .venv/bin/python bench/iceberg_tables.py --records 200000 --keys 20000   # quick
@@ -38,6 +40,8 @@ from typing import Any
 import duckdb
 import duckdb_extension_avro  # type: ignore[import-untyped]
 import duckdb_extension_iceberg  # type: ignore[import-untyped]
+from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.manifest import ManifestContent, read_manifest_list, write_manifest_list
 
 from compactlog.compaction import load_factory
 from compactlog.compaction.spark_service import SparkCompactionServiceFactory
@@ -87,7 +91,28 @@ def extension(module: Any) -> str:
     return glob.glob(os.path.join(folder, "**", "*.duckdb_extension"), recursive=True)[0]
 
 
-def duckdb_times(store: LogStore, repeat: int) -> dict[str, Any]:
+def without_deletes(table: str, scratch: Path) -> str:
+    """A metadata file for the state table's current snapshot whose manifest list names
+    only its data manifests (written under `scratch`, the table left as it is)."""
+    metadata_path = sorted(glob.glob(f"{table}/metadata/*.metadata.json"))[-1]
+    metadata = json.loads(Path(metadata_path).read_text())
+    snapshot = next(item for item in metadata["snapshots"]
+                    if item["snapshot-id"] == metadata["current-snapshot-id"])
+    table_io = PyArrowFileIO()
+    data_only = [manifest for manifest in read_manifest_list(
+        table_io.new_input(snapshot["manifest-list"])) if manifest.content == ManifestContent.DATA]
+    manifest_list = str(scratch / "data-manifests-only.avro")
+    with write_manifest_list(2, table_io.new_output(manifest_list), snapshot["snapshot-id"],
+                             snapshot.get("parent-snapshot-id"), snapshot["sequence-number"],
+                             "deflate") as writer:
+        writer.add_manifests(data_only)
+    snapshot["manifest-list"] = manifest_list
+    copy = scratch / "without-deletes.metadata.json"
+    copy.write_text(json.dumps(metadata))
+    return str(copy)
+
+
+def duckdb_times(store: LogStore, repeat: int, scratch: Path) -> dict[str, Any]:
     con = duckdb.connect(config={"allow_unsigned_extensions": "true",
                                  "autoinstall_known_extensions": "false"})
     con.execute(f"LOAD '{extension(duckdb_extension_avro)}'")
@@ -96,7 +121,9 @@ def duckdb_times(store: LogStore, repeat: int) -> dict[str, Any]:
     ledger = [str(p.ledger_dir / info.file) for p in store.topic(TOPIC).partitions
               for info in p.manifest.ledger]
     sources = {"state table (iceberg_scan)": f"iceberg_scan('{table}')",
-               "ledger files (read_parquet)": f"read_parquet({json.dumps(ledger)})"}
+               "ledger files (read_parquet)": f"read_parquet({json.dumps(ledger)})",
+               "diagnostic: no delete manifests":
+                   f"iceberg_scan('{without_deletes(table, scratch)}')"}
     times: dict[str, list[float]] = {name: [] for name in sources}
     answers: dict[str, Any] = {}
     for source in sources.values():
@@ -146,7 +173,7 @@ def main() -> None:
                 runs.append({"run": label, **compact(store, settings)})
         session.stop()
         with LogStore.open(data, read_only=True) as store:
-            reads = duckdb_times(store, args.repeat)
+            reads = duckdb_times(store, args.repeat, Path(scratch))
 
     print(f"{args.records:,} records, {args.keys:,} keys, {args.partitions} partitions; "
           f"Spark session start-up (not in the runs) {startup_s:.2f} s")
