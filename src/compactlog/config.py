@@ -323,6 +323,33 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         maximum=1.0,
     ),
     ConfigKey(
+        "compaction.ledger.merge.below.bytes",
+        "long",
+        16 * 1024 * 1024,
+        "compactlog: with compaction.deletion.vectors, a ledger file smaller than this is "
+        "small, and small neighbours in offset order of like size merge: walking back from "
+        "the newest, a file joins the newer files' group while it is no larger than they "
+        "are together, and a group of at least compaction.ledger.merge.min.files is "
+        "rewritten (its live records copied into new files of up to the ledger's file "
+        "size, with the run's new survivors when those come next). Every incremental run "
+        "adds a ledger file per partition: without merging they would stay files of their "
+        "own while they keep half their records. A file is rewritten again only once the "
+        "data after it has grown to its size. 0: never merge.",
+        minimum=0,
+        maximum=LONG_MAX,
+    ),
+    ConfigKey(
+        "compaction.ledger.merge.min.files",
+        "int",
+        5,
+        "compactlog: the fewest small ledger files (compaction.ledger.merge.below.bytes) "
+        "that merge together, as Iceberg's rewrite_data_files' min-input-files: a smaller "
+        "group stays as it is, so that a run does not rewrite its previous output every "
+        "time.",
+        minimum=2,
+        maximum=2**31 - 1,
+    ),
+    ConfigKey(
         "compaction.segment.adopt.min.bytes",
         "long",
         1024 * 1024,

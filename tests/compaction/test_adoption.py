@@ -84,6 +84,7 @@ def test_an_adopted_segment_is_a_hard_link_with_a_dv_of_its_superseded_rows(
         assert [report.total("segments_adopted") for report in reports] == [1, 0]
         assert reports[0].total("records_out") == reports[1].total("records_out") == 100
         assert "1 segment adopted as it is" in render(summary_table(reports[0]))
+        assert "ledger files 0 → 1" in render(summary_table(reports[0]))
         (first,) = partition.manifest.ledger
         assert first.file.endswith("-adopted.parquet")
         assert first.adopted_at_ms == clock.ms and first.dv_file is None

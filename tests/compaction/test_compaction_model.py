@@ -45,10 +45,12 @@ STRATEGIES = [
 class AnyStrategyModel(CompactionModel):
     @initialize(strategy=st.sampled_from(STRATEGIES), retention=st.sampled_from([0, RETENTION_MS]),
                 null_policy=st.sampled_from(["drop", "keep"]), deletion_vectors=st.booleans(),
-                rewrite=st.sampled_from([0.0, 0.5, 1.0]), adopt=st.booleans())
+                rewrite=st.sampled_from([0.0, 0.5, 1.0]), adopt=st.booleans(),
+                merge=st.booleans())
     def create(self, strategy: str, retention: int, null_policy: str, deletion_vectors: bool,
-               rewrite: float, adopt: bool) -> None:
+               rewrite: float, adopt: bool, merge: bool) -> None:
         self.adopt_min_bytes = 0 if adopt else -1
+        self.merge_below_bytes = 1 << 30 if merge else 0
         self.create_topic(strategy, retention, null_policy, deletion_vectors, rewrite)
 
 

@@ -23,8 +23,11 @@ from pyspark.sql import SparkSession
 
 from compactlog.client.reader import Reader
 from compactlog.compaction import load_factory
+from compactlog.compaction.incremental import small_runs
+from compactlog.compaction.plan import InputFile
 from compactlog.iceberg import expire_snapshots
 from compactlog.storage.deletion import deleted_mask
+from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
 from support.fakes import FakeClock
@@ -239,6 +242,62 @@ def test_the_sql_engine_leaves_out_what_a_dv_deleted(tmp_path: Path,
         view = {r.key: r.value for r in compacted(store, TOPIC)}
         assert view[b"k1"] == b"b" and view[b"k2"] == b"a"
         assert not any(info.dv_file for info in store.topic(TOPIC).partition(0).manifest.ledger)
+
+
+@pytest.mark.parametrize("merge_below", [0, 1 << 20])
+def test_small_ledger_files_merge_and_the_view_stays(tmp_path: Path, merge_below: int) -> None:
+    """Each incremental run that keeps the previous files adds one; merging small
+    neighbours (compaction.ledger.merge.below.bytes, .min.files) keeps their number
+    bounded, and the view is a full compaction's. Merging off, every run's file stays."""
+    rng = random.Random(7)
+    clock = FakeClock()
+    merge = {"compaction.ledger.merge.below.bytes": str(merge_below),
+             "compaction.ledger.merge.min.files": "3"}
+    with LogStore.open(tmp_path / "data", clock=clock) as store:
+        # Rewrite fraction 0: only merging rewrites a file that keeps a live record.
+        store.create_topic(TOPIC, 1, config(0.0, **merge))
+        store.create_topic("full", 1, config(0.0, **{"compaction.deletion.vectors": "false"}))
+        incremental = service(store, clock)
+        counts = []
+        for run in range(24):
+            # New keys each run, and a few updates of old ones (a DV, never a drop).
+            records = [ProducerRecord(b"n%02d-%02d" % (run, i), b"v%d" % i) for i in range(20)]
+            records += batch(rng, 3, 150, str(run))
+            for topic in (TOPIC, "full"):
+                store.append(topic, records, partition=0)
+                store.topic(topic).partition(0).roll()
+            report = incremental.compact()
+            clock.advance_ms(1000)
+            ledger = store.topic(TOPIC).partition(0).manifest.ledger
+            assert all(a.last_offset < b.base_offset for a, b in itertools.pairwise(ledger))
+            # The report counts the files before and after the run.
+            assert report.total("ledger_files_in") == (counts[-1] if counts else 0)
+            assert report.total("ledger_files_out") == len(ledger)
+            counts.append(len(ledger))
+        service(store, clock, "full").compact()
+        assert compacted(store, TOPIC) == compacted(store, "full")
+    if merge_below:
+        # Unmerged groups hold fewer than min.files files and at least double in size
+        # going back: a handful, whatever the number of runs.
+        assert max(counts) <= 8, counts
+        assert counts[-1] < 24
+    else:
+        assert counts == list(range(1, 25))
+
+
+@pytest.mark.parametrize(("sizes", "merged"), [
+    ([10, 10, 10], [0, 1, 2]),              # three small neighbours
+    ([10, 10], []),                          # too few
+    ([10, 10, 100, 10, 10], []),             # a large file between them: no neighbours
+    ([80, 10, 10, 10], [1, 2, 3]),           # the older 80 is larger than the newer 30
+    ([30, 10, 10, 10], [0, 1, 2, 3]),        # 30 is no larger than the newer 30: it joins
+    ([5, 5, 5, 80, 10, 10], [0, 1, 2, 3]),   # 80 > 20 starts the next group: 80, 5, 5, 5
+])
+def test_small_runs_picks_neighbours_of_like_size(sizes: list[int], merged: list[int]) -> None:
+    """incremental.small_runs with merge.below.bytes 100 and merge.min.files 3."""
+    files = [InputFile(SegmentInfo(f"{n}.parquet", n * 10, n * 10 + 9, 10, size, 0, 0, 0),
+                       Path(f"{n}.parquet"), True) for n, size in enumerate(sizes)]
+    assert small_runs(files, 100, 3) == {f"{n}.parquet" for n in merged}
 
 
 @given(

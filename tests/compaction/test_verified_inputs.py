@@ -1,7 +1,7 @@
 """The per-process memo of verified compaction inputs (compaction/verified.py), and the
-whole-file CRC32C it checks (storage/sealed.file_crc32c): a file
-proven whole is not read for its CRC32C again, and any write to it, or a new file under
-its name, makes the next run check it again (and find the damage)."""
+whole-file CRC32C it checks (storage/sealed.file_crc32c): a file proven whole is not
+read for its CRC32C again, and any write to it, or a new file under its name, makes the
+next run check it again (and find the damage)."""
 
 from __future__ import annotations
 

@@ -81,6 +81,9 @@ class CompactionModel(RuleBasedStateMachine):
     # compaction.segment.adopt.min.bytes: 0 adopts every segment that qualifies
     # (compaction/adoption.py), -1 none; the tests' segments are far below the default.
     adopt_min_bytes = -1
+    # compaction.ledger.merge.below.bytes: 0 never merges; 1 GiB makes every ledger file
+    # small, so that any two neighbours merge (merge.min.files is 2 here).
+    merge_below_bytes = 0
 
     def open_store(self) -> LogStore:
         """The store under test (test_compaction_model_s3.py: on an s3:// location)."""
@@ -100,6 +103,8 @@ class CompactionModel(RuleBasedStateMachine):
             "compaction.segment.adopt.min.bytes": str(self.adopt_min_bytes),
             # The rewrite fraction alone decides, so that files with dead rows are adopted.
             "compaction.segment.adopt.live.fraction": "0",
+            "compaction.ledger.merge.below.bytes": str(self.merge_below_bytes),
+            "compaction.ledger.merge.min.files": "2",
             **self.extra_config,
         }
         self.store.create_topic("m", config=self.topic_config)
@@ -261,10 +266,12 @@ class ArrowDeletionVectorModel(CompactionModel):
     @initialize(strategy=st.sampled_from(["latest", "first", "order:header:v"]),
                 retention=st.sampled_from([0, RETENTION_MS]),
                 null_policy=st.sampled_from(["drop", "keep"]),
-                rewrite=st.sampled_from([0.0, 0.01, 0.5, 0.9, 1.0]), adopt=st.booleans())
+                rewrite=st.sampled_from([0.0, 0.01, 0.5, 0.9, 1.0]), adopt=st.booleans(),
+                merge=st.booleans())
     def create(self, strategy: str, retention: int, null_policy: str, rewrite: float,
-               adopt: bool) -> None:
+               adopt: bool, merge: bool) -> None:
         self.adopt_min_bytes = 0 if adopt else -1
+        self.merge_below_bytes = 1 << 30 if merge else 0
         self.create_topic(strategy, retention, null_policy, True, rewrite)
 
     def make_service(self, store: LogStore, topic: str, clock: Clock) -> TopicCompactionService:

@@ -75,6 +75,8 @@ def summary_table(report: CompactionReport) -> RenderableType:
             f"tombstone{'' if tombstones == 1 else 's'}) · "
             + (f"{adopted:,} segment{'' if adopted == 1 else 's'} adopted as "
                f"{'it is' if adopted == 1 else 'they are'} · " if adopted else "")
+            + f"ledger files {report.total('ledger_files_in'):,} → "
+            f"{report.total('ledger_files_out'):,} · "
             + " · ".join(f"{name} {seconds:.1f}s" for name, seconds in report.stages.items())
             + f" · {report.mb_per_s:.1f} MB/s after start-up"
             + (f" · I/O throttled {report.throttled_s:.1f}s" if report.throttled_s else ""),

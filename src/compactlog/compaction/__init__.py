@@ -45,6 +45,9 @@ class PartitionSummary:
     dirty_segments: int = 0
     # Of those, joined the ledger as they are (compaction/adoption.py).
     segments_adopted: int = 0
+    # The ledger's files before and after the run (small ones merge: incremental.py).
+    ledger_files_in: int = 0
+    ledger_files_out: int = 0
     skipped: str | None = None  # why nothing was done, when nothing was
     # Rolled segments the writer had not sealed when the run gave up waiting: the next
     # run covers them (compaction/rolled.py).

@@ -44,7 +44,7 @@ from compactlog.compaction.arrow_survivors import (
     partition_survivors,
     supports,
 )
-from compactlog.compaction.incremental import Fate, decide, runs_to_write
+from compactlog.compaction.incremental import Fate, decide, runs_to_write, small_runs
 from compactlog.compaction.io_throttle import IoThrottle, per_task, throttled
 from compactlog.compaction.ledger import (
     PieceInput,
@@ -220,6 +220,8 @@ def _task(plan: PartitionPlan, run_id: str) -> dict[str, Any]:
         "target_file_bytes": plan.target_file_bytes,
         "deletion_vectors": plan.deletion_vectors,
         "rewrite_below": plan.rewrite_live_fraction,
+        "merge_below_bytes": plan.merge_below_bytes,
+        "merge_min_files": plan.merge_min_files,
         "adopt_min_bytes": plan.adopt_min_bytes,
         # Never below the rewrite fraction: the next run would rewrite the file at once.
         "adopt_above": max(plan.adopt_live_fraction, plan.rewrite_live_fraction),
@@ -301,9 +303,13 @@ def _compact_local(task: dict[str, Any]) -> dict[str, Any]:
     pieces: list[dict[str, Any]] = []
     runs = [inputs]
     if task.get("deletion_vectors"):
+        ledger_inputs = [item for item in inputs if item.is_ledger]
+        merged = small_runs(ledger_inputs, int(task.get("merge_below_bytes", 0)),
+                            int(task.get("merge_min_files", 5)))
         fates = {str(item.path): decide(item, deleted.get(str(item.path)), survivors, rules,
-                                        task["rewrite_below"], task["run_id"], page_checksums)
-                 for item in inputs if item.is_ledger}
+                                        task["rewrite_below"], task["run_id"], page_checksums,
+                                        merge=str(item.path) in merged)
+                 for item in ledger_inputs}
         fates |= _adopted(inputs, survivors, rules, task, page_checksums)
         pieces += [fate.result.to_json() for fate in fates.values() if fate.result is not None]
         runs = runs_to_write(inputs, fates)

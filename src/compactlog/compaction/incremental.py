@@ -13,8 +13,10 @@ gets one fate:
   - rewrite: its live rows fall below compaction.ledger.rewrite.live.fraction of its
     rows, or a kept row's tombstone_since_ms is wrong for the current
     empty.value.is.tombstone (set on a non-tombstone, or missing on a tombstone: only
-    writing the row corrects it): phase 2 copies its live rows into a new file, with the dirty
-    part's survivors;
+    writing the row corrects it), or it is one of at least
+    compaction.ledger.merge.min.files small files next to each other (`small_runs`:
+    below compaction.ledger.merge.below.bytes): phase 2 copies its live rows into a new
+    file, with its neighbours' and the dirty part's survivors;
   - drop: no row is left.
 A dirty segment gets a fate too when it is adopted into the ledger as it is
 (adoption.py): `adopt`, with a DV of the rows phase 2 would not have copied; the others
@@ -56,11 +58,46 @@ class Fate:
     result: PieceResult | None = None  # for keep, dv and drop: the file's counts
 
 
+def small_runs(ledger: list[InputFile], below_bytes: int, min_files: int) -> set[str]:
+    """The paths of the previous ledger files that this run merges. Every incremental
+    run adds a file per partition, which would otherwise stay a file of its own while it
+    keeps half its rows.
+
+    Only neighbours merge: a file of at least `below_bytes` between two small ones stays
+    as it is, and phase 2's new files never interleave with a kept file's range
+    (runs_to_write). Within each maximal run of small neighbours (in offset order, as
+    `ledger` lists them), walking back from the newest, a file joins the newer files'
+    group while it is no larger than they are together, else it starts the next group;
+    a group of at least `min_files` merges. So a file is rewritten again only once the
+    data after it has grown to its size (each byte is rewritten about log2(below_bytes /
+    a run's new bytes) times), and the groups left unmerged each hold fewer than
+    `min_files` files and at least double in size from the newest to the oldest."""
+    merged: set[str] = set()
+    run: list[InputFile] = []
+    for item in [*ledger, None]:
+        if item is not None and item.info.size_bytes < below_bytes:
+            run.append(item)
+            continue
+        group: list[InputFile] = []
+        total = 0
+        for member in [*reversed(run), None]:
+            if member is not None and (not group or member.info.size_bytes <= total):
+                group.append(member)
+                total += member.info.size_bytes
+                continue
+            if len(group) >= min_files:
+                merged.update(str(file.path) for file in group)
+            group, total = ([member], member.info.size_bytes) if member else ([], 0)
+        run = []
+    return merged
+
+
 def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
            rules: TombstoneRules, rewrite_below: float, run_id: str,
-           page_checksums: bool) -> Fate:
+           page_checksums: bool, merge: bool = False) -> Fate:
     """The fate of ledger file `item` (whose DV deletes `deleted`); writes its new DV
-    when the fate is `dv`."""
+    when the fate is `dv`. `merge`: it is one of the small files this run merges
+    (`small_runs`), so it is rewritten unless nothing of it is left."""
     info = item.info
     if wholly_cut(info, rules.deleted_below):
         # Nothing of it is in the view: dropped unread (the runner counts its records).
@@ -129,7 +166,7 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
     # tombstone_since_ms must be set exactly on kept tombstones: a row whose status
     # changed with empty.value.is.tombstone can only be corrected by writing it.
     stale = (kept_tombstones & since_null) | (keep & ~tombstone & ~since_null)
-    if stale.any() or live < rewrite_below * item.info.record_count:
+    if merge or stale.any() or live < rewrite_below * item.info.record_count:
         return Fate(item, "rewrite")
     oldest = int(since[kept_tombstones].min()) if kept_tombstones.any() else None
     action = "keep"

@@ -83,6 +83,9 @@ class PartitionPlan:
     # compaction.deletion.vectors and compaction.ledger.rewrite.live.fraction.
     deletion_vectors: bool = False
     rewrite_live_fraction: float = 0.5
+    # compaction.ledger.merge.below.bytes (0: never) and .min.files (incremental.py).
+    merge_below_bytes: int = 0
+    merge_min_files: int = 5
     # compaction.segment.adopt.min.bytes (adoption.py; -1: never) and .live.fraction.
     adopt_min_bytes: int = -1
     adopt_live_fraction: float = 0.9
@@ -234,6 +237,8 @@ def plan_partition(
         task_memory_bytes=config["compaction.task.memory.bytes"],
         deletion_vectors=config["compaction.deletion.vectors"],
         rewrite_live_fraction=config["compaction.ledger.rewrite.live.fraction"],
+        merge_below_bytes=config["compaction.ledger.merge.below.bytes"],
+        merge_min_files=config["compaction.ledger.merge.min.files"],
         adopt_min_bytes=config["compaction.segment.adopt.min.bytes"],
         adopt_live_fraction=config["compaction.segment.adopt.live.fraction"],
         volume_spec=None if volume.is_local else volume.spec,

@@ -352,6 +352,7 @@ def _commit(
     summary.bytes_out = sum(info.size_bytes for info in new_ledger)
     summary.segments_adopted = sum(1 for info in new_ledger if info.adopted_at_ms == now_ms
                                    and run_id in info.file)
+    summary.ledger_files_in, summary.ledger_files_out = len(plan.clean), len(new_ledger)
     # What the new ledger holds: one record per key (a tombstone until
     # delete.retention.ms has passed), as the summary of a partition with nothing new.
     summary.keys = sum(info.live_count for info in new_ledger)
