@@ -328,13 +328,13 @@ TOPIC_KEYS: tuple[ConfigKey, ...] = (
         16 * 1024 * 1024,
         "compactlog: with compaction.deletion.vectors, a ledger file smaller than this is "
         "small, and small neighbours in offset order of like size merge: walking back from "
-        "the newest, a file joins the newer files' group while it is no larger than they "
-        "are together, and a group of at least compaction.ledger.merge.min.files is "
+        "the newest, a file joins the newer files' group while it is at most twice what "
+        "they hold together, and a group of at least compaction.ledger.merge.min.files is "
         "rewritten (its live records copied into new files of up to the ledger's file "
         "size, with the run's new survivors when those come next). Every incremental run "
         "adds a ledger file per partition: without merging they would stay files of their "
         "own while they keep half their records. A file is rewritten again only once the "
-        "data after it has grown to its size. 0: never merge.",
+        "data after it has grown to half its size. 0: never merge.",
         minimum=0,
         maximum=LONG_MAX,
     ),

@@ -289,9 +289,11 @@ def test_small_ledger_files_merge_and_the_view_stays(tmp_path: Path, merge_below
     ([10, 10, 10], [0, 1, 2]),              # three small neighbours
     ([10, 10], []),                          # too few
     ([10, 10, 100, 10, 10], []),             # a large file between them: no neighbours
-    ([80, 10, 10, 10], [1, 2, 3]),           # the older 80 is larger than the newer 30
-    ([30, 10, 10, 10], [0, 1, 2, 3]),        # 30 is no larger than the newer 30: it joins
-    ([5, 5, 5, 80, 10, 10], [0, 1, 2, 3]),   # 80 > 20 starts the next group: 80, 5, 5, 5
+    ([80, 10, 10, 10], [1, 2, 3]),           # the older 80 is over twice the newer 30
+    ([60, 10, 10, 10], [0, 1, 2, 3]),        # 60 is twice the newer 30: it joins
+    ([5, 5, 5, 80, 10, 10], [0, 1, 2, 3]),   # 80 > 2 x 20 starts the next group: 80, 5, 5, 5
+    ([13, 12, 11, 10], [0, 1, 2, 3]),        # a write rate that falls run after run
+    ([95, 30, 9, 2], []),                    # each over twice the newer: groups of one
 ])
 def test_small_runs_picks_neighbours_of_like_size(sizes: list[int], merged: list[int]) -> None:
     """incremental.small_runs with merge.below.bytes 100 and merge.min.files 3."""

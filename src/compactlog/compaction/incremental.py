@@ -67,11 +67,13 @@ def small_runs(ledger: list[InputFile], below_bytes: int, min_files: int) -> set
     as it is, and phase 2's new files never interleave with a kept file's range
     (runs_to_write). Within each maximal run of small neighbours (in offset order, as
     `ledger` lists them), walking back from the newest, a file joins the newer files'
-    group while it is no larger than they are together, else it starts the next group;
-    a group of at least `min_files` merges. So a file is rewritten again only once the
-    data after it has grown to its size (each byte is rewritten about log2(below_bytes /
-    a run's new bytes) times), and the groups left unmerged each hold fewer than
-    `min_files` files and at least double in size from the newest to the oldest."""
+    group while it is at most twice what they hold together, else it starts the next
+    group; a group of at least `min_files` merges. So a file is rewritten again only
+    once the data after it has grown to half its size (each byte is rewritten about
+    log2(below_bytes / a run's new bytes) times), and what stays unmerged is groups of
+    fewer than `min_files` files, each starting with a file more than twice the newer
+    group: at most log2(below_bytes / the smallest file) of them, whatever the number of
+    runs (a write rate that falls run after run included)."""
     merged: set[str] = set()
     run: list[InputFile] = []
     for item in [*ledger, None]:
@@ -81,7 +83,7 @@ def small_runs(ledger: list[InputFile], below_bytes: int, min_files: int) -> set
         group: list[InputFile] = []
         total = 0
         for member in [*reversed(run), None]:
-            if member is not None and (not group or member.info.size_bytes <= total):
+            if member is not None and (not group or member.info.size_bytes <= 2 * total):
                 group.append(member)
                 total += member.info.size_bytes
                 continue
