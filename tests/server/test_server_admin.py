@@ -182,6 +182,8 @@ def test_requested_compaction_and_metrics_match_the_run(
         assert p["horizon"] == next(q["horizon"] for q in parts if q["partition"] == int(index))
         assert sample(scraped, "compactlog_compaction_dirty_ratio", topic="t",
                       partition=index) == p["dirty_ratio"]
+        assert sample(scraped, "compactlog_compaction_ledger_files", topic="t",
+                      partition=index) == p["ledger_files"] >= 1
         assert sample(scraped, "compactlog_partition_log_end_offset", topic="t",
                       partition=index) == p["log_end_offset"]
         assert sample(scraped, "compactlog_consumer_group_lag", group="g1", topic="t",

@@ -204,6 +204,10 @@ class StateCollector(Collector):
         dirty_bytes = GaugeMetricFamily("compactlog_compaction_dirty_bytes",
                                         "Sealed bytes above the compaction horizon.",
                                         labels=["topic", "partition"])
+        ledger_files = GaugeMetricFamily("compactlog_compaction_ledger_files",
+                                         "Files in the partition's ledger (small ones merge: "
+                                         "compaction.ledger.merge.below.bytes).",
+                                         labels=["topic", "partition"])
         ends: dict[tuple[str, int], int] = {}
         for name in self.store.list_topics():
             try:
@@ -219,7 +223,8 @@ class StateCollector(Collector):
                 if topic.config.compacted:
                     dirty.add_metric(labels, stats["dirty_ratio"])
                     dirty_bytes.add_metric(labels, stats["dirty_bytes"])
-        yield from (end, start, dirty, dirty_bytes)
+                    ledger_files.add_metric(labels, stats["ledger_files"])
+        yield from (end, start, dirty, dirty_bytes, ledger_files)
         yield self._lag(ends)
         if self.cleaner is not None:
             yield from self._cleaner()
