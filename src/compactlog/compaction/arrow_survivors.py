@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from compactlog.compaction.io_throttle import observe_row_group
 from compactlog.compaction.strategies import Strategy, parse_strategy
-from compactlog.storage import drop_deleted
+from compactlog.storage import drop_deleted, tombstones_by_size
 
 # Grouping (hash table or sort indices, plus the numpy work arrays) holds about this
 # many times the bytes of the columns it groups, measured with pa.total_allocated_bytes.
@@ -250,11 +250,7 @@ def survivors(table: pa.Table, strategy: Strategy, empty_is_tombstone: bool) -> 
     starts = np.flatnonzero(new_key)
     group = np.cumsum(new_key) - 1
     index = np.arange(n, dtype=np.int64)
-    size = table.column("value_size")
-    tomb = pc.is_null(size)
-    if empty_is_tombstone:
-        tomb = pc.or_(tomb, pc.fill_null(pc.equal(size, 0), False))
-    tomb_np = tomb.to_numpy(zero_copy_only=False)[order]
+    tomb_np = tombstones_by_size(table.column("value_size"), empty_is_tombstone)[order]
     last_tomb = np.maximum.reduceat(np.where(tomb_np, index, -1), starts)
     candidate = (index >= last_tomb[group]) & ~tomb_np
     if strategy.kind == "first":

@@ -45,6 +45,7 @@ from compactlog.storage import (
     TimeRules,
     cached_deletion_vector,
     deleted_mask,
+    tombstones_by_size,
 )
 
 # Positions computed in this process, by inputs (a ledger file never changes).
@@ -131,14 +132,10 @@ def _columns_of(volume: Volume, rows: FileRows, columns: tuple[str, ...]) -> pa.
 def tombstones(table: pa.Table, empty_value_is_tombstone: bool) -> np.ndarray:
     """Rows that delete their key (as compaction's tombstone rule, from value_size): a
     null value, or an empty one under empty.value.is.tombstone; never a null key's."""
-    size = table.column("value_size")
-    found = pc.is_null(size)
-    if empty_value_is_tombstone:
-        found = pc.or_(found, pc.fill_null(pc.equal(size, 0), False))
+    found = tombstones_by_size(table.column("value_size"), empty_value_is_tombstone)
     if "key" in table.column_names:
-        found = pc.and_(found, pc.is_valid(table.column("key")))
-    mask: np.ndarray = found.to_numpy(zero_copy_only=False)
-    return mask
+        found &= pc.is_valid(table.column("key")).to_numpy(zero_copy_only=False)
+    return found
 
 
 def content_hash(positions: np.ndarray) -> str:
