@@ -140,7 +140,7 @@ def cases(kinds: tuple[str, ...]) -> list[Any]:
 # Steps each operation passes; test_step_counts_are_current keeps these in line.
 STEPS = {"append": 23, "seal": 30, "compact-1": 50, "compact-2": 86, "retention": 15,
          "alter": 9, "compact-dv-1": 59, "compact-dv-2": 100, "compact-adopt": 67,
-         "merge": 28}
+         "merge": 28, "compact-merge": 57}
 # The steps [first, end) of the Iceberg sync after a compaction (runner step 5b: the
 # table's files and the partitions' hold documents; the replay runs where the table was
 # written, so the sync builds v2 on the template's v1, incrementally). A failed sync is
@@ -149,9 +149,11 @@ STEPS = {"append": 23, "seal": 30, "compact-1": 50, "compact-2": 86, "retention"
 # step and its commit point (v2.metadata.json renamed into place), and at every step in
 # the slow run.
 SYNC_STEPS = {"compact-1": (22, 46), "compact-2": (34, 78), "compact-dv-1": (21, 55),
-              "compact-dv-2": (42, 92), "compact-adopt": (29, 63)}
+              "compact-dv-2": (42, 92), "compact-adopt": (29, 63),
+              "compact-merge": (22, 53)}
 SYNC_SAMPLE = {"compact-1": (22, 40), "compact-2": (34, 72), "compact-dv-1": (21, 49),
-               "compact-dv-2": (42, 86), "compact-adopt": (29, 57)}
+               "compact-dv-2": (42, 86), "compact-adopt": (29, 57),
+               "compact-merge": (22, 47)}
 
 
 def sync_steps(steps: list[Step]) -> tuple[int, int] | None:
@@ -168,6 +170,24 @@ def test_step_counts_are_current(tmp_path_factory: pytest.TempPathFactory) -> No
     synced = {name: sync_steps(template(name, root)[1]) for name in SCENARIOS}
     assert {name: found for name, found in synced.items() if found} == SYNC_STEPS, \
         "update SYNC_STEPS (and SYNC_SAMPLE) in this file to the recorded steps"
+
+
+def test_the_merge_scenario_merges(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """compact-merge's operation, run through without a fault, rewrites both small
+    ledger files with its new survivors (else its steps would test an ordinary
+    incremental run)."""
+    root = tmp_path_factory.mktemp("faults")
+    data, _ = template("compact-merge", root)
+    scenario = SCENARIOS["compact-merge"]
+    probe = fresh_copy(data, root / "merge-probe")
+    clock = FakeClock()
+    with scenario.open(probe, clock) as store:
+        small = {info.file for info in store.topic(TOPIC).partition(0).manifest.ledger}
+        assert len(small) == 2
+        scenario.operation(store, Oracle.of(store), clock, lambda p, r: None)
+        after = {info.file for info in store.topic(TOPIC).partition(0).manifest.ledger}
+        # both rewritten (phase 2 rolls its output at segment.bytes, so two files again)
+        assert not small & after, f"kept {small & after}"
 
 
 @pytest.mark.parametrize(("name", "step", "kind"), cases(KINDS))
@@ -219,7 +239,10 @@ KILL_SAMPLE = {"append": (0, 5, 13), "seal": (3, 7), "compact-1": (10, 20, 32),
                "compact-dv-1": (6, 10), "compact-dv-2": (20,),
                # the merged file renamed into place, not committed; the second
                # merge's new current.json written, not yet renamed
-               "merge": (3, 24)}
+               "merge": (3, 24),
+               # the merge's second file renamed into place; its manifest version
+               # written, not yet current
+               "compact-merge": (10, 18)}
 
 
 @pytest.mark.parametrize(("name", "step"), [(name, step) for name, steps in KILL_SAMPLE.items()

@@ -328,10 +328,12 @@ def check_state_table(name: str, place: Place, clock: FakeClock, where: str,
 # compaction scenarios replay where they were prepared (s3_fault_kit.home_place), so
 # their Iceberg sync is the incremental one, building on the template's snapshot.
 STEPS = {"append": 4, "append-seal": 8, "compact-1": 40, "compact-2": 68,
-         "compact-dv-1": 43, "retention": 16, "alter": 3, "merge": 10}
+         "compact-dv-1": 43, "retention": 16, "alter": 3, "merge": 10,
+         "compact-merge": 44}
 # Scenarios whose acknowledged records were all in the bucket before the operation: a
 # crash of theirs may be taken over from an empty local directory.
-IN_BUCKET = ("compact-1", "compact-2", "compact-dv-1", "retention", "alter", "merge")
+IN_BUCKET = ("compact-1", "compact-2", "compact-dv-1", "retention", "alter", "merge",
+             "compact-merge")
 STRIDE = 3  # with --runslow
 DEFAULT_STRIDE = 18  # the default (CI) run: every sixth step of STRIDE's
 
@@ -357,7 +359,7 @@ def test_the_default_sample_reaches_each_compactions_iceberg_sync(env: S3Proxy,
                                                                    root: Path) -> None:
     """Each compaction scenario's sampled requests include its Iceberg sync's (a key
     under iceberg/), so the default run faults the incremental sync too."""
-    for name in ("compact-1", "compact-2", "compact-dv-1"):
+    for name in ("compact-1", "compact-2", "compact-dv-1", "compact-merge"):
         requests = template(name, env, root)[1]
         syncs = [step for scenario, step, _ in sampled(DEFAULT_STRIDE)
                  if scenario == name and "/iceberg/" in requests[step].key]

@@ -165,7 +165,7 @@ def verify_dv_compaction(store: LogStore, where: str) -> None:
     for partition in store.topic(TOPIC).partitions:
         for info in partition.manifest.ledger:
             if info.dv_file:
-                assert (partition.ledger_dir / info.dv_file).exists(), where
+                assert partition.data_path(f"ledger/{info.dv_file}").exists(), where
 
 
 # The same with the second run's dirty segments adopted into the ledger as they are
@@ -190,6 +190,35 @@ def verify_adopting_compaction(store: LogStore, where: str) -> None:
         if info.adopted_at_ms is not None:
             path = store.topic(TOPIC).partition(0).ledger_dir / info.file
             assert path.stat().st_size == info.size_bytes, where
+
+
+# Small ledger files merged (compaction/incremental.py small_runs): two runs leave two
+# small ledger files, and the third rewrites both with its new survivors (into two
+# files: phase 2 rolls at the scenario's tiny segment.bytes), retiring them and their
+# DVs in the same manifest version.
+WITH_MERGE = {**WITH_DVS, "compaction.ledger.merge.min.files": "2"}
+
+
+def prepare_merging_compaction(store: LogStore, clock: FakeClock) -> None:
+    store.create_topic(TOPIC, 1, WITH_MERGE)
+    fill(store, 3, 12, "a")
+    compact(store, clock, engine="arrow")
+    fill(store, 1, 8, "b")  # k00..k07 again: the first file keeps k08..k11
+    compact(store, clock, engine="arrow")
+    assert len(store.topic(TOPIC).partition(0).manifest.ledger) == 2, "two small files"
+    fill(store, 2, 5, "c")
+    store.append(TOPIC, [ProducerRecord(b"k%02d" % k, None) for k in (3, 9)])
+    store.topic(TOPIC).partition(0).roll()
+
+
+def verify_merging_compaction(store: LogStore, where: str) -> None:
+    """Whichever pair is in force, every file and DV it lists is whole (the two small
+    files or what they merged into), on a local disk or fetched from the bucket."""
+    verify_dv_compaction(store, where)
+    partition = store.topic(TOPIC).partition(0)
+    for info in partition.manifest.ledger:
+        size = partition.data_path(f"ledger/{info.file}").stat().st_size
+        assert size == info.size_bytes, where
 
 
 def expect_compaction(store: LogStore, oracle: Oracle) -> None:
@@ -252,6 +281,8 @@ SCENARIOS = {scenario.name: scenario for scenario in (
              verify=verify_dv_compaction),
     Scenario("compact-adopt", prepare_adopting_compaction, dv_compaction, expect_compaction,
              verify=verify_adopting_compaction),
+    Scenario("compact-merge", prepare_merging_compaction, dv_compaction, expect_compaction,
+             verify=verify_merging_compaction),
     Scenario("retention", prepare_retention, retention, expect_retention),
     Scenario("alter", prepare_alter, alter, verify=verify_alter),
     Scenario("merge", prepare_merge, merge),

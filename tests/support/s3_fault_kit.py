@@ -214,6 +214,8 @@ S3_SCENARIOS: dict[str, tuple[Scenario, str]] = {
                            expect_compaction), "arrow"),
     "compact-dv-1": (Scenario("compact-dv-1", prepare_dv_compaction(1), dv_compaction,
                               expect_compaction), "arrow"),
+    # Two small ledger files rewritten with the run's new survivors.
+    "compact-merge": (SCENARIOS["compact-merge"], "arrow"),
     "retention": (SCENARIOS["retention"], "arrow"),
     "alter": (SCENARIOS["alter"], "arrow"),
     # Two merges of small sealed segments, one on each side of a compaction horizon.
