@@ -11,8 +11,9 @@ with `engine.config` merged into its own config, and compacts with `engine.servi
 The Spark service's Arrow tasks as a Spark job run the same task body as `arrow`; the
 model tests (tests/compaction/test_compaction_model.py) run them.
 
-`CommitHookEngine` lets a test land another actor's change (a seal, a merge, retention,
-DeleteRecords, a config change) between a compaction's plan and its commit.
+`CommitHookEngine` (and `ArrowCommitHookEngine`, the same with the Arrow tasks) lets a
+test land another actor's change (a seal, a merge, retention, DeleteRecords, a config
+change, another compaction) between a compaction's plan and its commit.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from compactlog.compaction import TopicCompactionService, load_factory
 from compactlog.compaction.ledger import PieceResult
 from compactlog.compaction.plan import PartitionPlan
 from compactlog.storage.store import LogStore
-from local_engine import LocalEngine
+from local_engine import InlineArrowEngine, LocalEngine
 from support.fakes import FakeClock
 
 if TYPE_CHECKING:
@@ -65,6 +66,20 @@ class CommitHookEngine(LocalEngine):
     """The plain-Python engine, with `before_commit` run once its ledger files are
     written and before the runner commits them: what another actor does then lands
     between the compaction's plan and its commit (runner.py, step 5)."""
+
+    def __init__(self, before_commit: Callable[[], object]) -> None:
+        self.before_commit = before_commit
+
+    def write_ledgers(self, plans: list[PartitionPlan],
+                      run_id: str) -> dict[int, list[PieceResult]]:
+        written = super().write_ledgers(plans, run_id)
+        self.before_commit()
+        return written
+
+
+class ArrowCommitHookEngine(InlineArrowEngine):
+    """As CommitHookEngine, with the Arrow tasks in this process: deletion vectors,
+    adoption and small ledger files merged (compaction/incremental.py)."""
 
     def __init__(self, before_commit: Callable[[], object]) -> None:
         self.before_commit = before_commit

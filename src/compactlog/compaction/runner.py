@@ -35,6 +35,8 @@ tests/faults/test_fault_steps.py fails or stalls each one):
           test_compaction_crash.py::
           test_a_compactor_that_loses_the_commit_race_leaves_nothing
           test_compaction_s3.py::test_two_compactions_from_two_machines_one_wins
+          test_ledger_merge_races.py::
+          test_a_compaction_that_merged_first_makes_the_second_conflict
      b. the writer seals segments: all lie above the planned ones and stay dirty for
         the next run; nothing to check. Test: test_compaction_crash.py::
           test_segments_sealed_under_a_compaction_stay_dirty_for_the_next_run
@@ -54,12 +56,15 @@ tests/faults/test_fault_steps.py fails or stalls each one):
           test_compaction_crash.py::test_retention_under_a_compaction_lets_it_commit
           test_compaction_crash.py::
           test_retention_of_a_planned_segment_after_a_switch_to_delete_makes_the_commit_conflict
+          test_ledger_merge_races.py::test_retention_under_a_merge_lets_it_commit
      e. DeleteRecords moves deleted_below: phase 1 chose among the records above the
         old cut, so under a strategy other than `latest` a survivor may lie below the
         new cut while the key's later records were left out: conflict. Under `latest`
         a survivor below the cut has no later record (readers hide it, the next run
-        drops it): it goes through. Test: test_compaction_crash.py::
+        drops it): it goes through. Tests: test_compaction_crash.py::
           test_delete_records_under_a_compaction_makes_its_commit_conflict
+          test_ledger_merge_races.py::test_delete_records_under_a_merge_lets_it_commit
+          and ::test_delete_records_under_a_merge_with_first_makes_it_conflict
      f. a config change: the run keeps the config it planned with (the pair records its
         strategy) and the change applies from the next run; the commit checks nothing
         of it but what it lets another actor do (d). Test: test_compaction_crash.py::
