@@ -266,7 +266,13 @@ def latest_per_key(table: pa.Table) -> pa.Table:
     hash group-by on one thread (two tasks share the two cores): with pyarrow 26, 111 ms
     for 2.5M rows of 250k keys, where dictionary encoding then numpy's maximum.at took
     155 ms and DuckDB's one-thread group-by 127 ms (docs/benchmarks.md)."""
-    keyed = pa.table({"key": _keys(table), "offset": table.column("offset")})
+    # The key column as it was read, one chunk per row group: the group-by takes chunks
+    # (combining them first copied every key, 0.12 s a partition). Its output, the
+    # distinct keys, needs 64-bit offsets past 2 GiB of key bytes.
+    keys = table.column("key")
+    if keys.nbytes >= 2**31 - 1:
+        keys = keys.cast(pa.large_binary())
+    keyed = pa.table({"key": keys, "offset": table.column("offset")})
     return keyed.group_by("key", use_threads=False).aggregate([("offset", "max")])
 
 
@@ -350,13 +356,13 @@ def latest_over_ledger(ledger_paths: list[str], dirty_paths: list[str], budget_b
     read_done = time.monotonic()
     stats.read_s += read_done - started
     if groups:
-        # One call: is_in builds its hash set of the dirty keys anew on every call.
+        # One call over the row groups' chunks: is_in builds its hash set of the dirty
+        # keys once per call.
         ledger = pa.concat_tables(groups)
         stats.rows += ledger.num_rows
-        superseded = pc.is_in(_keys(ledger), value_set=distinct.cast(
-            pa.large_binary() if ledger.column("key").nbytes >= 2**31 - 1 else pa.binary()))
-        found.insert(0, ledger.column("offset").combine_chunks().filter(
-            pc.invert(superseded)).to_numpy())
+        keys = ledger.column("key")
+        superseded = pc.is_in(keys, value_set=distinct.cast(keys.type))
+        found.insert(0, ledger.column("offset").filter(pc.invert(superseded)).to_numpy())
     result = np.concatenate(found)
     # Ledger files in offset order, each in offset order, then the dirty part above
     # them: sorted already, which one pass proves (a full sort costs 10 times more).
