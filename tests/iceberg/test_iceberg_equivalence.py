@@ -1,6 +1,7 @@
 """Equivalence of the Iceberg state table with the compacted view, under random
 schedules (hypothesis): produce (tombstones, headers), compaction (deletion vectors on
-and off, every strategy the Arrow tasks run), merging small segments, retention
+and off, adoption on and off, small ledger files merged eagerly or at the default, every
+strategy the Arrow tasks run), merging small segments, retention
 (raw segments on `compact`, retention.ms on `compact,delete`), DeleteRecords, the
 clock moving past tombstone retention and retention.ms, and the upkeep's syncs.
 
@@ -42,8 +43,10 @@ STRATEGIES = ["latest", "first", "order:timestamp"]
 
 produce_op = st.tuples(st.just("produce"), st.integers(1, 25), st.integers(0, 10**6),
                        st.integers(0, 4))
-# Deletion vectors on or off; dirty segments adopted into the ledger as they are or not.
-compact_op = st.tuples(st.just("compact"), st.booleans(), st.booleans())
+# Deletion vectors on or off; dirty segments adopted into the ledger as they are or not;
+# small ledger files merged as soon as two are neighbours (merge.min.files 2) or at the
+# default 5.
+compact_op = st.tuples(st.just("compact"), st.booleans(), st.booleans(), st.booleans())
 merge_op = st.just(("merge",))
 retention_op = st.just(("retention",))
 delete_op = st.tuples(st.just("delete_records"), st.integers(0, PARTITIONS - 1),
@@ -122,12 +125,17 @@ def run_schedule(root: Path, strategy: str, compact_delete: bool,
                 store.topic(TOPIC).partition(index).roll()
             elif name == "compact":
                 adopt = len(op) > 2 and op[2]
+                eager_merge = len(op) > 3 and op[3]
                 store.alter_topic(TOPIC, {"compaction.deletion.vectors": str(op[1]).lower(),
                                           "compaction.segment.adopt.min.bytes":
                                           "0" if adopt else "-1",
-                                          "compaction.segment.adopt.live.fraction": "0"})
-                LocalCompactionService(store, TOPIC, {"engine": "arrow",
-                                                      "clock": clock}).compact()
+                                          "compaction.segment.adopt.live.fraction": "0",
+                                          "compaction.ledger.merge.min.files":
+                                          "2" if eager_merge else "5"})
+                report = LocalCompactionService(store, TOPIC, {"engine": "arrow",
+                                                               "clock": clock}).compact()
+                if eager_merge and report.total("ledger_files_in") >= 2:
+                    event("a compaction with two or more small ledger files to merge")
                 after = snapshots(table)[-1]["id"] if Path(table).exists() else None
                 if after is not None and all(after != s for s, _ in taken):
                     note(after)
