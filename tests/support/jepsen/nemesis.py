@@ -39,6 +39,8 @@ CONFIGS = {
     "min.compaction.lag.ms": ("0", "500", "3000"),
     "min.cleanable.dirty.ratio": ("0.1", "0.3", "0.5"),
     "compaction.deletion.vectors": ("true", "false"),
+    # small ledger files merged as soon as two are neighbours, or at the default
+    "compaction.ledger.merge.min.files": ("2", "5"),
 }
 FAULTS = {"kill": 2.0, "pause": 2.0, "stop-start": 1.0, "s3-500": 1.0, "s3-503": 1.0,
           "s3-stall": 1.0, "s3-lost": 1.0, "slow-lease": 1.5, "disk-full": 1.0}
