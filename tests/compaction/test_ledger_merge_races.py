@@ -34,7 +34,7 @@ from support.fakes import FakeClock
 from support.iceberg_readers import pyiceberg_rows
 from support.iceberg_support import expected_state
 from support.read_paths import duckdb_rows, fetch_rows, reader_rows
-from support.s3_support import S3Server
+from support.s3_support import open_local_or_s3
 
 TOPIC = "t"
 CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
@@ -51,15 +51,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[LogStore]:
     # Today's time, not FakeClock's default (a date ahead of the bucket's own clock):
     # a sweep compares its clock with the objects' Last-Modified times (sweep.py).
-    clock = FakeClock(time.time())
-    if request.param == "local":
-        opened = LogStore.open(tmp_path / "data", clock=clock)
-    else:
-        s3: S3Server = request.getfixturevalue("s3")
-        for name, value in s3.env.items():
-            monkeypatch.setenv(name, value)
-        opened = LogStore.open(s3.location("merge-races"), local_dir=tmp_path / "local",
-                               clock=clock)
+    opened = open_local_or_s3(request.param, request, tmp_path, monkeypatch,
+                              FakeClock(time.time()), "merge-races")
     try:
         yield opened
     finally:

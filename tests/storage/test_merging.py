@@ -26,9 +26,7 @@ from compactlog.tables import view_dataset
 from support.engines import CommitHookEngine, Engine
 from support.fakes import FakeClock
 from support.faultkit import compact
-from support.s3_support import (
-    S3Server,
-)
+from support.s3_support import open_local_or_s3
 
 TOPIC = "t"
 CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
@@ -38,15 +36,8 @@ CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
 @pytest.fixture(params=["local", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[LogStore]:
-    clock = FakeClock()
-    if request.param == "local":
-        opened = LogStore.open(tmp_path / "data", clock=clock)
-    else:
-        s3: S3Server = request.getfixturevalue("s3")
-        for name, value in s3.env.items():
-            monkeypatch.setenv(name, value)
-        opened = LogStore.open(s3.location("merge"), local_dir=tmp_path / "local",
-                               clock=clock)
+    opened = open_local_or_s3(request.param, request, tmp_path, monkeypatch, FakeClock(),
+                              "merge")
     opened.create_topic(TOPIC, 1, CONFIG)
     try:
         yield opened

@@ -62,33 +62,29 @@ class Engine:
         return factory.new_service(store, topic, settings)
 
 
-class CommitHookEngine(LocalEngine):
-    """The plain-Python engine, with `before_commit` run once its ledger files are
-    written and before the runner commits them: what another actor does then lands
-    between the compaction's plan and its commit (runner.py, step 5)."""
+class _BeforeCommit:
+    """Runs `before_commit` once the engine's ledger files are written and before the
+    runner commits them: what another actor does then lands between the compaction's
+    plan and its commit (runner.py, step 5)."""
 
     def __init__(self, before_commit: Callable[[], object]) -> None:
         self.before_commit = before_commit
 
     def write_ledgers(self, plans: list[PartitionPlan],
                       run_id: str) -> dict[int, list[PieceResult]]:
-        written = super().write_ledgers(plans, run_id)
+        written: dict[int, list[PieceResult]] = super().write_ledgers(  # type: ignore[misc]
+            plans, run_id)
         self.before_commit()
         return written
 
 
-class ArrowCommitHookEngine(InlineArrowEngine):
-    """As CommitHookEngine, with the Arrow tasks in this process: deletion vectors,
-    adoption and small ledger files merged (compaction/incremental.py)."""
+class CommitHookEngine(_BeforeCommit, LocalEngine):
+    """The plain-Python engine, with a hook before the commit (`_BeforeCommit`)."""
 
-    def __init__(self, before_commit: Callable[[], object]) -> None:
-        self.before_commit = before_commit
 
-    def write_ledgers(self, plans: list[PartitionPlan],
-                      run_id: str) -> dict[int, list[PieceResult]]:
-        written = super().write_ledgers(plans, run_id)
-        self.before_commit()
-        return written
+class ArrowCommitHookEngine(_BeforeCommit, InlineArrowEngine):
+    """The Arrow tasks in this process (deletion vectors, adoption, small ledger files
+    merged: compaction/incremental.py), with a hook before the commit."""
 
 
 def compact(store: LogStore, topic: str, clock: FakeClock) -> Any:

@@ -17,12 +17,14 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from compactlog.backend import Location
 from compactlog.backend.s3.settings import S3Settings
+from compactlog.storage.store import LogStore
 
 BUCKET = "compactlog-test"
 # Fake credentials, distinctive so that tests can check they never leak.
@@ -44,6 +46,19 @@ class S3Server:
         """A fresh, unique prefix in the test bucket."""
         prefix = f"t-{uuid.uuid4().hex[:12]}" + (f"/{name}" if name else "")
         return Location.parse(f"s3://{self.bucket}/{prefix}")
+
+
+def open_local_or_s3(where: str, request: Any, tmp_path: Path, monkeypatch: Any,
+                     clock: Callable[[], float], name: str) -> LogStore:
+    """A store in `tmp_path` (`where` "local"), or under a fresh prefix of the `s3`
+    fixture's bucket named `name` ("s3"), its AWS settings put in the test's environment
+    through `monkeypatch`: for fixtures parametrized over both backends."""
+    if where == "local":
+        return LogStore.open(tmp_path / "data", clock=clock)
+    s3: S3Server = request.getfixturevalue("s3")
+    for variable, value in s3.env.items():
+        monkeypatch.setenv(variable, value)
+    return LogStore.open(s3.location(name), local_dir=tmp_path / "local", clock=clock)
 
 
 def start_s3_server() -> Iterator[S3Server]:
