@@ -32,7 +32,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,7 +47,7 @@ from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine_info import machine_info
+from machine_info import commit, machine_info
 from warm_compaction import Server
 
 TOPIC = "t"  # the topic compacted
@@ -180,10 +179,8 @@ def main() -> None:
     args = parser.parse_args()
     caps = [0.0, *(args.cap or [20e6])] * args.repeat
     info = machine_info()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
     print(f"compaction throttle bench, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
-          f"UTC, commit {commit}; {info['cpu']}, {info['cores']} cores, {info['memory']}; "
+          f"UTC, commit {commit()}; {info['cpu']}, {info['cores']} cores, {info['memory']}; "
           f"{args.records:,} records of {args.value_bytes} B over {args.keys:,} keys, "
           f"{args.partitions} partitions; load {args.rate:g} records/s of {args.load_bytes} B, "
           f"acks=all; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
 
@@ -25,3 +27,9 @@ def machine_info() -> dict[str, str]:
         "os": platform.platform(),
         "python": platform.python_version(),
     }
+
+
+def commit() -> str:
+    """The short commit of the checkout this bench runs from (empty outside git)."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False, cwd=Path(__file__).parent).stdout.strip()

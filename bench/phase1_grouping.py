@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -36,7 +35,7 @@ import pyarrow.compute as pc
 from compactlog.compaction.arrow_survivors import latest_per_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine_info import machine_info
+from machine_info import commit, machine_info
 
 
 def workload(rows: int, keys: int, seed: int) -> pa.Table:
@@ -78,10 +77,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     info = machine_info()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
     print(f"phase 1 grouping bench, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
-          f"commit {commit}; {info['cpu']}, {info['cores']} cores, {info['memory']}; "
+          f"commit {commit()}; {info['cpu']}, {info['cores']} cores, {info['memory']}; "
           f"pyarrow {pa.__version__}, DuckDB {duckdb.__version__}; {args.rows:,} rows, "
           f"{args.keys:,} keys, {args.runs} runs per row", flush=True)
     table = workload(args.rows, args.keys, args.seed)

@@ -54,7 +54,7 @@ from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine_info import machine_info
+from machine_info import commit, machine_info
 
 TOPIC = "t"
 PARTITIONS = 4
@@ -198,10 +198,8 @@ def main() -> None:
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     info = machine_info()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
     print(f"spark fixed cost bench, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
-          f"commit {commit}; {info['cpu']}, {info['cores']} cores, {info['memory']}; "
+          f"commit {commit()}; {info['cpu']}, {info['cores']} cores, {info['memory']}; "
           f"master {args.master}, {args.runs} runs per row", flush=True)
     conf = dict(item.split("=", 1) for item in args.spark_conf)
     factory = SparkCompactionServiceFactory()
