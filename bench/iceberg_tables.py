@@ -18,6 +18,11 @@ same ledger files as plain Parquet.
    what the position deletes cost, the state table's current snapshot with its delete
    manifests left out of a copy of its manifest list (the same data files; its answer is
    the baseline's); median and minimum of --repeat, the sources taking turns.
+3. Two more diagnostics (bench/iceberg_v3_copy.py): the same snapshot as a v3 table
+   whose deletes are deletion vectors (a Puffin file; its answer is the state table's),
+   and the same again with each file's deleted positions moved to its first rows (as
+   many, so a different answer): whether DuckDB pays per deleted row, per 2,048-row
+   vector that holds one, or per delete file.
 
     .venv/bin/python bench/iceberg_tables.py
     .venv/bin/python bench/iceberg_tables.py --records 200000 --keys 20000   # quick
@@ -52,6 +57,7 @@ from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from iceberg_v3_copy import v3_copy
 from machine_info import machine_info
 
 TOPIC = "t"
@@ -123,7 +129,11 @@ def duckdb_times(store: LogStore, repeat: int, scratch: Path) -> dict[str, Any]:
     sources = {"state table (iceberg_scan)": f"iceberg_scan('{table}')",
                "ledger files (read_parquet)": f"read_parquet({json.dumps(ledger)})",
                "diagnostic: no delete manifests":
-                   f"iceberg_scan('{without_deletes(table, scratch)}')"}
+                   f"iceberg_scan('{without_deletes(table, scratch)}')",
+               "diagnostic: v3 deletion vectors":
+                   f"iceberg_scan('{v3_copy(Path(table), scratch / 'v3')}')",
+               "diagnostic: v3, deletes at file starts":
+                   f"iceberg_scan('{v3_copy(Path(table), scratch / 'v3-first', True)}')"}
     times: dict[str, list[float]] = {name: [] for name in sources}
     answers: dict[str, Any] = {}
     for source in sources.values():
@@ -184,10 +194,10 @@ def main() -> None:
               f"{run['iceberg']:>11.3f}{share:>7.1%}{run['files_written']:>6}")
     base = reads["ledger files (read_parquet)"]["median_s"]
     least = reads["ledger files (read_parquet)"]["min_s"]
-    print(f"\n{'DuckDB 1.5.5 reads':<30}{'median s':>10}{'ratio':>7}{'min s':>9}{'ratio':>7}"
+    print(f"\n{'DuckDB 1.5.5 reads':<40}{'median s':>10}{'ratio':>7}{'min s':>9}{'ratio':>7}"
           "  answer")
     for name, found in reads.items():
-        print(f"{name:<30}{found['median_s']:>10.4f}{found['median_s'] / base:>7.2f}"
+        print(f"{name:<40}{found['median_s']:>10.4f}{found['median_s'] / base:>7.2f}"
               f"{found['min_s']:>9.4f}{found['min_s'] / least:>7.2f}  {found['answer']}")
     if args.json:
         args.json.write_text(json.dumps({
