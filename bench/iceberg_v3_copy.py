@@ -95,7 +95,8 @@ class _ManifestListWriterV3(ManifestListWriterV2):
         first_row_id = None
         if prepared.content == ManifestContent.DATA:
             first_row_id = self.next_row_id
-            self.next_row_id += prepared.added_rows_count + prepared.existing_rows_count
+            self.next_row_id += ((prepared.added_rows_count or 0)
+                                 + (prepared.existing_rows_count or 0))
         return ManifestFile.from_args(_table_format_version=3, **fields,
                                       first_row_id=first_row_id)
 
