@@ -11,9 +11,9 @@ its commit. Landed before that commit:
     conflicts (5a);
   - retention of segments below the old horizon: the commit goes through (5d).
 After each, the compacted view is the model's (each key's latest record at or above the
-log start), read by the Reader, by Kafka Fetch's bytes, by DuckDB over
-`tables.view_dataset`, and by pyiceberg from the Iceberg state table; on a local disk
-and on S3 (moto on loopback)."""
+log start), read by the Reader, by Kafka Fetch's bytes, by DuckDB and Polars over
+`tables.view_dataset`, and, on a local disk, by the Spark source and by pyiceberg from
+the Iceberg state table; on a local disk and on S3 (moto on loopback)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,13 @@ from support.engines import ArrowCommitHookEngine
 from support.fakes import FakeClock
 from support.iceberg_readers import pyiceberg_rows
 from support.iceberg_support import expected_state
-from support.read_paths import duckdb_rows, fetch_rows, reader_rows
+from support.read_paths import (
+    clocked_spark_rows,
+    duckdb_rows,
+    fetch_rows,
+    polars_rows,
+    reader_rows,
+)
 from support.s3_support import open_local_or_s3
 
 TOPIC = "t"
@@ -114,15 +120,23 @@ def model(produced: Produced, log_start: int) -> list[tuple[int, bytes, bytes | 
 
 
 def assert_every_path_serves(store: LogStore, expected: list[tuple[int, bytes, bytes | None]],
-                             local: bool) -> None:
-    rows = [(offset, key, value) for _, offset, key, value in reader_rows(store, TOPIC)]
-    assert rows == expected, "reader"
-    fetched = [(offset, key, value) for _, offset, key, value in fetch_rows(store, TOPIC)]
-    assert fetched == expected, "fetch"
-    scanned = sorted((offset, key, value) for _, offset, key, value
-                     in duckdb_rows(store.target, TOPIC))
-    assert scanned == expected, "duckdb over view_dataset"
-    if local:  # the S3 state table is read through DuckDB's httpfs in test_iceberg_state_s3
+                             request: pytest.FixtureRequest) -> None:
+    """The Reader, Kafka Fetch's bytes, DuckDB and Polars over `view_dataset`, and, on a
+    local store, the Spark source (at the store's clock) and the Iceberg state table
+    (pyiceberg) serve `expected`."""
+    def rows(found: list[tuple[int, int, bytes | None, bytes | None]]
+             ) -> list[tuple[int, bytes | None, bytes | None]]:
+        return sorted((offset, key, value) for _, offset, key, value in found)
+
+    assert rows(reader_rows(store, TOPIC)) == expected, "reader"
+    assert rows(fetch_rows(store, TOPIC)) == expected, "fetch"
+    assert rows(duckdb_rows(store.target, TOPIC)) == expected, "duckdb over view_dataset"
+    assert rows(polars_rows(store.target, TOPIC)) == expected, "polars over view_dataset"
+    if is_local(store):  # on S3: the state table in test_iceberg_state_s3, Spark's workers
+        # in tests/spark (their credentials are the session's, not this bucket's)
+        spark = request.getfixturevalue("spark")
+        assert rows(clocked_spark_rows(spark, store.target, TOPIC, clock_of(store)())
+                    ) == expected, "spark source"
         table = state_table_location(store, TOPIC)
         assert pyiceberg_rows(table) == expected_state(store, TOPIC), "Iceberg state table"
 
@@ -131,7 +145,8 @@ def is_local(store: LogStore) -> bool:
     return not store.location.is_s3
 
 
-def test_delete_records_under_a_merge_lets_it_commit(store: LogStore) -> None:
+def test_delete_records_under_a_merge_lets_it_commit(store: LogStore,
+                                                     request: pytest.FixtureRequest) -> None:
     """5e under `latest`: the cut lands inside the second small file; the merged file
     still holds records below it, hidden from every reader, and the next run deletes
     them with a DV."""
@@ -142,17 +157,18 @@ def test_delete_records_under_a_merge_lets_it_commit(store: LogStore) -> None:
     after = {info.file for info in partition.manifest.ledger}
     assert not small & after, "the three small files were merged"
     assert partition.manifest.deleted_below == cut
-    assert_every_path_serves(store, model(produced, cut), is_local(store))
+    assert_every_path_serves(store, model(produced, cut), request)
     merged = partition.manifest.ledger[0]
     produce(store, produced, [ProducerRecord(b"r1-00", b"again")])
     run(store)
     # the merged file stays (rewrite fraction 0), and its DV now deletes what the cut hid
     kept = partition.manifest.ledger[0]
     assert kept.file == merged.file and kept.dv_count > merged.dv_count
-    assert_every_path_serves(store, model(produced, cut), is_local(store))
+    assert_every_path_serves(store, model(produced, cut), request)
 
 
-def test_delete_records_under_a_merge_with_first_makes_it_conflict(store: LogStore) -> None:
+def test_delete_records_under_a_merge_with_first_makes_it_conflict(
+        store: LogStore, request: pytest.FixtureRequest) -> None:
     """5e under `first`: a survivor it chose may be below the new cut while a later
     record of its key was left out; the commit conflicts, the three small files stay
     listed, and the next run merges them over the cut. The view is then the one of the
@@ -184,7 +200,7 @@ def read_all(partition: Partition) -> list[Record]:
 
 
 def test_a_compaction_that_merged_first_makes_the_second_conflict(
-        store: LogStore, tmp_path: Path) -> None:
+        store: LogStore, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """5a, on S3 (on a local disk the compaction lock makes runs on a partition
     exclusive): two machines plan the same merge; the one that commits second finds the
     files it retires already retired, and conflicts. The view holds each key once. (The
@@ -203,10 +219,11 @@ def test_a_compaction_that_merged_first_makes_the_second_conflict(
         run(store, another_machine)
     partition.load_manifest()
     assert not small & {info.file for info in partition.manifest.ledger}
-    assert_every_path_serves(store, model(produced, 0), local=False)
+    assert_every_path_serves(store, model(produced, 0), request)
 
 
-def test_retention_under_a_merge_lets_it_commit(store: LogStore) -> None:
+def test_retention_under_a_merge_lets_it_commit(store: LogStore,
+                                                request: pytest.FixtureRequest) -> None:
     """5d: retention removes sealed segments at or below the old horizon (their records
     are in the ledger); the run's new segment is above it, so the merge commits."""
     produced, small = three_small_files(store)
@@ -220,4 +237,4 @@ def test_retention_under_a_merge_lets_it_commit(store: LogStore) -> None:
 
     run(store, retention)
     assert not small & {info.file for info in partition.manifest.ledger}
-    assert_every_path_serves(store, model(produced, 0), is_local(store))
+    assert_every_path_serves(store, model(produced, 0), request)
