@@ -26,6 +26,7 @@ same ledger files as plain Parquet.
 
     .venv/bin/python bench/iceberg_tables.py
     .venv/bin/python bench/iceberg_tables.py --records 200000 --keys 20000   # quick
+    .venv/bin/python bench/iceberg_tables.py --topic-config delete.retention.ms=0
 """
 
 from __future__ import annotations
@@ -155,14 +156,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--spark-master", default="local[2]")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--topic-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="topic config set when the topic is created (repeatable), "
+                        "e.g. delete.retention.ms=0")
     args = parser.parse_args()
+    if any("=" not in item for item in args.topic_config):
+        parser.error("--topic-config takes KEY=VALUE")
 
     with tempfile.TemporaryDirectory(prefix="iceberg-bench-") as scratch:
         data = Path(scratch) / "data"
         with LogStore.open(data) as store:
             store.create_topic(TOPIC, args.partitions, {
                 "cleanup.policy": "compact", "min.compaction.lag.ms": "0",
-                "segment.bytes": str(8 << 20)})
+                "segment.bytes": str(8 << 20),
+                **dict(item.split("=", 1) for item in args.topic_config)})
             produce(store, 0, args.records, args.keys)
         # One warm session for every run (spark.session: the services use it and leave
         # it running), started and warmed before the first timed run.

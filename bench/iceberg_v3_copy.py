@@ -149,8 +149,8 @@ def v3_copy(table: Path, folder: Path, contiguous: bool = False) -> str:
              + bytes(4) + PUFFIN_MAGIC)
     puffin.write_bytes(body)
 
-    manifests = []  # 2. a data and a delete manifest, v3
-    for kind in ("data", "deletes"):
+    manifests = []  # 2. a data and a delete manifest (if any deletes), v3
+    for kind in ("data", "deletes") if vectors else ("data",):
         location = str(folder / f"{uuid.uuid4()}-{kind}.avro")
         with _ManifestWriterV3(table_io.new_output(location), snapshot_id,
                                kind == "deletes") as writer:
