@@ -116,7 +116,8 @@ def adopt(item: InputFile, survivors: np.ndarray, rules: TombstoneRules,
     removed = offsets[~keep]
     if len(removed):  # 3.
         dv_name = dv_file_name(name, run_id)
-        dv_size, dv_crc = write_deletion_vector(out_dir, dv_name, removed)
+        dv_size, dv_crc = write_deletion_vector(out_dir, dv_name, removed,
+                                                np.flatnonzero(~keep))
         adopted = replace(adopted, dv_file=dv_name, dv_size_bytes=dv_size,
                           dv_crc32c=dv_crc, dv_count=len(removed))
     _link(item.path, out_dir, name)  # 4.

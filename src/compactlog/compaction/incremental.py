@@ -119,7 +119,8 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
     # ParquetFile, not read_table: the dataset layer costs more than the read here.
     handle = pq.ParquetFile(item.path, page_checksum_verification=page_checksums)
     try:
-        table = drop_deleted(handle.read(columns=columns), deleted)
+        whole = handle.read(columns=columns)
+        table = drop_deleted(whole, deleted)
         for index in range(handle.metadata.num_row_groups):
             observe_row_group(handle.metadata, index, columns)
     finally:
@@ -176,7 +177,10 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
         action = "dv"
         union = removed if deleted is None else np.union1d(deleted, removed)
         name = dv_file_name(info.file, run_id)
-        dv_size, dv_crc = write_deletion_vector(item.path.parent, name, union)
+        # Each deleted offset's row in the file (its offsets ascend), for the state
+        # table's position deletes: the sync then need not read the offsets again.
+        positions = np.searchsorted(whole.column("offset").to_numpy(), union)
+        dv_size, dv_crc = write_deletion_vector(item.path.parent, name, union, positions)
         info = replace(info, dv_file=name, dv_size_bytes=dv_size, dv_crc32c=dv_crc,
                        dv_count=len(union))
     return Fate(item, action, PieceResult(info, len(offsets), 0, live,

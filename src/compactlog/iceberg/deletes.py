@@ -11,11 +11,13 @@ snapshot; one whose rows are all in it has no delete file.
 Reads are avoided where the manifest alone decides: a file without a deletion vector,
 wholly within the view's bounds, in a ledger that holds no tombstone (its
 `oldest_tombstone_ms` is None and empty values are not tombstones) has no deleted row.
-Otherwise its offset and value_size columns (the key column too under
-null.key.policy=keep, and timestamp under retention.ms) are read, after the file is
-proven whole against the manifest, as every reader does. The positions of a file are
-determined by what decided them (`inputs`: the file, its deletion vector, the view's
-bounds within it, the tombstone setting); a delete file's
+A file whose only deleted rows are its deletion vector's (no bound cuts it, no tombstone
+is possible) takes their positions from the DV, which records them (storage/deletion.py;
+a DV written before they were has none). Otherwise its offset and value_size columns
+(the key column too under null.key.policy=keep, and timestamp under retention.ms) are
+read, after the file is proven whole against the manifest, as every reader does. The
+positions of a file are determined by what decided them (`inputs`: the file, its
+deletion vector, the view's bounds within it, the tombstone setting); a delete file's
 name carries both that hash and its positions' hash, so a later snapshot whose inputs
 are the same keeps the file without reading anything, and one whose inputs changed but
 whose positions did not (retention's cut moved past no row) keeps it too. The columns
@@ -43,6 +45,7 @@ from compactlog.storage import (
     FileRows,
     PartitionManifest,
     TimeRules,
+    cached_deletion_positions,
     cached_deletion_vector,
     deleted_mask,
     tombstones_by_size,
@@ -81,15 +84,31 @@ def needs_no_read(rows: FileRows, tombstones: bool) -> bool:
 
 
 def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: str,
-                      null_keys: bool = False, drop_tombstones: bool = True) -> np.ndarray:
+                      null_keys: bool = False, drop_tombstones: bool = True,
+                      tombstones_possible: bool = True) -> np.ndarray:
     """The positions of `rows`' file that the table leaves out (see the module).
     `null_keys`: the ledger may hold null-key records (null.key.policy=keep), which are
     never tombstones; only then is the key column read. `drop_tombstones`: False for
-    the raw table, which shows them."""
+    the raw table, which shows them. `tombstones_possible`: False when the manifest
+    proves the ledger holds none (`may_hold_tombstones`)."""
     found = _positions.get(inputs)
     if found is not None:
         return found
     info = rows.info
+    if (info.dv_file is not None and needs_no_read(
+            replace(rows, info=replace(info, dv_file=None)),
+            drop_tombstones and tombstones_possible)):
+        # Only the deletion vector takes rows out: its own positions, when it has them,
+        # spare reading the file's offsets (a compaction that gives old ledger files
+        # new DVs would otherwise make the sync read each of them again).
+        recorded = cached_deletion_positions(volume.fetch(rows.dv_relative or ""),
+                                             info.dv_size_bytes, info.dv_crc32c)
+        if (recorded is not None and len(recorded) == info.dv_count
+                and (not len(recorded) or (int(recorded[0]) >= 0
+                     and int(recorded[-1]) < info.record_count
+                     and bool((recorded[1:] > recorded[:-1]).all())))):
+            _positions.put(inputs, recorded)
+            return recorded
     # Every tombstone leaves the state: the view's tombstone retention adds nothing.
     condition = replace(rows.condition, tombstone_cutoff_ms=None)
     columns = ["offset", "value_size"] + (["key"] if null_keys else [])

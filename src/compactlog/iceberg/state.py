@@ -318,7 +318,7 @@ def _partition_part(kind: TableKind, partition: Partition, version: int,
                 delete = old
             else:
                 positions = deleted_positions(partition.volume, item, rules, key,
-                                              null_keys, kind.drop_tombstones)
+                                              null_keys, kind.drop_tombstones, tombstones)
                 if len(positions) == item.info.record_count:
                     continue  # no row of it in the state: not in the snapshot
                 content = content_hash(positions)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from compactlog.storage.deletion import (
+        cached_deletion_positions,
         cached_deletion_vector,
         deleted_mask,
         drop_deleted,
@@ -126,6 +127,7 @@ __all__ = [
     "TimeRules",
     "Topic",
     "View",
+    "cached_deletion_positions",
     "cached_deletion_vector",
     "check_batch",
     "compaction_lock",
@@ -161,6 +163,7 @@ __all__ = [
 _HOMES = {
     "BatchError": "compactlog.storage.records",
     "BatchHeader": "compactlog.storage.records",
+    "cached_deletion_positions": "compactlog.storage.deletion",
     "cached_deletion_vector": "compactlog.storage.deletion",
     "check_batch": "compactlog.storage.records",
     "ChecksumError": "compactlog.storage.records",

@@ -9,8 +9,13 @@ replaces the DV by a new file holding the union, so a ledger file has at most on
 current DV. The live rows of a ledger file are its rows minus its DV's offsets; every
 reader of the compacted view filters them through `drop_deleted` (or the same test).
 
-Format: a Parquet file with one non-null int64 column `offset`, sorted ascending. The
-manifest carries its size and CRC32C, checked before it is parsed, as for data files.
+Format: a Parquet file with a non-null int64 column `offset`, sorted ascending, and,
+in files written since the Iceberg tables came, a non-null int64 column `position`:
+each offset's row index in the ledger file, which the writer had in hand. Readers of
+the view need only the offsets; the state table's position deletes need the positions,
+which a DV without them makes it find by reading the ledger file's offset column
+(iceberg/deletes.py). The manifest carries its size and CRC32C, checked before it is
+parsed, as for data files.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import pyarrow.parquet as pq
 from compactlog import faults, fsutil
 from compactlog.storage.sealed import SegmentMissingError, file_crc32c, verify_file
 
-DV_SCHEMA = pa.schema([pa.field("offset", pa.int64(), nullable=False)])
+DV_SCHEMA = pa.schema([pa.field("offset", pa.int64(), nullable=False),
+                       pa.field("position", pa.int64(), nullable=False)])
 
 
 def dv_file_name(ledger_file: str, run_id: str) -> str:
@@ -34,14 +40,21 @@ def dv_file_name(ledger_file: str, run_id: str) -> str:
     return f"{stem}.dv-{run_id}.parquet"
 
 
-def write_deletion_vector(directory: Path, name: str, offsets: np.ndarray) -> tuple[int, int]:
-    """Write the sorted unique `offsets` as DV `name` in `directory`; returns the file's
-    (size, CRC32C). The file is whole under its name or absent."""
+def write_deletion_vector(directory: Path, name: str, offsets: np.ndarray,
+                          positions: np.ndarray) -> tuple[int, int]:
+    """Write the sorted unique `offsets`, with their rows' `positions` in the ledger
+    file, as DV `name` in `directory`; returns the file's (size, CRC32C). The file is
+    whole under its name or absent."""
+    if len(positions) != len(offsets):
+        raise ValueError(f"deletion vector {name}: {len(offsets)} offsets but "
+                         f"{len(positions)} positions")
     final = directory / name
     temp = fsutil.temp_path(directory, name)
     try:
         faults.point("write", temp)
-        table = pa.table({"offset": pa.array(np.asarray(offsets, np.int64))}, schema=DV_SCHEMA)
+        table = pa.table({"offset": pa.array(np.asarray(offsets, np.int64)),
+                          "position": pa.array(np.asarray(positions, np.int64))},
+                         schema=DV_SCHEMA)
         pq.write_table(table, temp, compression="zstd")
         fsutil.fsync_path(temp)
         fsutil.publish_replace(temp, final)
@@ -70,6 +83,28 @@ def cached_deletion_vector(path: Path, size_bytes: int | None,
     """As read_deletion_vector, remembered: a DV's name is never reused for other bytes,
     so a copy read once stays right (readers call this per read; keep it read-only)."""
     found = read_deletion_vector(path, size_bytes, crc32c)
+    found.setflags(write=False)
+    return found
+
+
+@functools.lru_cache(maxsize=32)
+def cached_deletion_positions(path: Path, size_bytes: int | None,
+                              crc32c: int | None) -> np.ndarray | None:
+    """The row positions of DV `path`'s offsets in its ledger file (ascending), or None
+    for a DV written before they were recorded; checked and remembered as
+    cached_deletion_vector is."""
+    try:
+        verify_file(path, size_bytes, crc32c, "deletion vector")
+        handle = pq.ParquetFile(path)
+        try:
+            if "position" not in handle.schema_arrow.names:
+                return None
+            column = handle.read(columns=["position"]).column("position")
+        finally:
+            handle.close()
+    except FileNotFoundError:
+        raise SegmentMissingError(path, "deletion vector is missing") from None
+    found = np.asarray(column.to_numpy(), dtype=np.int64)
     found.setflags(write=False)
     return found
 
