@@ -177,10 +177,13 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
         action = "dv"
         union = removed if deleted is None else np.union1d(deleted, removed)
         name = dv_file_name(info.file, run_id)
-        # Each deleted offset's row in the file (its offsets ascend), for the state
-        # table's position deletes: the sync then need not read the offsets again.
-        positions = np.searchsorted(whole.column("offset").to_numpy(), union)
-        dv_size, dv_crc = write_deletion_vector(item.path.parent, name, union, positions)
+        # Each deleted offset's row in the file, for the state table's position deletes:
+        # the sync then need not read the offsets again. (An old DV's offset that the
+        # file does not hold would leave them unknown rather than wrong.)
+        positions = np.flatnonzero(deleted_mask(whole.column("offset").to_numpy(), union))
+        dv_size, dv_crc = write_deletion_vector(
+            item.path.parent, name, union,
+            positions if len(positions) == len(union) else None)
         info = replace(info, dv_file=name, dv_size_bytes=dv_size, dv_crc32c=dv_crc,
                        dv_count=len(union))
     return Fate(item, action, PieceResult(info, len(offsets), 0, live,

@@ -10,7 +10,7 @@ current DV. The live rows of a ledger file are its rows minus its DV's offsets; 
 reader of the compacted view filters them through `drop_deleted` (or the same test).
 
 Format: a Parquet file with a non-null int64 column `offset`, sorted ascending, and,
-in files written since the Iceberg tables came, a non-null int64 column `position`:
+in DVs written since positions were recorded, a non-null int64 column `position`:
 each offset's row index in the ledger file, which the writer had in hand. Readers of
 the view need only the offsets; the state table's position deletes need the positions,
 which a DV without them makes it find by reading the ledger file's offset column
@@ -41,20 +41,21 @@ def dv_file_name(ledger_file: str, run_id: str) -> str:
 
 
 def write_deletion_vector(directory: Path, name: str, offsets: np.ndarray,
-                          positions: np.ndarray) -> tuple[int, int]:
+                          positions: np.ndarray | None) -> tuple[int, int]:
     """Write the sorted unique `offsets`, with their rows' `positions` in the ledger
-    file, as DV `name` in `directory`; returns the file's (size, CRC32C). The file is
-    whole under its name or absent."""
-    if len(positions) != len(offsets):
+    file (None: not known, the column is left out), as DV `name` in `directory`;
+    returns the file's (size, CRC32C). The file is whole under its name or absent."""
+    if positions is not None and len(positions) != len(offsets):
         raise ValueError(f"deletion vector {name}: {len(offsets)} offsets but "
                          f"{len(positions)} positions")
     final = directory / name
     temp = fsutil.temp_path(directory, name)
     try:
         faults.point("write", temp)
-        table = pa.table({"offset": pa.array(np.asarray(offsets, np.int64)),
-                          "position": pa.array(np.asarray(positions, np.int64))},
-                         schema=DV_SCHEMA)
+        columns = {"offset": pa.array(np.asarray(offsets, np.int64))}
+        if positions is not None:
+            columns["position"] = pa.array(np.asarray(positions, np.int64))
+        table = pa.table(columns, schema=pa.schema(DV_SCHEMA.field(name) for name in columns))
         pq.write_table(table, temp, compression="zstd")
         fsutil.fsync_path(temp)
         fsutil.publish_replace(temp, final)
