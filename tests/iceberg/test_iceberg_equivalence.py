@@ -41,8 +41,11 @@ PARTITIONS = 2
 KEYS = 12
 STRATEGIES = ["latest", "first", "order:timestamp"]
 
+# The last field: whether one record in five is a tombstone. Produces without any let a
+# ledger lose its tombstones (past delete.retention.ms), so that a sync takes a DV'd
+# file's positions from its deletion vector (iceberg/deletes.py).
 produce_op = st.tuples(st.just("produce"), st.integers(1, 25), st.integers(0, 10**6),
-                       st.integers(0, 4))
+                       st.integers(0, 4), st.booleans())
 # Deletion vectors on or off; dirty segments adopted into the ledger as they are or not;
 # small ledger files merged as soon as two are neighbours (merge.min.files 2) or at the
 # default 5.
@@ -110,11 +113,13 @@ def run_schedule(root: Path, strategy: str, compact_delete: bool,
         for op in [*warm_up, *schedule, ("produce", 10, 3, 0), ("compact", False)]:
             name = op[0]
             if name == "produce":
-                _, count, seed, partition = op
+                count, seed, partition = op[1:4]
+                tombstones = len(op) < 5 or op[4]
                 index = partition % PARTITIONS
                 now_ms = int(clock() * 1000)
                 records = [ProducerRecord(b"k%d" % ((seed + i * 7) % KEYS),
-                                          None if (seed + i) % 5 == 0 else b"v%d-%d" % (seed, i),
+                                          None if tombstones and (seed + i) % 5 == 0
+                                          else b"v%d-%d" % (seed, i),
                                           (("h", b"%d" % i),) if i % 3 == 0 else (),
                                           now_ms - (seed + i) % 3 * 1000)
                            for i in range(count)]
@@ -136,6 +141,12 @@ def run_schedule(root: Path, strategy: str, compact_delete: bool,
                                                                "clock": clock}).compact()
                 if eager_merge and report.total("ledger_files_in") >= 2:
                     event("a compaction with two or more small ledger files to merge")
+                if any(any(info.dv_file for info in p.manifest.ledger)
+                       and p.manifest.compaction is not None
+                       and p.manifest.compaction.oldest_tombstone_ms is None
+                       for p in store.topic(TOPIC).partitions):
+                    event("a ledger with deletion vectors and no tombstone: positions "
+                          "from the DVs")
                 after = snapshots(table)[-1]["id"] if Path(table).exists() else None
                 if after is not None and all(after != s for s, _ in taken):
                     note(after)
