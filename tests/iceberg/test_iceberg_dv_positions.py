@@ -6,7 +6,9 @@ deleted rows are its DV's is then not read to make its position-delete file.
 - a sync made from scratch over a ledger with DVs and no tombstone reads no ledger file
   and still shows the compacted view (every engine);
 - a DV written before positions were recorded (an offset column only) gives the same
-  positions, from the ledger file's offsets.
+  positions, from the ledger file's offsets;
+- a DV that a commit replaced and the sweep deleted after the sync loaded its manifest
+  makes the sync load again (step 4c); one missing while still listed fails it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from compactlog.storage import (
     cached_deletion_positions,
     cached_deletion_vector,
 )
-from compactlog.storage.sealed import file_crc32c
+from compactlog.storage.sealed import SegmentMissingError, file_crc32c
 from compactlog.storage.store import LogStore
 from support.fakes import FakeClock
 from support.iceberg_support import (
@@ -115,3 +117,41 @@ def test_a_dv_without_positions_gives_the_same_ones(store_with_dvs: LogStore) ->
             recorded = deletes.deleted_positions(partition.volume, rows, rules, "new",
                                                  tombstones_possible=False)
             assert np.array_equal(from_offsets, recorded) and len(recorded) == info.dv_count
+
+
+def test_a_dv_replaced_and_deleted_under_a_sync_makes_it_start_again(
+        store_with_dvs: LogStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 4c's rule for DVs: a compaction commits between the sync's steps 2 and 3,
+    replacing a DV that is then deleted (file.delete.delay.ms 0) before step 3 reads
+    it; the sync loads again and snapshots the new manifests. A DV missing while its
+    manifest still lists it fails the sync instead."""
+    store = store_with_dvs
+    table = Path(state_table_location(store, TOPIC))
+    shutil.rmtree(table)
+    deletes.forget_cache()
+    forget_entries()
+    read = deletes.cached_deletion_positions
+    raced: list[bool] = []
+
+    def replaced_then_gone(path: Path, size: int | None, crc: int | None) -> object:
+        if not raced:  # the first read of a DV: another run commits, its DV is swept
+            raced.append(True)
+            produce(store, updates(680, 40, 120))
+            compact(store)
+            raise SegmentMissingError(path, "deletion vector is missing")
+        return read(path, size, crc)
+
+    monkeypatch.setattr(deletes, "cached_deletion_positions", replaced_then_gone)
+    sync_state_table(store, TOPIC)  # (the racing run's own sync may have made it current)
+    monkeypatch.undo()
+    assert raced
+    assert_engines_read(str(table), expected_state(store))
+
+    def missing(path: Path, size: int | None, crc: int | None) -> object:
+        raise SegmentMissingError(path, "deletion vector is missing")
+
+    shutil.rmtree(table)
+    deletes.forget_cache()
+    monkeypatch.setattr(deletes, "cached_deletion_positions", missing)
+    with pytest.raises(SegmentMissingError):
+        sync_state_table(store, TOPIC)

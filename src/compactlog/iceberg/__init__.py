@@ -93,7 +93,9 @@ Commit: `sync(topic)`, never ahead of the compaction commit
   4c. load the changed partitions' committed manifests again: a data file of the
      snapshot that a commit retired since step 2 may have been deleted before its hold
      (file.delete.delay.ms may be 0), so the sync starts again from 1; a file read in
-     step 3 that is already gone does the same;
+     step 3 that is already gone does the same, and so does a deletion vector gone
+     once a commit has replaced it since step 2 (one gone while still listed is
+     missing, and fails the sync: tests/iceberg/test_iceberg_dv_positions.py);
   5. create v<N+1>.metadata.json only if absent (a hard link locally, `If-None-Match:
      *` on S3): the table's commit point. Another sync that created it first makes
      this one start again from 1, a bounded number of times;

@@ -53,7 +53,13 @@ from compactlog.iceberg.schema import (
     SCHEMA,
     TIMESTAMP_ID,
 )
-from compactlog.storage import LogStore, Partition, PartitionManifest, TimeRules
+from compactlog.storage import (
+    LogStore,
+    Partition,
+    PartitionManifest,
+    SegmentMissingError,
+    TimeRules,
+)
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +192,10 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
                      for index, (version, manifest) in enumerate(manifests)]  # 3.
         except FileNotFoundError:  # retired and deleted since step 2: load again
             continue
+        except SegmentMissingError:  # a DV: the same if a commit replaced it since 2
+            if not _moved_on(topic.partitions, manifests):
+                raise  # listed by the manifest still: missing, not retired
+            continue
         if current.moved_from is None and not any(part.changed for part in parts):
             result.current = current
             result.seconds = time.monotonic() - started
@@ -249,6 +259,13 @@ def _still_listed(partitions: list[Partition], parts: list[Partial]) -> bool:
             if any(relative not in live for relative in part.relatives):
                 return False
     return True
+
+
+def _moved_on(partitions: list[Partition], loaded: list[tuple[int, PartitionManifest]]
+              ) -> bool:
+    """A partition's committed manifest is newer than the one loaded in step 2."""
+    return any(_committed(partition)[0] != version
+               for partition, (version, _) in zip(partitions, loaded, strict=True))
 
 
 def _committed(partition: Partition) -> tuple[int, PartitionManifest]:
