@@ -27,6 +27,8 @@ from pyiceberg.manifest import (
     read_manifest_list,
     write_manifest_list,
 )
+from pyiceberg.schema import Schema
+from pyiceberg.typedef import TableVersion
 
 from compactlog.bounded_cache import BoundedCache
 from compactlog.iceberg.files import TableFiles
@@ -111,7 +113,25 @@ class TableIO(FileIO):
         raise NotImplementedError("the table's files are deleted through TableFiles")
 
 
-class _DeleteManifestWriter(ManifestWriterV2):
+# The manifest entry schemas with the table's partition type, by format version: every
+# manifest of a table here has the spec and schema of schema.py, and pyiceberg builds
+# these (about 1 ms each, twice a manifest) anew for every writer.
+_entry_schemas: dict[int, Schema] = {}
+
+
+class _DataManifestWriter(ManifestWriterV2):
+    """pyiceberg's v2 manifest writer, with its entry schemas built once."""
+
+    def _with_partition(self, format_version: TableVersion) -> Schema:
+        if self._spec is not SPEC or self._schema is not SCHEMA:
+            return super()._with_partition(format_version)
+        found = _entry_schemas.get(format_version)
+        if found is None:
+            found = _entry_schemas[format_version] = super()._with_partition(format_version)
+        return found
+
+
+class _DeleteManifestWriter(_DataManifestWriter):
     """pyiceberg 0.12 writes data manifests only; a delete manifest differs in its
     content field and metadata."""
 
@@ -130,7 +150,7 @@ def write_manifest(location: str, snapshot_id: int, sequence_number: int, delete
     `sequence_number`), `existing` entries carried from the previous snapshot and
     `removed` ones marked deleted; its ManifestFile and bytes."""
     out = MemoryOutputFile(location)
-    kind = _DeleteManifestWriter if deletes else ManifestWriterV2
+    kind = _DeleteManifestWriter if deletes else _DataManifestWriter
     live: list[ManifestEntry] = []
     with kind(SPEC, SCHEMA, out, snapshot_id, COMPRESSION) as writer:
         for data_file in added:

@@ -143,7 +143,11 @@ def _columns_of(volume: Volume, rows: FileRows, columns: tuple[str, ...]) -> pa.
     what = "ledger file" if rows.is_ledger else "sealed segment"
     verify_input(path, info.size_bytes, info.crc32c,
                  f"{what} with offsets {info.base_offset}..{info.last_offset}")
-    table = pq.read_table(path, columns=list(columns))
+    handle = pq.ParquetFile(path)  # not read_table: its dataset layer costs more here
+    try:
+        table = handle.read(columns=list(columns))
+    finally:
+        handle.close()
     _columns.put(key, table)
     return table
 
