@@ -192,7 +192,7 @@ def sync(store: LogStore, topic_name: str, cause: str = "sync", run_id: str = ""
                      for index, (version, manifest) in enumerate(manifests)]  # 3.
         except FileNotFoundError:  # retired and deleted since step 2: load again
             continue
-        except SegmentMissingError:  # a DV: the same if a commit replaced it since 2
+        except SegmentMissingError:  # a DV (or file) gone: the same if a commit moved on
             if not _moved_on(topic.partitions, manifests):
                 raise  # listed by the manifest still: missing, not retired
             continue
