@@ -58,7 +58,7 @@ from compactlog.storage.records import ProducerRecord
 from compactlog.storage.store import LogStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from iceberg_v3_copy import v3_copy
+from iceberg_v3_copy import current_snapshot, v3_copy
 from machine_info import machine_info
 
 TOPIC = "t"
@@ -101,10 +101,8 @@ def extension(module: Any) -> str:
 def without_deletes(table: str, scratch: Path) -> str:
     """A metadata file for the state table's current snapshot whose manifest list names
     only its data manifests (written under `scratch`, the table left as it is)."""
-    metadata_path = sorted(glob.glob(f"{table}/metadata/*.metadata.json"))[-1]
-    metadata = json.loads(Path(metadata_path).read_text())
-    snapshot = next(item for item in metadata["snapshots"]
-                    if item["snapshot-id"] == metadata["current-snapshot-id"])
+    # (By the hint: a name sort puts v9 after v10.)
+    metadata, snapshot = current_snapshot(Path(table))
     table_io = PyArrowFileIO()
     data_only = [manifest for manifest in read_manifest_list(
         table_io.new_input(snapshot["manifest-list"])) if manifest.content == ManifestContent.DATA]

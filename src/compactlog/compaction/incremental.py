@@ -31,6 +31,7 @@ which is unchanged and so the same too.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -47,6 +48,8 @@ from compactlog.storage import (
     tombstones_by_size,
     write_deletion_vector,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,10 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
         # the sync then need not read the offsets again. (An old DV's offset that the
         # file does not hold would leave them unknown rather than wrong.)
         positions = np.flatnonzero(deleted_mask(whole.column("offset").to_numpy(), union))
+        if len(positions) != len(union):
+            log.warning("%s: %d offsets of its deletion vector are not rows of the file; "
+                        "the new DV %s records no positions", item.path,
+                        len(union) - len(positions), name)
         dv_size, dv_crc = write_deletion_vector(
             item.path.parent, name, union,
             positions if len(positions) == len(union) else None)

@@ -75,12 +75,17 @@ def inputs_of(url: str, rows: FileRows, rules: TimeRules, drop_tombstones: bool 
     return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()[:16]
 
 
+def unbounded(rows: FileRows) -> bool:
+    """No bound of the view (DeleteRecords' cut, the horizon, retention.ms) cuts the
+    file: only its deletion vector and tombstones can take rows out."""
+    condition = rows.condition
+    return (condition.min_offset is None and condition.end_offset is None
+            and condition.min_timestamp is None)
+
+
 def needs_no_read(rows: FileRows, tombstones: bool) -> bool:
     """The manifest alone proves every row of the file is in the state."""
-    condition = rows.condition
-    return (rows.info.dv_file is None and condition.min_offset is None
-            and condition.end_offset is None and condition.min_timestamp is None
-            and not tombstones)
+    return rows.info.dv_file is None and unbounded(rows) and not tombstones
 
 
 def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: str,
@@ -95,9 +100,8 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: 
     if found is not None:
         return found
     info = rows.info
-    if (info.dv_file is not None and needs_no_read(
-            replace(rows, info=replace(info, dv_file=None)),
-            drop_tombstones and tombstones_possible)):
+    if (info.dv_file is not None and unbounded(rows)
+            and not (drop_tombstones and tombstones_possible)):
         # Only the deletion vector takes rows out: its own positions, when it has them,
         # spare reading the file's offsets (a compaction that gives old ledger files
         # new DVs would otherwise make the sync read each of them again).

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from compactlog import faults, fsutil
+from compactlog.errors import CorruptionError
 from compactlog.storage.sealed import SegmentMissingError, file_crc32c, verify_file
 
 DV_SCHEMA = pa.schema([pa.field("offset", pa.int64(), nullable=False),
@@ -65,17 +66,32 @@ def write_deletion_vector(directory: Path, name: str, offsets: np.ndarray,
     return final.stat().st_size, file_crc32c(final)
 
 
-def read_deletion_vector(path: Path, size_bytes: int | None = None,
-                         crc32c: int | None = None) -> np.ndarray:
-    """The sorted deleted offsets of DV `path` (checked against size and CRC32C when
-    given). A missing file raises SegmentMissingError, so a read retries from a newer
-    manifest (reads.with_view)."""
+def _dv_column(path: Path, size_bytes: int | None, crc32c: int | None,
+               name: str) -> np.ndarray | None:
+    """Column `name` of DV `path` (checked against size and CRC32C when given), or None
+    when the file has no such column. A missing file raises SegmentMissingError, so a
+    read retries from a newer manifest (reads.with_view)."""
     try:
         verify_file(path, size_bytes, crc32c, "deletion vector")
-        column = pq.read_table(path, columns=["offset"]).column("offset")
+        handle = pq.ParquetFile(path)
+        try:
+            if name not in handle.schema_arrow.names:
+                return None
+            column = handle.read(columns=[name]).column(name)
+        finally:
+            handle.close()
     except FileNotFoundError:
         raise SegmentMissingError(path, "deletion vector is missing") from None
     return np.asarray(column.to_numpy(), dtype=np.int64)
+
+
+def read_deletion_vector(path: Path, size_bytes: int | None = None,
+                         crc32c: int | None = None) -> np.ndarray:
+    """The sorted deleted offsets of DV `path` (see _dv_column)."""
+    found = _dv_column(path, size_bytes, crc32c, "offset")
+    if found is None:
+        raise CorruptionError(path, "deletion vector without an offset column")
+    return found
 
 
 @functools.lru_cache(maxsize=32)
@@ -92,21 +108,10 @@ def cached_deletion_vector(path: Path, size_bytes: int | None,
 def cached_deletion_positions(path: Path, size_bytes: int | None,
                               crc32c: int | None) -> np.ndarray | None:
     """The row positions of DV `path`'s offsets in its ledger file (ascending), or None
-    for a DV written before they were recorded; checked and remembered as
-    cached_deletion_vector is."""
-    try:
-        verify_file(path, size_bytes, crc32c, "deletion vector")
-        handle = pq.ParquetFile(path)
-        try:
-            if "position" not in handle.schema_arrow.names:
-                return None
-            column = handle.read(columns=["position"]).column("position")
-        finally:
-            handle.close()
-    except FileNotFoundError:
-        raise SegmentMissingError(path, "deletion vector is missing") from None
-    found = np.asarray(column.to_numpy(), dtype=np.int64)
-    found.setflags(write=False)
+    for a DV written before they were recorded; remembered as cached_deletion_vector."""
+    found = _dv_column(path, size_bytes, crc32c, "position")
+    if found is not None:
+        found.setflags(write=False)
     return found
 
 
