@@ -23,10 +23,15 @@ from pyspark.sql import SparkSession
 
 from compactlog.client.reader import Reader
 from compactlog.compaction import load_factory
-from compactlog.compaction.incremental import small_runs
+from compactlog.compaction.incremental import merge_sorted, small_runs
 from compactlog.compaction.plan import InputFile
 from compactlog.iceberg import expire_snapshots
-from compactlog.storage.deletion import deleted_mask
+from compactlog.storage.deletion import (
+    cached_deletion_positions,
+    deleted_mask,
+    read_deletion_vector,
+    write_deletion_vector,
+)
 from compactlog.storage.manifest import SegmentInfo
 from compactlog.storage.records import ProducerRecord, Record
 from compactlog.storage.store import LogStore
@@ -318,3 +323,52 @@ def test_deleted_mask_is_membership_in_the_sorted_array(
     shifted = np.asarray([start + offset for offset in offsets], dtype=np.int64)
     members = np.asarray(deleted, dtype=np.int64)
     assert np.array_equal(deleted_mask(shifted, members), np.isin(shifted, members))
+
+
+@given(
+    deleted=st.sets(st.integers(0, 400), max_size=120),
+    removed=st.sets(st.integers(0, 400), max_size=120),
+)
+def test_merge_sorted_is_the_union_of_two_ascending_arrays(
+        deleted: set[int], removed: set[int]) -> None:
+    """decide's merge of an old DV with the rows a run takes out is np.union1d's result:
+    disjoint (as decide gives it) through one stable sort, and with common members too."""
+    old = np.asarray(sorted(deleted), dtype=np.int64)
+    new = np.asarray(sorted(removed - deleted), dtype=np.int64)
+    assert np.array_equal(merge_sorted(old, new), np.union1d(old, new))
+    overlapping = np.asarray(sorted(removed), dtype=np.int64)
+    assert np.array_equal(merge_sorted(old, overlapping), np.union1d(old, overlapping))
+
+
+def test_a_dv_is_delta_encoded_and_every_reader_reads_what_was_written(
+        tmp_path: Path) -> None:
+    """A DV is written DELTA_BINARY_PACKED and uncompressed (DV_WRITE_OPTIONS): pyarrow
+    (compactlog's readers), DuckDB and Polars (docs/querying.md's queries) read the
+    offsets and positions written; a DV written before (zstd, plain) reads the same."""
+    import duckdb
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(7)
+    rows = np.sort(rng.choice(np.arange(10**6, 10**6 + 60_000), 20_000, replace=False))
+    gone = np.sort(rng.choice(len(rows), 7_000, replace=False))
+    offsets, positions = rows[gone], gone.astype(np.int64)
+    size, crc = write_deletion_vector(tmp_path, "f.dv-run.parquet", offsets, positions)
+    path = tmp_path / "f.dv-run.parquet"
+    chunk = pq.ParquetFile(path).metadata.row_group(0)
+    for index in range(chunk.num_columns):
+        column = chunk.column(index)
+        assert "DELTA_BINARY_PACKED" in column.encodings, column
+        assert column.compression == "UNCOMPRESSED"
+    assert np.array_equal(read_deletion_vector(path, size, crc), offsets)
+    assert np.array_equal(cached_deletion_positions(path, size, crc), positions)
+    found = duckdb.sql(f"SELECT \"offset\", position FROM read_parquet('{path}')").fetchnumpy()
+    assert np.array_equal(found["offset"], offsets)
+    assert np.array_equal(found["position"], positions)
+    frame = pl.read_parquet(path)
+    assert np.array_equal(frame["offset"].to_numpy(), offsets)
+    assert np.array_equal(frame["position"].to_numpy(), positions)
+    old = tmp_path / "old.dv-run.parquet"
+    pq.write_table(pa.table({"offset": pa.array(offsets)}), old, compression="zstd")
+    assert np.array_equal(read_deletion_vector(old), offsets)

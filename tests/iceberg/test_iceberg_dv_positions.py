@@ -6,7 +6,7 @@ deleted rows are its DV's is then not read to make its position-delete file.
 - a sync made from scratch over a ledger with DVs and no tombstone reads no ledger file
   and still shows the compacted view (every engine);
 - a DV written before positions were recorded (an offset column only) gives the same
-  positions, from the ledger file's offsets;
+  positions, from the ledger file's offsets, with tombstones in the ledger or none;
 - a DV that a commit replaced and the sweep deleted after the sync loaded its manifest
   makes the sync load again (step 4c); one missing while still listed fails it.
 """
@@ -92,8 +92,28 @@ def test_a_sync_from_scratch_reads_no_ledger_file(store_with_dvs: LogStore,
     assert_engines_read(str(table), expected_state(store))
 
 
-def test_a_dv_without_positions_gives_the_same_ones(store_with_dvs: LogStore) -> None:
-    store = store_with_dvs
+@pytest.fixture
+def store_with_tombstones(tmp_path: Path, clock: FakeClock) -> LogStore:
+    """As store_with_dvs, with a tombstone in every seven records: the sync then reads
+    each file's value sizes, and takes its DV's rows from the positions recorded."""
+    store = LogStore.open(tmp_path / "tombstones", clock=clock)
+    store.create_topic(TOPIC, 2, CONFIG)
+    produce(store, updates(0, 600, 200, tombstone_every=7))
+    compact(store)
+    produce(store, updates(600, 80, 120, tombstone_every=7))
+    compact(store)
+    return store
+
+
+@pytest.mark.parametrize("with_tombstones", [False, True])
+def test_a_dv_without_positions_gives_the_same_ones(
+        store_with_dvs: LogStore, store_with_tombstones: LogStore,
+        with_tombstones: bool) -> None:
+    """With tombstones possible, the file's columns are read and its DV's rows come from
+    the positions recorded (or, for an old DV, from looking its offsets up): the same
+    positions either way, and the state table reads as the view."""
+    store = store_with_tombstones if with_tombstones else store_with_dvs
+    checked = with_tombstone_rows = 0
     for partition in store.topic(TOPIC).partitions:
         rules = TimeRules.of(partition.config, int(store.clock() * 1000))
         for rows in STATE.rows(partition.manifest, rules):
@@ -113,10 +133,23 @@ def test_a_dv_without_positions_gives_the_same_ones(store_with_dvs: LogStore) ->
                                              old.info.dv_crc32c) is None
             deletes.forget_cache()
             from_offsets = deletes.deleted_positions(partition.volume, old, rules, "old",
-                                                     tombstones_possible=False)
+                                                     tombstones_possible=with_tombstones)
             recorded = deletes.deleted_positions(partition.volume, rows, rules, "new",
-                                                 tombstones_possible=False)
-            assert np.array_equal(from_offsets, recorded) and len(recorded) == info.dv_count
+                                                 tombstones_possible=with_tombstones)
+            assert np.array_equal(from_offsets, recorded)
+            assert len(recorded) >= info.dv_count
+            assert (len(recorded) > info.dv_count) == (with_tombstones and bool(
+                deletes.tombstones(pq.read_table(partition.ledger_dir / info.file,
+                                                 columns=["value_size"]), False).any()))
+            checked += 1
+            with_tombstone_rows += len(recorded) > info.dv_count
+    assert checked, "no ledger file with a DV"
+    assert bool(with_tombstone_rows) == with_tombstones, "a DV'd file holds tombstones"
+    if with_tombstones:
+        deletes.forget_cache()
+        result = sync_state_table(store, TOPIC)
+        assert result.current is not None
+        assert_engines_read(state_table_location(store, TOPIC), expected_state(store))
 
 
 def test_a_dv_replaced_and_deleted_under_a_sync_makes_it_start_again(

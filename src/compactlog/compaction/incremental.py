@@ -178,7 +178,7 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
     action = "keep"
     if len(removed):
         action = "dv"
-        union = removed if deleted is None else np.union1d(deleted, removed)
+        union = removed if deleted is None else merge_sorted(deleted, removed)
         name = dv_file_name(info.file, run_id)
         # Each deleted offset's row in the file, for the state table's position deletes:
         # the sync then need not read the offsets again. (An old DV's offset that the
@@ -196,6 +196,17 @@ def decide(item: InputFile, deleted: np.ndarray | None, survivors: np.ndarray,
     return Fate(item, action, PieceResult(info, len(offsets), 0, live,
                                           int(kept_tombstones.sum()), tombstones_removed,
                                           0, expired, oldest))
+
+
+def merge_sorted(deleted: np.ndarray, removed: np.ndarray) -> np.ndarray:
+    """The sorted union of two sorted arrays without common members (an old DV's offsets
+    and the rows this run takes out of what it left). A stable sort merges two ascending
+    runs in one pass: np.union1d hashed 630,000 offsets in 22 ms a file, a tenth of a
+    10% run's tasks (docs/benchmarks.md)."""
+    merged: np.ndarray = np.sort(np.concatenate([deleted, removed]), kind="stable")
+    if len(merged) > 1 and not bool((merged[1:] > merged[:-1]).all()):
+        merged = np.unique(merged)  # a member of both: never from decide, kept exact
+    return merged
 
 
 def runs_to_write(inputs: list[InputFile], fates: dict[str, Fate]) -> list[list[InputFile]]:

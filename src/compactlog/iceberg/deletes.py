@@ -15,7 +15,8 @@ A file whose only deleted rows are its deletion vector's (no bound cuts it, no t
 is possible) takes their positions from the DV, which records them (storage/deletion.py;
 a DV written before they were has none). Otherwise its offset and value_size columns
 (the key column too under null.key.policy=keep, and timestamp under retention.ms) are
-read, after the file is proven whole against the manifest, as every reader does. The
+read, after the file is proven whole against the manifest, as every reader does, and
+its DV's rows are still taken from the positions the DV records, when it does. The
 positions of a file are determined by what decided them (`inputs`: the file, its
 deletion vector, the view's bounds within it, the tombstone setting); a delete file's
 name carries both that hash and its positions' hash, so a later snapshot whose inputs
@@ -100,19 +101,14 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: 
     if found is not None:
         return found
     info = rows.info
-    if (info.dv_file is not None and unbounded(rows)
+    recorded = _recorded_positions(volume, rows)
+    if (recorded is not None and unbounded(rows)
             and not (drop_tombstones and tombstones_possible)):
-        # Only the deletion vector takes rows out: its own positions, when it has them,
-        # spare reading the file's offsets (a compaction that gives old ledger files
-        # new DVs would otherwise make the sync read each of them again).
-        recorded = cached_deletion_positions(volume.fetch(rows.dv_relative or ""),
-                                             info.dv_size_bytes, info.dv_crc32c)
-        if (recorded is not None and len(recorded) == info.dv_count
-                and (not len(recorded) or (int(recorded[0]) >= 0
-                     and int(recorded[-1]) < info.record_count
-                     and bool((recorded[1:] > recorded[:-1]).all())))):
-            _positions.put(inputs, recorded)
-            return recorded
+        # Only the deletion vector takes rows out: its own positions spare reading the
+        # file's offsets (a compaction that gives old ledger files new DVs would
+        # otherwise make the sync read each of them again).
+        _positions.put(inputs, recorded)
+        return recorded
     # Every tombstone leaves the state: the view's tombstone retention adds nothing.
     condition = replace(rows.condition, tombstone_cutoff_ms=None)
     columns = ["offset", "value_size"] + (["key"] if null_keys else [])
@@ -122,7 +118,9 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: 
     offsets = table.column("offset").to_numpy()
     keep = condition.mask(table)
     gone = np.zeros(len(offsets), bool) if keep is None else ~keep
-    if info.dv_file is not None:
+    if recorded is not None:
+        gone[recorded] = True  # the DV's rows, without looking its offsets up
+    elif info.dv_file is not None:
         deleted = cached_deletion_vector(volume.fetch(rows.dv_relative or ""),
                                          info.dv_size_bytes, info.dv_crc32c)
         gone |= deleted_mask(offsets, deleted)
@@ -132,6 +130,23 @@ def deleted_positions(volume: Volume, rows: FileRows, rules: TimeRules, inputs: 
     positions.setflags(write=False)
     _positions.put(inputs, positions)
     return positions
+
+
+def _recorded_positions(volume: Volume, rows: FileRows) -> np.ndarray | None:
+    """The row positions `rows`' deletion vector records, when it has a DV that records
+    them and they fit the file: one per offset, ascending, within its rows (else None:
+    a DV written before positions were, whose offsets are then looked up)."""
+    info = rows.info
+    if info.dv_file is None:
+        return None
+    recorded = cached_deletion_positions(volume.fetch(rows.dv_relative or ""),
+                                         info.dv_size_bytes, info.dv_crc32c)
+    if recorded is None or len(recorded) != info.dv_count:
+        return None
+    if len(recorded) and not (int(recorded[0]) >= 0 and int(recorded[-1]) < info.record_count
+                              and bool((recorded[1:] > recorded[:-1]).all())):
+        return None
+    return recorded
 
 
 def _columns_of(volume: Volume, rows: FileRows, columns: tuple[str, ...]) -> pa.Table:

