@@ -197,13 +197,25 @@ def name_hashes(url: str) -> tuple[str, str] | None:
     return (parts[1], parts[2]) if len(parts) == 4 else None
 
 
+# DELETE_SCHEMA with file_path built as a dictionary of its one value: written as the
+# same dictionary-encoded string column, without first making (and hashing) a copy of
+# the path per position (26 ms against 46 ms for 630,000 positions).
+_DELETE_WRITE_SCHEMA = pa.schema([
+    DELETE_SCHEMA.field("file_path").with_type(pa.dictionary(pa.int32(), pa.string())),
+    DELETE_SCHEMA.field("pos")])
+
+
 def delete_file_bytes(data_file_url: str, positions: np.ndarray) -> bytes:
-    """A position-delete file of one data file: (file_path, pos) sorted by pos."""
-    paths = pa.repeat(pa.scalar(data_file_url, pa.string()), len(positions))
+    """A position-delete file of one data file: (file_path, pos) sorted by pos. Its
+    Parquet schema is DELETE_SCHEMA's (no Arrow schema stored: a reader sees file_path
+    as a string, not as the dictionary it was built from)."""
+    paths = pa.DictionaryArray.from_arrays(pa.array(np.zeros(len(positions), np.int32)),
+                                           pa.array([data_file_url], pa.string()))
     table = pa.table({"file_path": paths, "pos": pa.array(positions, pa.int64())},
-                     schema=DELETE_SCHEMA)
+                     schema=_DELETE_WRITE_SCHEMA)
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", use_dictionary=["file_path"])
+    pq.write_table(table, sink, compression="zstd", use_dictionary=["file_path"],
+                   store_schema=False)
     return bytes(sink.getvalue().to_pybytes())
 
 

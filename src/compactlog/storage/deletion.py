@@ -38,8 +38,10 @@ DV_SCHEMA = pa.schema([pa.field("offset", pa.int64(), nullable=False),
 
 
 # Both columns ascend: DELTA_BINARY_PACKED, no dictionary, no compression. For 630,000
-# offsets with their positions, 12 ms to write and 0.77 MB, against 59 ms and 1.9 MB
-# with zstd over a dictionary attempt (pyarrow 26); every reader of a DV is pyarrow's.
+# offsets with their positions, 12 ms to write and 0.77 MB, against 80 ms and 1.9 MB
+# with zstd over a dictionary attempt, and a quarter of the time to read (pyarrow 26,
+# bench/deletion_vectors.py). compactlog reads DVs with pyarrow; DuckDB and Polars,
+# which docs/querying.md's queries read them with, decode the encoding too.
 DV_WRITE_OPTIONS: dict[str, object] = {
     "compression": "none", "use_dictionary": False,
     "column_encoding": "DELTA_BINARY_PACKED"}
@@ -67,8 +69,7 @@ def write_deletion_vector(directory: Path, name: str, offsets: np.ndarray,
         if positions is not None:
             columns["position"] = pa.array(np.asarray(positions, np.int64))
         table = pa.table(columns, schema=pa.schema(DV_SCHEMA.field(name) for name in columns))
-        # Ascending integers: delta-encoded, they take a few bits each, where zstd over
-        # a dictionary attempt took five times as long to write (DV_WRITE_OPTIONS).
+        # Ascending integers: delta-encoded, a few bits each (DV_WRITE_OPTIONS).
         pq.write_table(table, temp, **DV_WRITE_OPTIONS)
         fsutil.fsync_path(temp)
         fsutil.publish_replace(temp, final)
