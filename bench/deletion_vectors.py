@@ -14,7 +14,11 @@ Rows:
   defaults with zstd, as DVs were written before, fsync included: the baseline;
 - `read: ...`: `storage.read_deletion_vector` of each file (size and CRC32C checked);
 - `merge: one stable sort (the product)` against `merge: np.union1d (before)`: the old
-  DV's offsets with the run's removals (`incremental.merge_sorted`).
+  DV's offsets with the run's removals (`incremental.merge_sorted`);
+- `delete file: ...`: the state table's position-delete file of the same positions
+  (`iceberg.deletes.delete_file_bytes`, whose file_path column is a dictionary of the
+  one path) against the same file built from a copy of the path per position, as
+  before.
 
 Each row is timed `--runs` times after one untimed run; the table gives the median and
 the minimum, the ratio of medians to the row's baseline, and each file's size. Every
@@ -41,10 +45,14 @@ import pyarrow.parquet as pq
 
 from compactlog import fsutil
 from compactlog.compaction.incremental import merge_sorted
+from compactlog.iceberg.deletes import delete_file_bytes
+from compactlog.iceberg.schema import DELETE_SCHEMA
 from compactlog.storage import file_crc32c, read_deletion_vector, write_deletion_vector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import commit, machine_info
+
+URL = "file:///var/lib/compactlog/topics/prices/0/ledger/00000000000000000000-run-0.parquet"
 
 
 def workload(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -62,6 +70,15 @@ def write_before(path: Path, offsets: np.ndarray, positions: np.ndarray) -> None
     table = pa.table({"offset": pa.array(offsets), "position": pa.array(positions)})
     pq.write_table(table, path, compression="zstd")
     fsutil.fsync_path(path)
+
+
+def delete_file_before(data_file_url: str, positions: np.ndarray) -> bytes:
+    paths = pa.repeat(pa.scalar(data_file_url, pa.string()), len(positions))
+    table = pa.table({"file_path": paths, "pos": pa.array(positions, pa.int64())},
+                     schema=DELETE_SCHEMA)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=["file_path"])
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def timed(runs: int, body: Callable[[], object]) -> list[float]:
@@ -107,10 +124,20 @@ def main() -> None:
              timed(args.runs, lambda: merge_sorted(old, removed)), "merge", None),
             ("merge: np.union1d (before)",
              timed(args.runs, lambda: np.union1d(old, removed)), "merge", None),
+            ("delete file: one-path dictionary (the product)",
+             timed(args.runs, lambda: delete_file_bytes(URL, positions)), "delete",
+             len(delete_file_bytes(URL, positions))),
+            ("delete file: a path per position (before)",
+             timed(args.runs, lambda: delete_file_before(URL, positions)), "delete",
+             len(delete_file_before(URL, positions))),
         ]
         for path in (product, before):
             assert np.array_equal(read_deletion_vector(path), union), path
         assert np.array_equal(merge_sorted(old, removed), np.union1d(old, removed))
+        for made in (delete_file_bytes, delete_file_before):
+            table = pq.read_table(pa.BufferReader(made(URL, positions)))
+            assert table.schema.equals(DELETE_SCHEMA, check_metadata=True), made
+            assert np.array_equal(table.column("pos").to_numpy(), positions), made
     baselines = {kind: statistics.median(times) for name, times, kind, _ in rows
                  if "(before)" in name}
     print(f"{'row (one thread)':45} {'median ms':>10} {'min ms':>8} {'x before':>9} "
@@ -121,7 +148,8 @@ def main() -> None:
               f"{median / baselines[kind]:9.2f} "
               f"{'' if size is None else f'{size / 1e6:8.2f}'}")
     print("(x before: the row's median over the median of the same step as before; every "
-          "file read back the same offsets, every merge gave the same union)")
+          "file read back the same offsets, every merge gave the same union, both delete "
+          "files read back with the Iceberg delete schema and the same positions)")
 
 
 if __name__ == "__main__":

@@ -4,14 +4,28 @@ The master is `local[*]` unless configured: `spark://host:7077` for a standalone
 cluster, or any master Spark accepts. Settings pass through unchanged (`--spark-conf
 KEY=VALUE`). The defaults below are the ones measured fastest for this job on small
 machines (shared/notes/spark.md): few shuffle partitions, no UI, 127.0.0.1.
+
+On a local master, the JVM talks to its Python workers over Unix-domain sockets
+(`unix_socket_conf`), in a directory only this user can enter. Over loopback TCP, each
+task's input reached its Python worker about 40 ms after the task's header: the JVM's
+second small write waited on the worker's delayed ACK (Nagle's algorithm), a stall the
+product's job paid on every task; a Unix-domain socket has no such algorithm
+(docs/benchmarks.md, "A warm Spark job's fixed cost"). Spark skips its shared-secret
+handshake on those sockets, so the directory's permissions are what keep another user of
+the machine from handing a worker a task: the directory is made mode 0700 and removed at
+exit. A cluster master keeps TCP: its executors run on other hosts (or as another user),
+which could not enter a directory made here.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -74,6 +88,27 @@ def driver_java_options(settings: Mapping[str, str], our_conf_dir: bool) -> str:
     return " ".join(option for option in options if option)
 
 
+# Spark's own limit for spark.python.unix.domain.socket.dir: a socket's path must stay
+# within 104 bytes, and Spark adds a separator, a dot, a UUID and ".sock" (43).
+UNIX_SOCKET_DIR_MAX = 104 - (36 + 1 + 5 + 1)
+UNIX_SOCKET_ENABLED = "spark.python.unix.domain.socket.enabled"
+UNIX_SOCKET_DIR = "spark.python.unix.domain.socket.dir"
+
+
+def unix_socket_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
+    """The settings that put a local master's JVM-to-Python traffic on Unix-domain
+    sockets in a new directory of mode 0700 (see the module), removed at exit; none for
+    another master, when the user set either setting, or when the temporary directory's
+    path is too long for a socket's."""
+    if not master.startswith("local") or UNIX_SOCKET_ENABLED in conf or UNIX_SOCKET_DIR in conf:
+        return {}
+    if len(tempfile.gettempdir()) + len("/compactlog-sockets-xxxxxxxx") > UNIX_SOCKET_DIR_MAX:
+        return {}
+    directory = tempfile.mkdtemp(prefix="compactlog-sockets-")  # mode 0700
+    atexit.register(shutil.rmtree, directory, True)
+    return {UNIX_SOCKET_ENABLED: "true", UNIX_SOCKET_DIR: directory}
+
+
 def start_session(
     master: str = DEFAULT_MASTER,
     conf: Mapping[str, str] | None = None,
@@ -97,6 +132,7 @@ def start_session(
     # start takes options.
     if getattr(SparkContext, "_gateway", None) is None:
         settings["spark.driver.extraJavaOptions"] = driver_java_options(settings, our_conf_dir)
+        settings.update(unix_socket_conf(master, settings))
     for key, value in settings.items():
         builder = builder.config(key, value)
     if log_file is not None:
