@@ -9,6 +9,13 @@ JVM included) goes to stderr, so stdout carries nothing but answers.
 
 A cold JVM runs the first compaction about 2.4 times slower than a warm one and costs
 7-9 s to start (docs/benchmarks.md); a warm worker pays both once.
+
+Spark's Python workers go cold on their own: Spark closes those idle for a minute
+(PythonWorkerFactory's IDLE_WORKER_TIMEOUT, not a setting), and the next run's tasks
+then wait for new ones to import pyarrow and the pipeline (a 4-task job took 1.03 s
+after 75 s idle, against 0.10 s after 30 s). So while a session is kept, a thread
+touches its workers (the factory's `keep_warm`: one small task per core) once nothing
+has run on them for KEEP_WARM_S; never during a run (`_busy`), and not after `close`.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,9 +37,15 @@ from compactlog.storage import LogStore
 log = logging.getLogger(__name__)
 
 
+# Seconds without a run or a touch after which a kept session's Python workers are
+# touched: within Spark's one idle minute, with its 10 s check to spare.
+KEEP_WARM_S = 40.0
+
+
 class CompactionWorker:
     def __init__(self, data_dir: Path, factory: CompactionServiceFactory,
-                 settings: dict[str, Any], target: str | Path | None = None) -> None:
+                 settings: dict[str, Any], target: str | Path | None = None,
+                 keep_warm_s: float = KEEP_WARM_S) -> None:
         # The store: `target` (a directory or s3:// URL) with `data_dir` as its local
         # directory; without a target, data_dir is the store's directory.
         self.data_dir = data_dir
@@ -39,6 +53,12 @@ class CompactionWorker:
         self.factory = factory
         self.settings = dict(settings)
         self._kept: Any = None  # the engine session kept between runs, if any
+        self.keep_warm_s = keep_warm_s  # 0: never touched
+        self.touches = 0  # how many times the kept session's workers were touched
+        self._busy = threading.Lock()  # held by a run, a touch, and close
+        self._last_active = time.monotonic()
+        self._closing = threading.Event()
+        self._keeper: threading.Thread | None = None
 
     def compact(self, topic: str, partitions: list[int] | None,
                 roll: bool = False) -> CompactionReport:
@@ -46,15 +66,18 @@ class CompactionWorker:
         first). The server's runs never roll here: the server is the writer, and rolls
         a requested run's segments itself before asking."""
         # A store opened per run: topics created since the last run are seen.
-        with LogStore.open(self.target, read_only=True, local_dir=self.data_dir) as store:
+        with self._busy, LogStore.open(self.target, read_only=True,
+                                       local_dir=self.data_dir) as store:
             service = self.factory.new_service(store, topic, self.settings)
             try:
                 return service.trigger(partitions) if roll else service.compact(partitions)
             finally:
+                self._last_active = time.monotonic()
                 started = getattr(service, "started_session", None)
                 if started is not None:
                     self._kept = started
                     self.settings["spark.session"] = started
+                self._start_keeper()
 
     def warm_up(self) -> float:
         """Start the engine's session now (Spark: the JVM, and one small job), so that
@@ -64,14 +87,49 @@ class CompactionWorker:
         if start is None or self._kept is not None:
             return 0.0
         began = time.monotonic()
-        self._kept = start(self.settings)
-        self.settings["spark.session"] = self._kept
+        with self._busy:
+            self._kept = start(self.settings)
+            self.settings["spark.session"] = self._kept
+            self._last_active = time.monotonic()
+        self._start_keeper()
         return time.monotonic() - began
 
     def close(self) -> None:
-        if self._kept is not None:
-            self._kept.stop()
-            self._kept = None
+        self._closing.set()
+        with self._busy:  # after a touch in flight, and before the next
+            if self._kept is not None:
+                self._kept.stop()
+                self._kept = None
+        if self._keeper is not None:
+            self._keeper.join()
+
+    def _start_keeper(self) -> None:
+        """Start the thread that keeps a kept session's workers warm (see the module),
+        once, when there is a session and the factory can touch it."""
+        touch = getattr(self.factory, "keep_warm", None)
+        if (self._keeper is not None or self._kept is None or touch is None
+                or self.keep_warm_s <= 0 or self._closing.is_set()):
+            return
+        self._keeper = threading.Thread(target=self._keep_warm, args=(touch,),
+                                        name="compaction-keep-warm", daemon=True)
+        self._keeper.start()
+
+    def _keep_warm(self, touch: Callable[[Any], None]) -> None:
+        while not self._closing.wait(min(self.keep_warm_s / 4, 5.0)):
+            if time.monotonic() - self._last_active < self.keep_warm_s:
+                continue
+            if not self._busy.acquire(blocking=False):
+                continue  # a run is on: it keeps the workers busy itself
+            try:
+                if self._kept is not None and not self._closing.is_set():
+                    touch(self._kept)
+                    self.touches += 1
+            except Exception as error:  # the next run starts its workers as it can
+                log.warning("could not keep the Spark session's Python workers warm: %s",
+                            error)
+            finally:
+                self._last_active = time.monotonic()
+                self._busy.release()
 
 
 def serve(worker: CompactionWorker, requests: IO[str], answers: IO[str],
