@@ -64,3 +64,12 @@ def test_the_sessions_workers_talk_over_the_private_directory(spark: SparkSessio
     assert spark.sparkContext.parallelize(range(4), 2).map(lambda n: n * 2).collect() == [
         0, 2, 4, 6]
     assert any(name.endswith(".sock") for name in os.listdir(folder))
+
+
+def test_no_writable_temporary_directory_keeps_tcp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*_: object, **__: object) -> str:
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refused)
+    assert unix_socket_conf("local[2]", {}) == {}

@@ -99,12 +99,18 @@ def unix_socket_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
     """The settings that put a local master's JVM-to-Python traffic on Unix-domain
     sockets in a new directory of mode 0700 (see the module), removed at exit; none for
     another master, when the user set either setting, or when the temporary directory's
-    path is too long for a socket's."""
+    path is too long for a socket's or a directory cannot be made there."""
     if not master.startswith("local") or UNIX_SOCKET_ENABLED in conf or UNIX_SOCKET_DIR in conf:
         return {}
     if len(tempfile.gettempdir()) + len("/compactlog-sockets-xxxxxxxx") > UNIX_SOCKET_DIR_MAX:
         return {}
-    directory = tempfile.mkdtemp(prefix="compactlog-sockets-")  # mode 0700
+    try:
+        directory = tempfile.mkdtemp(prefix="compactlog-sockets-")  # mode 0700
+    except OSError as error:  # no writable temporary directory: TCP, as Spark's default
+        logging.getLogger(__name__).warning(
+            "Spark's Python workers keep TCP sockets: no directory for Unix-domain ones "
+            "in %s (%s)", tempfile.gettempdir(), error)
+        return {}
     atexit.register(shutil.rmtree, directory, True)
     return {UNIX_SOCKET_ENABLED: "true", UNIX_SOCKET_DIR: directory}
 
