@@ -15,7 +15,8 @@ Spark's Python workers go cold on their own: Spark closes those idle for a minut
 then wait for new ones to import pyarrow and the pipeline (a 4-task job took 1.03 s
 after 75 s idle, against 0.10 s after 30 s). So while a session is kept, a thread
 touches its workers (the factory's `keep_warm`: one small task per core) once nothing
-has run on them for KEEP_WARM_S; never during a run (`_busy`), and not after `close`.
+has run on them for KEEP_WARM_S; never during a run (`_busy`), and not after `close`
+(tests/compaction/test_worker_keep_warm.py).
 """
 
 from __future__ import annotations
