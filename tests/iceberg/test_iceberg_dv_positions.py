@@ -107,12 +107,12 @@ def store_with_tombstones(tmp_path: Path, clock: FakeClock) -> LogStore:
 
 @pytest.mark.parametrize("with_tombstones", [False, True])
 def test_a_dv_without_positions_gives_the_same_ones(
-        store_with_dvs: LogStore, store_with_tombstones: LogStore,
-        with_tombstones: bool) -> None:
+        request: pytest.FixtureRequest, with_tombstones: bool) -> None:
     """With tombstones possible, the file's columns are read and its DV's rows come from
     the positions recorded (or, for an old DV, from looking its offsets up): the same
     positions either way, and the state table reads as the view."""
-    store = store_with_tombstones if with_tombstones else store_with_dvs
+    store: LogStore = request.getfixturevalue(
+        "store_with_tombstones" if with_tombstones else "store_with_dvs")
     checked = with_tombstone_rows = 0
     for partition in store.topic(TOPIC).partitions:
         rules = TimeRules.of(partition.config, int(store.clock() * 1000))
