@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -209,6 +210,39 @@ def test_second_compaction_reads_the_ledger_and_only_new_segments(
     assert second.horizon == partition.log_end_offset - 1
     expected = sorted(latest_per_key(raw(partition)).values(), key=lambda r: r.offset)
     assert compacted(partition) == expected
+
+
+def test_ledger_files_write_keys_plain_and_segments_with_a_dictionary(
+    store: LogStore, clock: FakeClock, service: Compactor
+) -> None:
+    """A ledger file's keys are distinct, so its key column is written without a
+    dictionary (sealed.open_writer's key_dictionary); segments keep theirs. Both read
+    back the same keys through pyarrow, DuckDB and Polars."""
+    import duckdb
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    store.create_topic("t", config={**COMPACT, "segment.bytes": "1000000"})
+    produce(store, "t", [(b"k%d" % (i % 50), b"v%d" % i) for i in range(400)], clock)
+    seal_all(store, "t")
+    partition = store.topic("t").partitions[0]
+    service(store, "t").compact()
+    (ledger,) = partition.manifest.ledger
+    (segment,) = partition.manifest.segments
+
+    def key_column(path: Path) -> Any:
+        group = pq.ParquetFile(path).metadata.row_group(0)
+        names = [group.column(i).path_in_schema for i in range(group.num_columns)]
+        return group.column(names.index("key"))
+
+    ledger_path = partition.ledger_dir / ledger.file
+    assert not key_column(ledger_path).has_dictionary_page
+    assert key_column(partition.segment_dir / segment.file).has_dictionary_page
+    expected = sorted(b"k%d" % k for k in range(50))
+    assert sorted(pq.read_table(ledger_path).column("key").to_pylist()) == expected
+    rows = duckdb.sql(f"SELECT key FROM read_parquet('{ledger_path}') ORDER BY key")
+    assert [row[0] for row in rows.fetchall()] == expected
+    assert sorted(pl.read_parquet(ledger_path)["key"].to_list()) == expected
 
 
 def test_active_segment_and_young_segments_are_never_compacted(

@@ -225,12 +225,14 @@ def write_ledger_piece(
                 pending.append(kept)
                 pending_bytes += kept.nbytes
                 if pending_bytes >= row_group_bytes:
-                    writer = writer or open_writer(temp, LEDGER_SCHEMA, compression)
+                    writer = writer or open_writer(temp, LEDGER_SCHEMA, compression,
+                                                   key_dictionary=False)
                     writer.write_table(pa.concat_tables(pending))
                     written = observe_growth(temp, written)
                     pending, pending_bytes = [], 0
         if pending:
-            writer = writer or open_writer(temp, LEDGER_SCHEMA, compression)
+            writer = writer or open_writer(temp, LEDGER_SCHEMA, compression,
+                                           key_dictionary=False)
             writer.write_table(pa.concat_tables(pending))
         if writer is None:
             return PieceResult(None, **counts)

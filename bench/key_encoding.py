@@ -1,0 +1,129 @@
+"""The key column's encoding in sealed files: a dictionary attempted (as segments are
+written) against plain pages (as ledger files are written), on one thread.
+
+`storage.sealed.open_writer` writes a segment's key column with a dictionary and a
+ledger file's without (`key_dictionary=False`): a ledger file holds each live key once,
+so its dictionary grows to Parquet's 1 MiB page limit and falls back to plain pages
+anyway, after hashing every key. Incremental runs read every ledger file's key column
+(`arrow_survivors.latest_over_ledger`), and full runs write every ledger file.
+
+Workloads, all 100-byte values and `--rows` rows in the product's ledger layout
+(`LEDGER_SCHEMA`, zstd, page checksums, the product's row groups of about 4 MiB):
+- `ledger: distinct keys`: each key once, as in a ledger file (the issue-26 workload's
+  key names, `key-00000000`);
+- `segment: N keys`: keys drawn from N, as in a segment of a topic with N keys (hot keys
+  at N = 100).
+
+Each row: the file written through `open_writer` with and without the key dictionary
+(write time, fsync excluded), its size, and the time to read its key and offset columns
+through `ParquetFile.read_row_group` (as phase 1 reads them); median of `--runs` runs
+after one untimed run, and the ratio of medians, plain over dictionary.
+
+    .venv/bin/python bench/key_encoding.py
+    .venv/bin/python bench/key_encoding.py --rows 1000000 --runs 21
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from compactlog.compaction.ledger import LEDGER_SCHEMA
+from compactlog.storage import open_writer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_info import commit, machine_info
+
+ROW_GROUP_ROWS = 30_000  # about 4 MiB of 100-byte values, as the product's row groups
+
+
+def table(rows: int, keys: int | None, seed: int) -> pa.Table:
+    """`rows` rows in LEDGER_SCHEMA, ascending offsets; distinct keys when `keys` is
+    None, else drawn from `keys` keys."""
+    rng = np.random.default_rng(seed)
+    numbers = (rng.permutation(rows) if keys is None else rng.integers(0, keys, rows))
+    columns: dict[str, pa.Array] = {
+        "offset": pa.array(np.arange(rows, dtype=np.int64) * 3),
+        "timestamp": pa.array(np.full(rows, 1_795_820_000_000, np.int64)),
+        "key": pa.array([b"key-%08d" % n for n in numbers], pa.binary()),
+        "value": pa.array([rng.bytes(100) for _ in range(rows)], pa.binary()),
+    }
+    columns["value_size"] = pa.array(np.full(rows, 100, np.int32))
+    columns["batch_base_offset"] = columns["batch_last_offset"] = columns["offset"]
+    for field in LEDGER_SCHEMA:  # one producer, no headers, no tombstones
+        if field.name not in columns:
+            columns[field.name] = (pa.nulls(rows, field.type) if field.nullable else
+                                   pa.array(np.zeros(rows, field.type.to_pandas_dtype())))
+    return pa.table([columns[name] for name in LEDGER_SCHEMA.names], schema=LEDGER_SCHEMA)
+
+
+def write(data: pa.Table, path: Path, key_dictionary: bool) -> float:
+    began = time.perf_counter()
+    writer = open_writer(path, LEDGER_SCHEMA, "zstd", key_dictionary=key_dictionary)
+    writer.write_table(data, row_group_size=ROW_GROUP_ROWS)
+    writer.close()
+    return time.perf_counter() - began
+
+
+def read_keys(path: Path) -> float:
+    began = time.perf_counter()
+    handle = pq.ParquetFile(path)
+    for index in range(handle.metadata.num_row_groups):
+        handle.read_row_group(index, columns=["key", "offset"])
+    handle.close()
+    return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rows", type=int, default=250_000)
+    parser.add_argument("--runs", type=int, default=11)
+    args = parser.parse_args()
+    info = machine_info()
+    print(f"key encoding bench, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
+          f"commit {commit()}; {info['cpu']}, {info['cores']} cores, {info['memory']}; "
+          f"pyarrow {pa.__version__}; {args.rows:,} rows; median of {args.runs} runs; "
+          "engine: pyarrow's Parquet writer and reader, one thread")
+    header = (f"{'workload':26} {'key column':12} {'write ms':>9} {'read ms':>8} "
+              f"{'MB':>6}  ratio plain/dictionary (write, read, size)")
+    print(header)
+    with tempfile.TemporaryDirectory(prefix="key-encoding-") as scratch:
+        for label, keys in [("ledger: distinct keys", None), ("segment: 1,000,000 keys", 10**6),
+                            ("segment: 10,000 keys", 10**4), ("segment: 100 keys", 100)]:
+            data = table(args.rows, keys, seed=1)
+            found: dict[bool, tuple[float, float, int]] = {}
+            for key_dictionary in (True, False):
+                path = Path(scratch) / f"{key_dictionary}.parquet"
+                writes, reads = [], []
+                for run in range(args.runs + 1):
+                    took = write(data, path, key_dictionary)
+                    read = read_keys(path)
+                    if run:
+                        writes.append(took)
+                        reads.append(read)
+                checked = pq.read_table(path, columns=["key"]).column("key")
+                if not checked.equals(data.column("key")):
+                    raise SystemExit(f"{label}: the keys read back differ from those written")
+                found[key_dictionary] = (statistics.median(writes), statistics.median(reads),
+                                         path.stat().st_size)
+            for key_dictionary in (True, False):
+                took, read, size = found[key_dictionary]
+                base = found[True]
+                ratios = (f"{took / base[0]:.2f}x, {read / base[1]:.2f}x, {size / base[2]:.2f}x"
+                          if not key_dictionary else "baseline")
+                name = "dictionary" if key_dictionary else "plain"
+                print(f"{label:26} {name:12} {took * 1e3:9.1f} {read * 1e3:8.1f} "
+                      f"{size / 1e6:6.2f}  {ratios}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
