@@ -1,57 +1,26 @@
-"""The session's JVM-to-Python sockets (compaction/spark_session.py, `unix_socket_conf`):
-on a local master, Unix-domain sockets in a directory of mode 0700; TCP, with Spark's
-shared secret, for any other master, or when the user chose either setting.
+"""Starting the compaction session (compaction/spark_session.py): the order of its
+settings (--spark-conf, then the user's spark-defaults.conf, then compactlog's
+defaults), the user's configuration directory, and the session's workers on the
+private socket directory (spark_sockets.py).
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
 from compactlog.compaction.spark_session import (
-    UNIX_SOCKET_DIR,
-    UNIX_SOCKET_DIR_MAX,
-    UNIX_SOCKET_ENABLED,
-    unix_socket_conf,
+    DEFAULT_CONF,
+    LOCAL_CONF,
+    session_settings,
+    spark_environment,
+    user_spark_defaults,
 )
-
-
-@pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[2,3]"])
-def test_a_local_master_gets_sockets_in_a_private_directory(master: str) -> None:
-    conf = unix_socket_conf(master, {})
-    assert conf[UNIX_SOCKET_ENABLED] == "true"
-    folder = Path(conf[UNIX_SOCKET_DIR])
-    try:
-        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-        assert folder.stat().st_uid == os.getuid()
-        assert len(str(folder)) <= UNIX_SOCKET_DIR_MAX
-    finally:
-        folder.rmdir()
-
-
-@pytest.mark.parametrize("master", ["spark://127.0.0.1:7077", "spark://host:7077", "yarn",
-                                    "k8s://https://host:6443"])
-def test_another_master_keeps_tcp(master: str) -> None:
-    assert unix_socket_conf(master, {}) == {}
-
-
-@pytest.mark.parametrize("users", [{UNIX_SOCKET_ENABLED: "false"},
-                                   {UNIX_SOCKET_DIR: "/run/mine"}])
-def test_the_users_setting_is_left_alone(users: dict[str, str]) -> None:
-    assert unix_socket_conf("local[2]", users) == {}
-
-
-def test_a_temporary_directory_too_long_for_a_socket_keeps_tcp(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    deep = tmp_path / ("d" * (UNIX_SOCKET_DIR_MAX + 1))
-    deep.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(deep))
-    assert unix_socket_conf("local[2]", {}) == {}
+from compactlog.compaction.spark_sockets import UNIX_SOCKET_DIR, UNIX_SOCKET_ENABLED
 
 
 def test_the_sessions_workers_talk_over_the_private_directory(spark: SparkSession) -> None:
@@ -66,10 +35,54 @@ def test_the_sessions_workers_talk_over_the_private_directory(spark: SparkSessio
     assert any(name.endswith(".sock") for name in os.listdir(folder))
 
 
-def test_no_writable_temporary_directory_keeps_tcp(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refused(*_: object, **__: object) -> str:
-        raise PermissionError(13, "Permission denied", str(tmp_path))
 
-    monkeypatch.setattr(tempfile, "mkdtemp", refused)
-    assert unix_socket_conf("local[2]", {}) == {}
+
+def test_the_users_spark_defaults_win_over_compactlogs_and_spark_conf_over_both() -> None:
+    users = {"spark.sql.shuffle.partitions": "64", "spark.ui.enabled": "true",
+             "spark.driver.host": "10.0.0.5"}
+    settings = session_settings("local[2]", {"spark.ui.enabled": "false"}, users)
+    assert "spark.sql.shuffle.partitions" not in settings  # the file's 64 applies
+    assert "spark.driver.host" not in settings
+    assert settings["spark.ui.enabled"] == "false"  # --spark-conf, over the file
+    assert {key: settings[key] for key in DEFAULT_CONF.keys() - users.keys()} == {
+        key: DEFAULT_CONF[key] for key in DEFAULT_CONF.keys() - users.keys()}
+    assert session_settings("local[2]", {}, {}) == {**DEFAULT_CONF, **LOCAL_CONF}
+    assert session_settings("spark://host:7077", {}, {}) == DEFAULT_CONF
+
+
+def test_spark_defaults_are_read_as_spark_reads_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# a comment\n"
+        "! another\n"
+        "spark.sql.shuffle.partitions   64  \n"
+        "spark.python.unix.domain.socket.enabled=false\n"
+        "spark.driver.extraJavaOptions: -Dmine=1 \\\n"
+        "    -Dother=2\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert user_spark_defaults() == {
+        "spark.sql.shuffle.partitions": "64",
+        "spark.python.unix.domain.socket.enabled": "false",
+        "spark.driver.extraJavaOptions": "-Dmine=1 -Dother=2"}
+    (tmp_path / "spark-defaults.conf").write_bytes(b"\xff\xfe not text")
+    assert user_spark_defaults() == {}
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "missing"))
+    assert user_spark_defaults() == {}
+
+
+def test_a_spark_homes_own_configuration_is_the_users(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$SPARK_HOME/conf with settings in it is what Spark's launcher would read: it is
+    not hidden behind compactlog's empty directory; one with only Spark's templates is."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf.template").write_text("spark.master local\n")
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    assert spark_environment() is True
+    assert os.environ["SPARK_CONF_DIR"] != str(conf)
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    (conf / "spark-defaults.conf").write_text("spark.sql.shuffle.partitions 64\n")
+    assert spark_environment() is False
+    assert os.environ["SPARK_CONF_DIR"] == str(conf)
+    assert user_spark_defaults() == {"spark.sql.shuffle.partitions": "64"}

@@ -59,7 +59,9 @@ STAGES = ["plan", "phase 1: find survivors", "phase 2: write ledgers", "commit",
                    "Spark accepts (or set COMPACTLOG_SPARK_MASTER).")
 @click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="A Spark setting, passed through (repeatable), e.g. "
-                   "spark.driver.memory=2g.")
+                   "spark.driver.memory=2g. It wins over your spark-defaults.conf (in "
+                   "SPARK_CONF_DIR or $SPARK_HOME/conf), which wins over compactlog's "
+                   "defaults.")
 @click.option("--service", envvar="COMPACTLOG_COMPACTION_SERVICE", default=None,
               metavar="MODULE:NAME",
               help="The compaction service factory to use, by import path (PIP-278). "

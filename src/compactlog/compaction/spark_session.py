@@ -5,32 +5,31 @@ cluster, or any master Spark accepts. Settings pass through unchanged (`--spark-
 KEY=VALUE`). The defaults below are the ones measured fastest for this job on small
 machines (shared/notes/spark.md): few shuffle partitions, no UI, 127.0.0.1.
 
-On a local master, the JVM talks to its Python workers over Unix-domain sockets
-(`unix_socket_conf`), in a directory only this user can enter. Over loopback TCP, each
-task's input reached its Python worker about 40 ms after the task's header: the JVM's
-second small write waited on the worker's delayed ACK (Nagle's algorithm), a stall the
-product's job paid on every task; a Unix-domain socket has no such algorithm
-(docs/benchmarks.md, "A warm Spark job's fixed cost"). Spark skips its shared-secret
-handshake on those sockets, so the directory's permissions are what keep another user of
-the machine from handing a worker a task: the directory is made mode 0700 and removed at
-exit. A cluster master keeps TCP: its executors run on other hosts (or as another user),
-which could not enter a directory made here.
+Settings, highest first, as Spark orders its own (code over spark-defaults.conf):
+`--spark-conf` (the `conf` given), then the user's spark-defaults.conf (in their
+SPARK_CONF_DIR, or $SPARK_HOME/conf; read by `user_spark_defaults`), then compactlog's
+defaults below. A setting the user's file holds is not set here, so the file's value is
+the one Spark uses (a setting made in code would override it).
+
+On a local master, the JVM talks to its Python workers over Unix-domain sockets in a
+directory of mode 0700 (spark_sockets.py), unless the user chose either of their
+settings.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import javaproperties
+
 from compactlog.compaction import spark_class_archive
+from compactlog.compaction.spark_sockets import unix_socket_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,11 +68,52 @@ def spark_environment() -> bool:
     # (the class archive needs it: spark_class_archive.py), and errors only from the
     # JVM's logging (LOG4J2_SETTINGS, passed by `driver_java_options`); where no
     # empty one can be made, LOG4J2_SETTINGS' own directory, without the archive.
+    # A Spark distribution's $SPARK_HOME/conf is the user's when it holds more than
+    # Spark's templates: its launcher would read it (load-spark-env.sh's default).
+    home = os.environ.get("SPARK_HOME")
+    if "SPARK_CONF_DIR" not in os.environ and home and _holds_settings(Path(home) / "conf"):
+        os.environ["SPARK_CONF_DIR"] = str(Path(home) / "conf")
+        return False
     empty = spark_class_archive.empty_conf_dir()
     if empty is None:
         os.environ.setdefault("SPARK_CONF_DIR", str(LOG4J2_SETTINGS.parent))
         return False
     return os.environ.setdefault("SPARK_CONF_DIR", str(empty)) == str(empty)
+
+
+def _holds_settings(directory: Path) -> bool:
+    try:
+        return any(not entry.name.endswith(".template") for entry in directory.iterdir())
+    except OSError:
+        return False
+
+
+def user_spark_defaults() -> dict[str, str]:
+    """The settings of spark-defaults.conf in the JVM's configuration directory
+    (SPARK_CONF_DIR, as `spark_environment` leaves it): the user's, since compactlog's
+    own directories hold none. Empty when there is no such file or it cannot be read."""
+    path = Path(os.environ.get("SPARK_CONF_DIR", "")) / "spark-defaults.conf"
+    try:
+        with path.open(encoding="utf-8") as text:
+            found = javaproperties.load(text)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    # Spark trims each value (Utils.getPropertiesFromFile).
+    return {str(key): str(value).strip() for key, value in found.items()}
+
+
+def session_settings(master: str, conf: Mapping[str, str],
+                     user_defaults: Mapping[str, str]) -> dict[str, str]:
+    """The settings the session builder is given (see the module for their order):
+    compactlog's defaults less those the user's spark-defaults.conf holds, then `conf`."""
+    settings = dict(DEFAULT_CONF)
+    if master.startswith("local") or master.startswith("spark://127.") or (
+        master.startswith("spark://localhost")
+    ):
+        settings.update(LOCAL_CONF)
+    settings = {key: value for key, value in settings.items() if key not in user_defaults}
+    settings.update(conf)
+    return settings
 
 
 def driver_java_options(settings: Mapping[str, str], our_conf_dir: bool) -> str:
@@ -86,33 +126,6 @@ def driver_java_options(settings: Mapping[str, str], our_conf_dir: bool) -> str:
         if str(settings.get(spark_class_archive.ENABLED_CONF, "true")).lower() != "false":
             options += [f'"{option}"' for option in spark_class_archive.java_options()]
     return " ".join(option for option in options if option)
-
-
-# Spark's own limit for spark.python.unix.domain.socket.dir: a socket's path must stay
-# within 104 bytes, and Spark adds a separator, a dot, a UUID and ".sock" (43).
-UNIX_SOCKET_DIR_MAX = 104 - (36 + 1 + 5 + 1)
-UNIX_SOCKET_ENABLED = "spark.python.unix.domain.socket.enabled"
-UNIX_SOCKET_DIR = "spark.python.unix.domain.socket.dir"
-
-
-def unix_socket_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
-    """The settings that put a local master's JVM-to-Python traffic on Unix-domain
-    sockets in a new directory of mode 0700 (see the module), removed at exit; none for
-    another master, when the user set either setting, or when the temporary directory's
-    path is too long for a socket's or a directory cannot be made there."""
-    if not master.startswith("local") or UNIX_SOCKET_ENABLED in conf or UNIX_SOCKET_DIR in conf:
-        return {}
-    if len(tempfile.gettempdir()) + len("/compactlog-sockets-xxxxxxxx") > UNIX_SOCKET_DIR_MAX:
-        return {}
-    try:
-        directory = tempfile.mkdtemp(prefix="compactlog-sockets-")  # mode 0700
-    except OSError as error:  # no writable temporary directory: TCP, as Spark's default
-        logging.getLogger(__name__).warning(
-            "Spark's Python workers keep TCP sockets: no directory for Unix-domain ones "
-            "in %s (%s)", tempfile.gettempdir(), error)
-        return {}
-    atexit.register(shutil.rmtree, directory, True)
-    return {UNIX_SOCKET_ENABLED: "true", UNIX_SOCKET_DIR: directory}
 
 
 def start_session(
@@ -128,17 +141,17 @@ def start_session(
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
-    settings = dict(DEFAULT_CONF)
-    if master.startswith("local") or master.startswith("spark://127.") or (
-        master.startswith("spark://localhost")
-    ):
-        settings.update(LOCAL_CONF)
-    settings.update(conf or {})
+    user_defaults = user_spark_defaults()
+    settings = session_settings(master, conf or {}, user_defaults)
     # PySpark keeps its gateway (the JVM) in a class attribute: only a JVM about to
     # start takes options.
     if getattr(SparkContext, "_gateway", None) is None:
-        settings["spark.driver.extraJavaOptions"] = driver_java_options(settings, our_conf_dir)
-        settings.update(unix_socket_conf(master, settings))
+        # Set only when there is something to add: an empty value set here would
+        # override the user's own in spark-defaults.conf.
+        options = driver_java_options({**user_defaults, **settings}, our_conf_dir)
+        if options:
+            settings["spark.driver.extraJavaOptions"] = options
+        settings.update(unix_socket_conf(master, {**user_defaults, **settings}))
     for key, value in settings.items():
         builder = builder.config(key, value)
     if log_file is not None:
