@@ -86,3 +86,48 @@ def test_a_spark_homes_own_configuration_is_the_users(
     assert spark_environment() is False
     assert os.environ["SPARK_CONF_DIR"] == str(conf)
     assert user_spark_defaults() == {"spark.sql.shuffle.partitions": "64"}
+
+
+SHOW_SETTINGS = """
+import json, sys
+from pathlib import Path
+from compactlog.compaction.spark_session import start_session
+log_file = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+session = start_session("local[1]", {"spark.ui.enabled": "false"}, log_file=log_file)
+conf = session.sparkContext.getConf()
+names = ["spark.sql.shuffle.partitions", "spark.python.unix.domain.socket.enabled",
+         "spark.ui.enabled", "spark.driver.extraJavaOptions"]
+print(json.dumps({name: conf.get(name) for name in names}))
+session.stop()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to_log_file", [False, True])
+def test_a_real_session_takes_the_users_spark_defaults(tmp_path: Path,
+                                                      to_log_file: bool) -> None:
+    """A JVM started by start_session (with the console's builder, or launched with its
+    output in a log file, as the CLI does) has the user's spark-defaults.conf values
+    where compactlog has defaults of its own, and --spark-conf's over the file's."""
+    import json
+    import subprocess
+    import sys
+
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        "spark.sql.shuffle.partitions 13\n"
+        "spark.python.unix.domain.socket.enabled false\n"
+        "spark.ui.enabled true\n"
+        "spark.driver.extraJavaOptions -Dcompactlog.test=1\n")
+    env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir)}
+    argv = [sys.executable, "-c", SHOW_SETTINGS] + (
+        [str(tmp_path / "spark.log")] if to_log_file else [])
+    done = subprocess.run(argv, env=env, check=True, timeout=300, capture_output=True,
+                          text=True)
+    shown = json.loads(done.stdout.strip().splitlines()[-1])
+    # Spark puts its own module options before the user's.
+    assert shown.pop("spark.driver.extraJavaOptions").endswith(" -Dcompactlog.test=1")
+    assert shown == {"spark.sql.shuffle.partitions": "13",
+                     "spark.python.unix.domain.socket.enabled": "false",
+                     "spark.ui.enabled": "false"}  # the caller's, over the file's
