@@ -127,11 +127,10 @@ def open_writer(path: Path, schema: pa.Schema, compression: str,
     offset statistics for seeking, delta-encoded offsets, page checksums.
 
     `key_dictionary=False` for ledger files, whose keys are distinct (each live key
-    once): a dictionary only costs there. For a 250,000-row ledger file of 1M uniform
-    keys, plain keys read (key and offset) in 11.4 ms against 15.3, write the file in
-    116 ms against 134, and the file is 2% smaller; a segment keeps the dictionary, which
-    wins where keys repeat within a row group (hot keys: 13 ms against 19 for 500,000
-    rows of 100 keys), docs/benchmarks.md."""
+    once): a dictionary only costs there. For a 250,000-row ledger file, plain keys read
+    (key and offset) in 0.69x the time, the file writes in 0.88x and is 2% smaller; a
+    segment keeps the dictionary, which wins where keys repeat within a row group (100
+    keys: plain reads take 1.2x). bench/key_encoding.py, docs/benchmarks.md."""
     faults.point("write", path)
     dictionary = ["batch_attributes", "producer_id", "producer_epoch"]
     return pq.ParquetWriter(
