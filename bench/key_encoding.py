@@ -1,11 +1,12 @@
-"""The key column's encoding in sealed files: a dictionary attempted (as segments are
-written) against plain pages (as ledger files are written), on one thread.
+"""The key column's encoding in sealed files: a dictionary against plain pages, on one
+thread.
 
-`storage.sealed.open_writer` writes a segment's key column with a dictionary and a
-ledger file's without (`key_dictionary=False`): a ledger file holds each live key once,
-so its dictionary grows to Parquet's 1 MiB page limit and falls back to plain pages
-anyway, after hashing every key. Incremental runs read every ledger file's key column
-(`arrow_survivors.latest_over_ledger`), and full runs write every ledger file.
+`storage.sealed.open_writer` writes a ledger file's key column without a dictionary
+(`key_dictionary=False`): a ledger file holds each live key once. A segment's key column
+gets a dictionary only when its first row group's keys repeat (`sealed.keys_repeat`: at
+most a fifth of them distinct). Incremental runs read every ledger file's key column
+(`arrow_survivors.latest_over_ledger`), full runs read every segment's twice (phases 1
+and 2) and write every ledger file; this bench is what the threshold was chosen from.
 
 Workloads, all 100-byte values and `--rows` rows in the product's ledger layout
 (`LEDGER_SCHEMA`, zstd, page checksums, the product's row groups of about 4 MiB):

@@ -216,8 +216,9 @@ def test_ledger_files_write_keys_plain_and_segments_with_a_dictionary(
     store: LogStore, clock: FakeClock, service: Compactor
 ) -> None:
     """A ledger file's keys are distinct, so its key column is written without a
-    dictionary (sealed.open_writer's key_dictionary); segments keep theirs. Both read
-    back the same keys through pyarrow, DuckDB and Polars."""
+    dictionary (sealed.open_writer's key_dictionary); a segment whose keys repeat (50
+    keys in 400 records) keeps its dictionary (sealed.keys_repeat). Both read back the
+    same keys through pyarrow, DuckDB and Polars."""
     import duckdb
     import polars as pl
     import pyarrow.parquet as pq
@@ -243,6 +244,27 @@ def test_ledger_files_write_keys_plain_and_segments_with_a_dictionary(
     rows = duckdb.sql(f"SELECT key FROM read_parquet('{ledger_path}') ORDER BY key")
     assert [row[0] for row in rows.fetchall()] == expected
     assert sorted(pl.read_parquet(ledger_path)["key"].to_list()) == expected
+
+
+def test_a_segment_of_distinct_keys_is_sealed_with_plain_keys(
+    store: LogStore, clock: FakeClock
+) -> None:
+    """The first row group's keys choose a sealed segment's key encoding: distinct keys
+    get plain pages (sealed.keys_repeat), and read back the same."""
+    import pyarrow.parquet as pq
+
+    store.create_topic("t", config={**COMPACT, "segment.bytes": "1000000"})
+    offsets = produce(store, "t", [(b"k%d" % i, b"v%d" % i) for i in range(300)], clock)
+    seal_all(store, "t")
+    partition = store.topic("t").partitions[0]
+    (segment,) = partition.manifest.segments
+    path = partition.segment_dir / segment.file
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    key = next(group.column(i) for i in range(group.num_columns)
+               if group.column(i).path_in_schema == "key")
+    assert not key.has_dictionary_page
+    assert pq.read_table(path).column("key").to_pylist() == [b"k%d" % i for i in range(300)]
+    assert [record.offset for record in raw(partition)] == offsets
 
 
 def test_active_segment_and_young_segments_are_never_compacted(

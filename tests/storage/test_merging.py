@@ -299,3 +299,27 @@ def test_a_merge_below_a_running_compactions_horizon_lets_it_commit(
     assert [info.file for info in partition.manifest.segments] == [merged_file.file]
     assert partition.manifest.horizon == merged_file.last_offset == 7
     assert_each_key_once(store, partition)
+
+
+@pytest.mark.parametrize("distinct", [False, True])
+def test_a_merged_segment_chooses_its_key_encoding_by_its_keys(tmp_path: Path,
+                                                               distinct: bool) -> None:
+    """As a seal does (sealed.keys_repeat): a dictionary for keys that repeat (five keys
+    here), plain pages for distinct ones; every record reads back the same."""
+    import pyarrow.parquet as pq
+
+    with LogStore.open(tmp_path / "data", clock=FakeClock()) as store:
+        store.create_topic(TOPIC, 1, CONFIG)
+        partition = store.topic(TOPIC).partition(0)
+        for key in range(30):
+            store.append(TOPIC, [ProducerRecord(b"k%d" % (key if distinct else key % 5),
+                                                b"v%d" % key)])
+            partition.roll()
+        before = everything(partition)
+        merged = merge_small_segments(partition)
+        assert merged is not None
+        group = pq.ParquetFile(partition.segment_dir / merged.file).metadata.row_group(0)
+        key = next(group.column(i) for i in range(group.num_columns)
+                   if group.column(i).path_in_schema == "key")
+        assert key.has_dictionary_page is not distinct
+        assert everything(partition) == before

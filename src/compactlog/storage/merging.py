@@ -84,6 +84,7 @@ from compactlog.storage.sealed import (
     FORMAT_VERSION,
     SCHEMA,
     file_crc32c,
+    keys_repeat,
     open_writer,
     verify_file,
 )
@@ -200,12 +201,17 @@ def _write(partition: Partition, path: Path, name: str,
            run: tuple[SegmentInfo, ...]) -> SegmentInfo:
     """Steps 2 and 3: each input fetched, checked and copied in turn."""
     row_group_bytes = partition.config["parquet.row.group.bytes"]
-    writer = open_writer(path, SCHEMA, partition.config["parquet.compression"])
+    compression = partition.config["parquet.compression"]
+    writer: pq.ParquetWriter | None = None
     pending: list[pa.Table] = []  # rows for the next row groups, under row_group_bytes
 
     def write_pending() -> None:
+        nonlocal writer
         table = pa.concat_tables(pending)
         rows = max(1, int(table.num_rows * row_group_bytes / max(1, table.nbytes)))
+        # The first rows choose the key encoding, as a seal's first row group does.
+        writer = writer or open_writer(path, SCHEMA, compression,
+                                       key_dictionary=keys_repeat(table.slice(0, rows)))
         writer.write_table(table, row_group_size=rows)
         pending.clear()
 
@@ -218,13 +224,15 @@ def _write(partition: Partition, path: Path, name: str,
                 write_pending()
         if pending:
             write_pending()
+        writer = writer or open_writer(path, SCHEMA, compression)
         writer.add_key_value_metadata({
             "compactlog.format": FORMAT_VERSION,
             "compactlog.base_offset": str(run[0].base_offset),
             "compactlog.last_offset": str(run[-1].last_offset),
         })
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
     fsutil.fsync_path(path)
     stamped = [info for info in run if info.record_count]
     return SegmentInfo(

@@ -10,7 +10,9 @@ and the batch fields needed to rebuild Kafka record batches for the wire (batch 
 last offset, attributes, producer id, epoch and base sequence).
 
 Row groups hold about `parquet.row.group.bytes` of records, and carry min/max statistics
-on offset and timestamp, so a read seeks to its row group from the footer alone.
+on offset and timestamp, so a read seeks to its row group from the footer alone. The key
+column has a dictionary only where keys repeat (`keys_repeat`, decided by a file's first
+row group; never in ledger files, whose live keys are distinct): elsewhere it only costs.
 """
 
 from __future__ import annotations
@@ -121,16 +123,31 @@ class WriteOptions:
     compression: str
 
 
+# A key dictionary pays when keys repeat: at most this share of a row group's rows
+# distinct (bench/key_encoding.py: plain keys read in 0.69-0.75x the time where every key
+# is distinct, 0.87-0.96x at a third distinct, 1.2x at 100 keys in 250,000 rows).
+KEY_DICTIONARY_MAX_DISTINCT = 0.2
+
+
+def keys_repeat(table: pa.Table) -> bool:
+    """Whether `table`'s keys repeat enough for a key dictionary (see
+    KEY_DICTIONARY_MAX_DISTINCT): the first row group decides for its file."""
+    keys = table.column("key")
+    distinct = pc.count_distinct(keys, mode="only_valid").as_py()
+    return bool(distinct <= KEY_DICTIONARY_MAX_DISTINCT * max(1, keys.length() - keys.null_count))
+
+
 def open_writer(path: Path, schema: pa.Schema, compression: str,
                 key_dictionary: bool = True) -> pq.ParquetWriter:
     """A Parquet writer with the layout of sealed data (segments and ledger files alike):
     offset statistics for seeking, delta-encoded offsets, page checksums.
 
-    `key_dictionary=False` for ledger files, whose keys are distinct (each live key
-    once): a dictionary only costs there. For a 250,000-row ledger file, plain keys read
-    (key and offset) in 0.69x the time, the file writes in 0.88x and is 2% smaller; a
-    segment keeps the dictionary, which wins where keys repeat within a row group (100
-    keys: plain reads take 1.2x). bench/key_encoding.py, docs/benchmarks.md."""
+    `key_dictionary=False` where keys do not repeat (`keys_repeat`): always for ledger
+    files, whose live keys are distinct, and for segments whose first row group's keys
+    are mostly distinct. There a dictionary only costs: for 250,000 distinct keys, plain
+    ones read (key and offset) in 0.69x the time, the file writes in 0.88x and is 2%
+    smaller; where keys repeat (100 keys), plain reads take 1.2x.
+    bench/key_encoding.py, docs/benchmarks.md."""
     faults.point("write", path)
     dictionary = ["batch_attributes", "producer_id", "producer_epoch"]
     return pq.ParquetWriter(
@@ -161,7 +178,7 @@ def write_segment(
     `file_name` is the name the file will be published under (recorded in SegmentInfo).
     """
     buffer = _ColumnBuffer()
-    writer = open_writer(path, SCHEMA, options.compression)
+    writer: pq.ParquetWriter | None = None
     base_offset = last_offset = -1
     record_count = 0
     min_ts, max_ts = 2**63 - 1, -(2**63)
@@ -176,9 +193,10 @@ def write_segment(
                     max_ts = max(max_ts, header.max_timestamp)
                 record_count += buffer.add_batch(header, raw)
                 if buffer.nbytes >= options.row_group_bytes:
-                    writer.write_table(buffer.to_table())
+                    writer = _write_group(writer, path, options, buffer.to_table())
             if buffer:
-                writer.write_table(buffer.to_table())
+                writer = _write_group(writer, path, options, buffer.to_table())
+        writer = writer or open_writer(path, SCHEMA, options.compression)
         writer.add_key_value_metadata(
             {
                 "compactlog.format": FORMAT_VERSION,
@@ -187,7 +205,8 @@ def write_segment(
             }
         )
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
     fsutil.fsync_path(path)
     checksum = file_crc32c(path)
     if record_count == 0:
@@ -203,6 +222,16 @@ def write_segment(
         sealed_at_ms=int(time.time() * 1000),
         crc32c=checksum,
     )
+
+
+def _write_group(writer: pq.ParquetWriter | None, path: Path, options: WriteOptions,
+                 group: pa.Table) -> pq.ParquetWriter:
+    """Write one row group; the first opens the file, its keys choosing the encoding."""
+    if writer is None:
+        writer = open_writer(path, SCHEMA, options.compression,
+                             key_dictionary=keys_repeat(group))
+    writer.write_table(group)
+    return writer
 
 
 def file_crc32c(path: Path) -> int:
