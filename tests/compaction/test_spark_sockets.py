@@ -89,7 +89,9 @@ def _directory_of_a_process(folder: Path) -> tuple[subprocess.Popen[str], Path]:
     process = subprocess.Popen([sys.executable, "-c", code, str(folder)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
-    return process, Path(process.stdout.readline().strip())
+    made = Path(process.stdout.readline().strip())
+    assert made.is_absolute() and made.parent == folder, made  # not "" when it failed
+    return process, made
 
 
 def test_a_killed_processs_directory_is_swept_and_a_living_ones_is_not(
