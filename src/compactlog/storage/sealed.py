@@ -193,9 +193,13 @@ def write_segment(
                     max_ts = max(max_ts, header.max_timestamp)
                 record_count += buffer.add_batch(header, raw)
                 if buffer.nbytes >= options.row_group_bytes:
-                    writer = _write_group(writer, path, options, buffer.to_table())
+                    group = buffer.to_table()
+                    writer = writer or _open_for(path, options, group)
+                    writer.write_table(group)
             if buffer:
-                writer = _write_group(writer, path, options, buffer.to_table())
+                group = buffer.to_table()
+                writer = writer or _open_for(path, options, group)
+                writer.write_table(group)
         writer = writer or open_writer(path, SCHEMA, options.compression)
         writer.add_key_value_metadata(
             {
@@ -224,14 +228,12 @@ def write_segment(
     )
 
 
-def _write_group(writer: pq.ParquetWriter | None, path: Path, options: WriteOptions,
-                 group: pa.Table) -> pq.ParquetWriter:
-    """Write one row group; the first opens the file, its keys choosing the encoding."""
-    if writer is None:
-        writer = open_writer(path, SCHEMA, options.compression,
-                             key_dictionary=keys_repeat(group))
-    writer.write_table(group)
-    return writer
+def _open_for(path: Path, options: WriteOptions, first_group: pa.Table) -> pq.ParquetWriter:
+    """The segment's writer, opened at its first row group, whose keys choose the key
+    column's encoding (kept in a variable before anything is written, so that a failed
+    write still closes it)."""
+    return open_writer(path, SCHEMA, options.compression,
+                       key_dictionary=keys_repeat(first_group))
 
 
 def file_crc32c(path: Path) -> int:
