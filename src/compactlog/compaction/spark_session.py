@@ -26,8 +26,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import javaproperties
-
 from compactlog.compaction import spark_class_archive
 from compactlog.compaction.spark_sockets import unix_socket_conf
 
@@ -92,6 +90,8 @@ def user_spark_defaults() -> dict[str, str]:
     """The settings of spark-defaults.conf in the JVM's configuration directory
     (SPARK_CONF_DIR, as `spark_environment` leaves it): the user's, since compactlog's
     own directories hold none. Empty when there is no such file or it cannot be read."""
+    import javaproperties  # here: it imports xml and urllib (45 ms), only for a session
+
     path = Path(os.environ.get("SPARK_CONF_DIR", "")) / "spark-defaults.conf"
     try:
         with path.open(encoding="utf-8") as text:
