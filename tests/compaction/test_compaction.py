@@ -212,6 +212,15 @@ def test_second_compaction_reads_the_ledger_and_only_new_segments(
     assert compacted(partition) == expected
 
 
+def key_chunk(path: Path) -> Any:
+    """The metadata of the key column's chunk in the first row group of `path`."""
+    import pyarrow.parquet as pq
+
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    names = [group.column(i).path_in_schema for i in range(group.num_columns)]
+    return group.column(names.index("key"))
+
+
 def test_ledger_files_write_keys_plain_and_segments_with_a_dictionary(
     store: LogStore, clock: FakeClock, service: Compactor
 ) -> None:
@@ -231,14 +240,9 @@ def test_ledger_files_write_keys_plain_and_segments_with_a_dictionary(
     (ledger,) = partition.manifest.ledger
     (segment,) = partition.manifest.segments
 
-    def key_column(path: Path) -> Any:
-        group = pq.ParquetFile(path).metadata.row_group(0)
-        names = [group.column(i).path_in_schema for i in range(group.num_columns)]
-        return group.column(names.index("key"))
-
     ledger_path = partition.ledger_dir / ledger.file
-    assert not key_column(ledger_path).has_dictionary_page
-    assert key_column(partition.segment_dir / segment.file).has_dictionary_page
+    assert not key_chunk(ledger_path).has_dictionary_page
+    assert key_chunk(partition.segment_dir / segment.file).has_dictionary_page
     expected = sorted(b"k%d" % k for k in range(50))
     assert sorted(pq.read_table(ledger_path).column("key").to_pylist()) == expected
     rows = duckdb.sql(f"SELECT key FROM read_parquet('{ledger_path}') ORDER BY key")
@@ -259,10 +263,7 @@ def test_a_segment_of_distinct_keys_is_sealed_with_plain_keys(
     partition = store.topic("t").partitions[0]
     (segment,) = partition.manifest.segments
     path = partition.segment_dir / segment.file
-    group = pq.ParquetFile(path).metadata.row_group(0)
-    key = next(group.column(i) for i in range(group.num_columns)
-               if group.column(i).path_in_schema == "key")
-    assert not key.has_dictionary_page
+    assert not key_chunk(path).has_dictionary_page
     assert pq.read_table(path).column("key").to_pylist() == [b"k%d" % i for i in range(300)]
     assert [record.offset for record in raw(partition)] == offsets
 

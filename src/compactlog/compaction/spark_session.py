@@ -96,7 +96,12 @@ def user_spark_defaults() -> dict[str, str]:
     try:
         with path.open(encoding="utf-8") as text:
             found = javaproperties.load(text)
-    except (OSError, UnicodeDecodeError, ValueError):
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        # Spark's launcher would stumble on it too; say so rather than drop it silently.
+        logging.getLogger(__name__).warning(
+            "%s: not read (%s); compactlog's Spark defaults apply", path, error)
         return {}
     # Spark trims each value (Utils.getPropertiesFromFile).
     return {str(key): str(value).strip() for key, value in found.items()}

@@ -84,7 +84,7 @@ from compactlog.storage.sealed import (
     FORMAT_VERSION,
     SCHEMA,
     file_crc32c,
-    keys_repeat,
+    open_segment_writer,
     open_writer,
     verify_file,
 )
@@ -210,8 +210,7 @@ def _write(partition: Partition, path: Path, name: str,
         table = pa.concat_tables(pending)
         rows = max(1, int(table.num_rows * row_group_bytes / max(1, table.nbytes)))
         # The first rows choose the key encoding, as a seal's first row group does.
-        writer = writer or open_writer(path, SCHEMA, compression,
-                                       key_dictionary=keys_repeat(table.slice(0, rows)))
+        writer = writer or open_segment_writer(path, compression, table.slice(0, rows))
         writer.write_table(table, row_group_size=rows)
         pending.clear()
 

@@ -194,11 +194,11 @@ def write_segment(
                 record_count += buffer.add_batch(header, raw)
                 if buffer.nbytes >= options.row_group_bytes:
                     group = buffer.to_table()
-                    writer = writer or _open_for(path, options, group)
+                    writer = writer or open_segment_writer(path, options.compression, group)
                     writer.write_table(group)
             if buffer:
                 group = buffer.to_table()
-                writer = writer or _open_for(path, options, group)
+                writer = writer or open_segment_writer(path, options.compression, group)
                 writer.write_table(group)
         writer = writer or open_writer(path, SCHEMA, options.compression)
         writer.add_key_value_metadata(
@@ -228,12 +228,11 @@ def write_segment(
     )
 
 
-def _open_for(path: Path, options: WriteOptions, first_group: pa.Table) -> pq.ParquetWriter:
-    """The segment's writer, opened at its first row group, whose keys choose the key
-    column's encoding (kept in a variable before anything is written, so that a failed
-    write still closes it)."""
-    return open_writer(path, SCHEMA, options.compression,
-                       key_dictionary=keys_repeat(first_group))
+def open_segment_writer(path: Path, compression: str, first_group: pa.Table) -> pq.ParquetWriter:
+    """A segment's writer (a seal's or a merge's), opened at its first row group, whose
+    keys choose the key column's encoding (`keys_repeat`). Callers keep it in a variable
+    before writing anything, so that a failed write still closes it."""
+    return open_writer(path, SCHEMA, compression, key_dictionary=keys_repeat(first_group))
 
 
 def file_crc32c(path: Path) -> int:
