@@ -18,7 +18,11 @@ Rows:
 - `delete file: ...`: the state table's position-delete file of the same positions
   (`iceberg.deletes.delete_file_bytes`, whose file_path column is a dictionary of the
   one path) against the same file built from a copy of the path per position, as
-  before.
+  before;
+- `mask: ...`: which of the file's rows the DV deletes (`storage.deleted_mask`, as a
+  compaction finds a DV's positions and a reader drops its rows), through a table of
+  the file's offset span (the product, for a span of at most DENSE_SPAN offsets a row)
+  against a binary search of each deleted offset among the file's (before).
 
 Each row is timed `--runs` times after one untimed run; the table gives the median and
 the minimum, the ratio of medians to the row's baseline, and each file's size. Every
@@ -47,7 +51,12 @@ from compactlog import fsutil
 from compactlog.compaction.incremental import merge_sorted
 from compactlog.iceberg.deletes import delete_file_bytes
 from compactlog.iceberg.schema import DELETE_SCHEMA
-from compactlog.storage import file_crc32c, read_deletion_vector, write_deletion_vector
+from compactlog.storage import (
+    deleted_mask,
+    file_crc32c,
+    read_deletion_vector,
+    write_deletion_vector,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import commit, machine_info
@@ -55,15 +64,18 @@ from machine_info import commit, machine_info
 URL = "file:///var/lib/compactlog/topics/prices/0/ledger/00000000000000000000-run-0.parquet"
 
 
-def workload(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(old DV's offsets, the run's removals, the union, its positions) for a file of
-    `rows` rows whose offsets ascend with gaps (a ledger file)."""
+def workload(rows: int, seed: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(old DV's offsets, the run's removals, the union, its positions, the file's
+    offsets) for a file of `rows` rows whose offsets ascend with gaps (a ledger file:
+    one offset in ten)."""
     rng = np.random.default_rng(seed)
     offsets = np.sort(rng.choice(np.arange(rows * 10, dtype=np.int64), rows, replace=False))
     gone = rng.random(rows) < 0.63
     positions = np.flatnonzero(gone).astype(np.int64)
     old = rng.random(len(positions)) < 1 / 3
-    return offsets[positions[old]], offsets[positions[~old]], offsets[positions], positions
+    return (offsets[positions[old]], offsets[positions[~old]], offsets[positions], positions,
+            offsets)
 
 
 def write_before(path: Path, offsets: np.ndarray, positions: np.ndarray) -> None:
@@ -79,6 +91,17 @@ def delete_file_before(data_file_url: str, positions: np.ndarray) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", use_dictionary=["file_path"])
     return bytes(sink.getvalue().to_pybytes())
+
+
+def mask_before(offsets: np.ndarray, deleted: np.ndarray) -> np.ndarray:
+    """deleted_mask of an ascending group with gaps as it was: each deleted offset
+    within the group's range searched for among the group's offsets."""
+    first, last = int(offsets[0]), int(offsets[-1])
+    within = deleted[np.searchsorted(deleted, first):np.searchsorted(deleted, last, "right")]
+    found = np.zeros(len(offsets), bool)
+    position = np.searchsorted(offsets, within)
+    found[position[offsets[position] == within]] = True
+    return found
 
 
 def timed(runs: int, body: Callable[[], object]) -> list[float]:
@@ -99,7 +122,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     info = machine_info()
-    old, removed, union, positions = workload(args.rows, args.seed)
+    old, removed, union, positions, offsets = workload(args.rows, args.seed)
     print(f"deletion vector bench, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
           f"commit {commit()}; {info['cpu']}, {info['cores']} cores, {info['memory']}; "
           f"pyarrow {pa.__version__}, numpy {np.__version__}; a ledger file of "
@@ -130,10 +153,16 @@ def main() -> None:
             ("delete file: a path per position (before)",
              timed(args.runs, lambda: delete_file_before(URL, positions)), "delete",
              len(delete_file_before(URL, positions))),
+            ("mask: a table of the span (the product)",
+             timed(args.runs, lambda: deleted_mask(offsets, union)), "mask", None),
+            ("mask: binary search (before)",
+             timed(args.runs, lambda: mask_before(offsets, union)), "mask", None),
         ]
         for path in (product, before):
             assert np.array_equal(read_deletion_vector(path), union), path
         assert np.array_equal(merge_sorted(old, removed), np.union1d(old, removed))
+        assert np.array_equal(np.flatnonzero(deleted_mask(offsets, union)), positions)
+        assert np.array_equal(mask_before(offsets, union), deleted_mask(offsets, union))
         for made in (delete_file_bytes, delete_file_before):
             table = pq.read_table(pa.BufferReader(made(URL, positions)))
             assert table.schema.equals(DELETE_SCHEMA, check_metadata=True), made
@@ -149,7 +178,8 @@ def main() -> None:
               f"{'' if size is None else f'{size / 1e6:8.2f}'}")
     print("(x before: the row's median over the median of the same step as before; every "
           "file read back the same offsets, every merge gave the same union, both delete "
-          "files read back with the Iceberg delete schema and the same positions)")
+          "files read back with the Iceberg delete schema and the same positions, both masks "
+          "gave the DV's positions)")
 
 
 if __name__ == "__main__":

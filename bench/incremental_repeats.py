@@ -23,6 +23,8 @@ Nothing is verified here: bench/compaction.py verifies the same runs' outputs.
     .venv/bin/python bench/incremental_repeats.py --data-dir /tmp/adoptbench/10m
     .venv/bin/python bench/incremental_repeats.py --data-dir /tmp/adoptbench/10m \\
         --percent 10 --repeats 5 --spark-conf spark.python.unix.domain.socket.enabled=false
+    .venv/bin/python bench/incremental_repeats.py --data-dir /tmp/adoptbench/10m \\
+        --percent 10 --incremental-topic-config compaction.ledger.rewrite.live.fraction=0.3
 """
 
 from __future__ import annotations
@@ -89,11 +91,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--spark-master", default="local[2]")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--topic-config", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--topic-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="a topic setting for every run (repeatable)")
+    parser.add_argument("--incremental-topic-config", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="a topic setting for the incremental runs only, set after "
+                             "the full runs (repeatable): e.g. what a topic tuned for "
+                             "cheap incremental runs pays, against the default full run")
     args = parser.parse_args()
     if args.repeats < 1 or any("=" not in item for item in
-                               [*args.spark_conf, *args.topic_config]):
-        parser.error("--repeats must be >= 1; --spark-conf and --topic-config take KEY=VALUE")
+                               [*args.spark_conf, *args.topic_config,
+                                *args.incremental_topic_config]):
+        parser.error("--repeats must be >= 1; --spark-conf, --topic-config and "
+                     "--incremental-topic-config take KEY=VALUE")
     workload, _ = load_workload(args.data_dir)
     info = machine_info()
     print(f"incremental repeats bench, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
@@ -101,10 +111,13 @@ def main() -> None:
           f"{workload.records:,} records, {workload.keys:,} keys, {args.percent:g}% more, "
           f"{args.repeats} timed runs of each step; master {args.spark_master}; "
           f"spark conf {args.spark_conf or 'the product defaults'}; topic config "
-          f"{args.topic_config or 'the defaults'}", flush=True)
+          f"{args.topic_config or 'the defaults'}; incremental runs' topic config "
+          f"{args.incremental_topic_config or 'the same'}", flush=True)
     factory = SparkCompactionServiceFactory()
     conf = dict(item.split("=", 1) for item in args.spark_conf)
     topic_config = dict(item.split("=", 1) for item in args.topic_config)
+    incremental_config = topic_config | dict(item.split("=", 1)
+                                             for item in args.incremental_topic_config)
     began = time.monotonic()
     session = factory.start_session({"spark.master": args.spark_master, "spark.conf": conf})
     print(f"session start-up, with its warming job: {time.monotonic() - began:.1f} s")
@@ -119,7 +132,7 @@ def main() -> None:
             append_records(store, Draws(workload, stream=2), count)
         clone(work, appended)
         incremental, _ = repeated(f"incremental after {args.percent:g}%", appended, work,
-                                  factory, settings, topic_config, args.repeats)
+                                  factory, settings, incremental_config, args.repeats)
     session.stop()
     ratio = statistics.median(incremental) / statistics.median(full)
     target = 0.10 if args.percent <= 1 else 0.30

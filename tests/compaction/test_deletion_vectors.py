@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
@@ -316,10 +316,16 @@ def test_small_runs_picks_neighbours_of_like_size(sizes: list[int], merged: list
     ),
     deleted=st.lists(st.integers(-10, 130), max_size=80).map(sorted),
 )
+# One group per path of an ascending group: dense, a table of its span (span <= 32 a
+# row: 3 rows over 90 offsets), a binary search (2 rows over 100 offsets).
+@example(start=0, offsets=[0, 1, 2, 3], deleted=[1, 3, 9])
+@example(start=7, offsets=[0, 45, 89], deleted=[7, 52, 60, 96, 200])
+@example(start=-3, offsets=[0, 99], deleted=[-3, 50, 96, 97])
 def test_deleted_mask_is_membership_in_the_sorted_array(
         start: int, offsets: list[int], deleted: list[int]) -> None:
-    """deleted_mask, on either of its paths (ascending groups look the members up in
-    the group), is exactly "offset i is in `deleted`"."""
+    """deleted_mask, on each of its paths (an ascending group without gaps, one indexed
+    through a table of its span, one searched; a group in any order), is exactly
+    "offset i is in `deleted`"."""
     shifted = np.asarray([start + offset for offset in offsets], dtype=np.int64)
     members = np.asarray(deleted, dtype=np.int64)
     assert np.array_equal(deleted_mask(shifted, members), np.isin(shifted, members))

@@ -47,6 +47,13 @@ DV_WRITE_OPTIONS: dict[str, object] = {
     "column_encoding": "DELTA_BINARY_PACKED"}
 
 
+# deleted_mask of an ascending group spanning at most this many offsets per row indexes
+# a table of bools over the span (at most 32 bytes a row) instead of searching: for a
+# ledger file of 250,000 rows (one offset in ten) and a DV of 157,000 of them, 0.9 ms
+# against 4.4 ms; 1M rows, 3.7 against 20.0 ms (bench/deletion_vectors.py, "mask").
+DENSE_SPAN = 32
+
+
 def dv_file_name(ledger_file: str, run_id: str) -> str:
     """The DV of `ledger_file` written by run `run_id` (unique per file and run)."""
     stem = ledger_file.removesuffix(".parquet")
@@ -142,17 +149,26 @@ def deleted_mask(offsets: np.ndarray, deleted: np.ndarray) -> np.ndarray:
 
 def _ascending_mask(offsets: np.ndarray, deleted: np.ndarray) -> np.ndarray:
     """deleted_mask for strictly ascending `offsets` (a file's row group): only the
-    members of `deleted` within the group's range are looked up, in the group, so the
-    cost follows those members rather than the group's rows (phase 2 keeps about one
-    row in ten of a dirty segment); a group without gaps takes them by subtraction."""
+    members of `deleted` within the group's range are looked up, so the cost follows
+    those members and the group's rows, not the size of `deleted` (phase 2 keeps about
+    one row in ten of a dirty segment). A group whose offsets span at most DENSE_SPAN
+    times its rows (a segment's are dense; a ledger file's keep about one in ten) takes
+    them by indexing a table of its span; a sparser one by binary search."""
     first, last = int(offsets[0]), int(offsets[-1])
     within = deleted[np.searchsorted(deleted, first):np.searchsorted(deleted, last, "right")]
-    found = np.zeros(len(offsets), bool)
-    if last - first == len(offsets) - 1:  # every offset of the range, in order
+    span = last - first + 1
+    if span == len(offsets):  # every offset of the range, in order: no table needed
+        found = np.zeros(len(offsets), bool)
         found[within - first] = True
-    else:
-        position = np.searchsorted(offsets, within)  # < len(offsets): within <= last
-        found[position[offsets[position] == within]] = True
+        return found
+    if span <= DENSE_SPAN * len(offsets):
+        table = np.zeros(span, bool)
+        table[within - first] = True
+        dense: np.ndarray = table[offsets - first]
+        return dense
+    found = np.zeros(len(offsets), bool)
+    position = np.searchsorted(offsets, within)  # < len(offsets): within <= last
+    found[position[offsets[position] == within]] = True
     return found
 
 
