@@ -1,7 +1,8 @@
 """Starting the compaction session (compaction/spark_session.py): the order of its
 settings (--spark-conf, then the user's spark-defaults.conf, then compactlog's
-defaults), the user's configuration directory, and the session's workers on the
-private socket directory (spark_sockets.py).
+defaults), its master (the one given, else the file's spark.master, else local[*]),
+the user's configuration directory, and the session's workers on the private socket
+directory (spark_sockets.py).
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from compactlog.compaction.spark_service import SparkCompactionService
 from compactlog.compaction.spark_session import (
     DEFAULT_CONF,
+    DEFAULT_MASTER,
     LOCAL_CONF,
+    default_master,
     session_settings,
     spark_environment,
     user_spark_defaults,
 )
 from compactlog.compaction.spark_sockets import UNIX_SOCKET_DIR, UNIX_SOCKET_ENABLED
+from compactlog.server.compaction_processes import ProcessSettings
 
 
 def test_the_sessions_workers_talk_over_the_private_directory(spark: SparkSession) -> None:
@@ -88,15 +93,57 @@ def test_a_spark_homes_own_configuration_is_the_users(
     assert user_spark_defaults() == {"spark.sql.shuffle.partitions": "64"}
 
 
+def test_the_master_is_the_given_one_else_the_files_else_local(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As spark-submit takes it: a master given wins; without one, spark.master of the
+    user's spark-defaults.conf (in SPARK_CONF_DIR, or $SPARK_HOME/conf); else local[*].
+    A spark-defaults.conf in the working directory is nobody's configuration."""
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spark-defaults.conf").write_text("spark.master local[5]\n")
+    assert default_master() == DEFAULT_MASTER == "local[*]"
+    home_conf = tmp_path / "home" / "conf"
+    home_conf.mkdir(parents=True)
+    (home_conf / "spark-defaults.conf").write_text("spark.master local[3]\n")
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "home"))
+    assert default_master() == "local[3]"
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text("spark.master   spark://10.0.0.9:7077 \n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    assert default_master() == "spark://10.0.0.9:7077"
+    # Where a run's tasks go is decided from the same master before any session starts.
+    (conf_dir / "spark-defaults.conf").write_text("spark.master local[3]\n")
+    assert SparkCompactionService.local_cores(_service({})) == 3
+    assert SparkCompactionService.local_cores(_service({"spark.master": "local[2]"})) == 2
+
+
+def _service(settings: dict[str, str]) -> SparkCompactionService:
+    """A service object holding only `settings`, for the methods that read nothing else."""
+    service = SparkCompactionService.__new__(SparkCompactionService)
+    service.settings = dict(settings)
+    return service
+
+
+def test_the_servers_runs_pass_a_master_only_when_it_has_one(tmp_path: Path) -> None:
+    """The server's compaction processes get --spark-master only when its spark_master
+    is set; otherwise each process takes the default, spark-defaults.conf's first."""
+    unset = ProcessSettings(tmp_path, "", {}, None, 60.0)
+    assert "--spark-master" not in unset.engine_args()
+    given = ProcessSettings(tmp_path, "local[1]", {}, None, 60.0)
+    assert given.engine_args()[:2] == ["--spark-master", "local[1]"]
+
+
 SHOW_SETTINGS = """
 import json, sys
 from pathlib import Path
 from compactlog.compaction.spark_session import start_session
 log_file = Path(sys.argv[1]) if len(sys.argv) > 1 else None
-session = start_session("local[1]", {"spark.ui.enabled": "false"}, log_file=log_file)
+session = start_session(None, {"spark.ui.enabled": "false"}, log_file=log_file)
 conf = session.sparkContext.getConf()
 names = ["spark.sql.shuffle.partitions", "spark.python.unix.domain.socket.enabled",
-         "spark.ui.enabled", "spark.driver.extraJavaOptions"]
+         "spark.ui.enabled", "spark.driver.extraJavaOptions", "spark.master"]
 print(json.dumps({name: conf.get(name) for name in names}))
 session.stop()
 """
@@ -108,7 +155,8 @@ def test_a_real_session_takes_the_users_spark_defaults(tmp_path: Path,
                                                       to_log_file: bool) -> None:
     """A JVM started by start_session (with the console's builder, or launched with its
     output in a log file, as the CLI does) has the user's spark-defaults.conf values
-    where compactlog has defaults of its own, and --spark-conf's over the file's."""
+    where compactlog has defaults of its own, and --spark-conf's over the file's; with
+    no master given, it runs on the file's spark.master."""
     import json
     import subprocess
     import sys
@@ -116,6 +164,7 @@ def test_a_real_session_takes_the_users_spark_defaults(tmp_path: Path,
     conf_dir = tmp_path / "conf"
     conf_dir.mkdir()
     (conf_dir / "spark-defaults.conf").write_text(
+        "spark.master local[1]\n"
         "spark.sql.shuffle.partitions 13\n"
         "spark.python.unix.domain.socket.enabled false\n"
         "spark.ui.enabled true\n"
@@ -128,6 +177,6 @@ def test_a_real_session_takes_the_users_spark_defaults(tmp_path: Path,
     shown = json.loads(done.stdout.strip().splitlines()[-1])
     # Spark puts its own module options before the user's.
     assert shown.pop("spark.driver.extraJavaOptions").endswith(" -Dcompactlog.test=1")
-    assert shown == {"spark.sql.shuffle.partitions": "13",
+    assert shown == {"spark.master": "local[1]", "spark.sql.shuffle.partitions": "13",
                      "spark.python.unix.domain.socket.enabled": "false",
                      "spark.ui.enabled": "false"}  # the caller's, over the file's

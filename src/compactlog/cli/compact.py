@@ -32,6 +32,7 @@ from compactlog.compaction.daemon import WorkerGone, WorkerInfo, ask, running_wo
 from compactlog.compaction.rolled import RollThrough
 from compactlog.compaction.runner import chosen_partitions
 from compactlog.compaction.spark_jobs import SPARK_START, SPARK_TASKS
+from compactlog.compaction.spark_session import MASTER_DEFAULT_TEXT, default_master
 from compactlog.compaction.status import CompactionStatus, is_locked, read_status
 from compactlog.compaction.worker import CompactionWorker, protocol_stdout
 from compactlog.compaction.worker import serve as serve_requests
@@ -53,8 +54,8 @@ STAGES = ["plan", "phase 1: find survivors", "phase 2: write ledgers", "commit",
 @click.argument("topic")
 @click.option("--partition", "-p", "partitions", type=int, multiple=True,
               help="Compact only this partition (repeatable). Default: every partition.")
-@click.option("--spark-master", envvar="COMPACTLOG_SPARK_MASTER", default="local[*]",
-              show_default=True,
+@click.option("--spark-master", envvar="COMPACTLOG_SPARK_MASTER", default=default_master,
+              show_default=MASTER_DEFAULT_TEXT,
               help="Where Spark runs: local[*], local[N], spark://HOST:7077, or any master "
                    "Spark accepts (or set COMPACTLOG_SPARK_MASTER).")
 @click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
@@ -367,7 +368,7 @@ def spark_log_path() -> Path:
 
 
 @click.command("compact-worker", hidden=True)
-@click.option("--spark-master", default="local[*]", show_default=True,
+@click.option("--spark-master", default=default_master, show_default=MASTER_DEFAULT_TEXT,
               help="Where Spark runs, as for `compact`.")
 @click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="A Spark setting, passed through (repeatable).")

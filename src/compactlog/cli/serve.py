@@ -71,7 +71,8 @@ from compactlog.server.server_config import ServerConfig
 #   io_max_bytes_per_s = 0           # compaction bytes read+written per second (0: unlimited)
 #   run_timeout_s = 3600.0           # a run going longer is stopped
 #   keep_warm_s = 300.0              # keep a compaction process (Spark) warm this long; 0: off
-#   spark_master = "local[*]"        # where compaction runs
+#   spark_master = "local[*]"        # where compaction runs (default: spark.master in
+#                                    # your spark-defaults.conf, else local[*])
 #   spark_conf = { "spark.driver.memory" = "2g" }   # Spark settings, passed through
 #   without_spark = false            # true: run every topic's compaction tasks in the
 #                                    # compaction process, no Spark job, no JVM (for tests

@@ -34,6 +34,7 @@ from compactlog.compaction.daemon import (
     running_worker,
     serve,
 )
+from compactlog.compaction.spark_session import MASTER_DEFAULT_TEXT, default_master
 from compactlog.compaction.worker import CompactionWorker
 from compactlog.config import parse_assignments
 from compactlog.errors import CompactlogError
@@ -51,8 +52,9 @@ class WorkerStartError(CompactlogError):
 def spark_options(command: Any) -> Any:
     """The Spark options `start` and the hidden `run` share with `compact`."""
     for option in reversed([
-        click.option("--spark-master", envvar="COMPACTLOG_SPARK_MASTER", default="local[*]",
-                     show_default=True, help="Where Spark runs, as for `compact`."),
+        click.option("--spark-master", envvar="COMPACTLOG_SPARK_MASTER",
+                     default=default_master, show_default=MASTER_DEFAULT_TEXT,
+                     help="Where Spark runs, as for `compact`."),
         click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
                      help="A Spark setting, passed through (repeatable)."),
         click.option("--service", envvar="COMPACTLOG_COMPACTION_SERVICE", default=None,

@@ -28,7 +28,7 @@ from compactlog.compaction.plan import PartitionPlan
 from compactlog.compaction.runner import Progress, run_compaction
 from compactlog.compaction.spark_jobs import SPARK_START, RunJobs
 from compactlog.compaction.spark_pipeline import find_survivors, write_ledgers
-from compactlog.compaction.spark_session import DEFAULT_MASTER, start_session
+from compactlog.compaction.spark_session import default_master, start_session
 from compactlog.errors import UserError
 from compactlog.storage import LogStore
 
@@ -122,7 +122,8 @@ class SparkEngine:
 
 
 class SparkCompactionService(LedgerReads, TopicCompactionService):
-    """Settings: `spark.master` (default local[*]), `spark.conf` (a mapping of Spark
+    """Settings: `spark.master` (default: spark.master of the user's spark-defaults.conf,
+    else local[*]; spark_session.default_master), `spark.conf` (a mapping of Spark
     settings), `spark.session` (an existing SparkSession to use),
     `compaction.without.spark` (true: every topic's tasks run in this process, as the
     topic config of that name asks for one topic), `spark.log.file` (a Path: where the
@@ -146,7 +147,7 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
                 self.progress(SPARK_START, 0, 0)
             started = time.monotonic()
             self._spark = start_session(
-                self.settings.get("spark.master") or DEFAULT_MASTER,
+                self.settings.get("spark.master") or None,
                 self.settings.get("spark.conf") or {},
                 log_file=self.settings.get("spark.log.file"),
             )
@@ -159,7 +160,7 @@ class SparkCompactionService(LedgerReads, TopicCompactionService):
         never starts a session."""
         given = self.settings.get("spark.session")
         master = (given.sparkContext.master if given is not None
-                  else self.settings.get("spark.master") or DEFAULT_MASTER)
+                  else self.settings.get("spark.master") or default_master())
         return local_master_cores(str(master))
 
     def compact(self, partitions: Sequence[int] | None = None) -> CompactionReport:
@@ -239,7 +240,7 @@ class SparkCompactionServiceFactory:
     def start_session(self, settings: Mapping[str, Any]) -> SparkSession:
         """A session for a long-lived worker to keep (settings["spark.session"]), warmed
         by one small job so that the first run does not pay the JVM's first-job costs."""
-        session = start_session(settings.get("spark.master") or DEFAULT_MASTER,
+        session = start_session(settings.get("spark.master") or None,
                                 settings.get("spark.conf") or {})
         # One task per core imports the Arrow pipeline's modules (pyarrow, Parquet,
         # numpy) in Spark's Python workers, which Spark reuses between tasks

@@ -1,7 +1,9 @@
 """Starting the Spark session that runs compaction.
 
-The master is `local[*]` unless configured: `spark://host:7077` for a standalone
-cluster, or any master Spark accepts. Settings pass through unchanged (`--spark-conf
+The master is the one given (`--spark-master`, COMPACTLOG_SPARK_MASTER, the server's
+`spark_master`), else `spark.master` of the user's spark-defaults.conf, else `local[*]`
+(`default_master`): `spark://host:7077` for a standalone cluster, or any master Spark
+accepts. Settings pass through unchanged (`--spark-conf
 KEY=VALUE`). The defaults below are the ones measured fastest for this job on small
 machines (shared/notes/spark.md): few shuffle partitions, no UI, 127.0.0.1.
 
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
+# What --spark-master's help says of its default (default_master).
+MASTER_DEFAULT_TEXT = "spark.master in your spark-defaults.conf, else local[*]"
 DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -68,9 +72,8 @@ def spark_environment() -> bool:
     # empty one can be made, LOG4J2_SETTINGS' own directory, without the archive.
     # A Spark distribution's $SPARK_HOME/conf is the user's when it holds more than
     # Spark's templates: its launcher would read it (load-spark-env.sh's default).
-    home = os.environ.get("SPARK_HOME")
-    if "SPARK_CONF_DIR" not in os.environ and home and _holds_settings(Path(home) / "conf"):
-        os.environ["SPARK_CONF_DIR"] = str(Path(home) / "conf")
+    if "SPARK_CONF_DIR" not in os.environ and (found := user_conf_dir()) is not None:
+        os.environ["SPARK_CONF_DIR"] = str(found)
         return False
     empty = spark_class_archive.empty_conf_dir()
     if empty is None:
@@ -86,15 +89,33 @@ def _holds_settings(directory: Path) -> bool:
         return False
 
 
-def user_spark_defaults() -> dict[str, str]:
-    """The settings of spark-defaults.conf in the JVM's configuration directory
-    (SPARK_CONF_DIR, as `spark_environment` leaves it): the user's, since compactlog's
-    own directories hold none. Empty when there is no such file or it cannot be read."""
-    import javaproperties  # here: it imports xml and urllib (45 ms), only for a session
+def user_conf_dir() -> Path | None:
+    """The Spark configuration directory, found as Spark's launcher finds it
+    (load-spark-env.sh): SPARK_CONF_DIR, else $SPARK_HOME/conf when it holds more than
+    Spark's templates; None when neither. Once `spark_environment` has run, this may be
+    one of compactlog's own directories, which hold no spark-defaults.conf."""
+    given = os.environ.get("SPARK_CONF_DIR")
+    if given:
+        return Path(given)
+    home = os.environ.get("SPARK_HOME")
+    if home and _holds_settings(Path(home) / "conf"):
+        return Path(home) / "conf"
+    return None
 
-    path = Path(os.environ.get("SPARK_CONF_DIR", "")) / "spark-defaults.conf"
+
+def user_spark_defaults() -> dict[str, str]:
+    """The settings of spark-defaults.conf in the Spark configuration directory
+    (`user_conf_dir`): the user's, since compactlog's own directories hold none. Empty
+    when there is no such file or it cannot be read."""
+    directory = user_conf_dir()
+    if directory is None:
+        return {}
+    path = directory / "spark-defaults.conf"
     try:
         with path.open(encoding="utf-8") as text:
+            # Imported only for a file to read: it imports xml and urllib (45 ms).
+            import javaproperties
+
             found = javaproperties.load(text)
     except FileNotFoundError:
         return {}
@@ -105,6 +126,12 @@ def user_spark_defaults() -> dict[str, str]:
         return {}
     # Spark trims each value (Utils.getPropertiesFromFile).
     return {str(key): str(value).strip() for key, value in found.items()}
+
+
+def default_master() -> str:
+    """The master when none is given: spark.master of the user's spark-defaults.conf, as
+    spark-submit takes it, else local[*]."""
+    return user_spark_defaults().get("spark.master") or DEFAULT_MASTER
 
 
 def session_settings(master: str, conf: Mapping[str, str],
@@ -134,19 +161,21 @@ def driver_java_options(settings: Mapping[str, str], our_conf_dir: bool) -> str:
 
 
 def start_session(
-    master: str = DEFAULT_MASTER,
+    master: str | None = None,
     conf: Mapping[str, str] | None = None,
     app_name: str = "compactlog-compaction",
     log_file: Path | None = None,
 ) -> SparkSession:
-    """The session; with `log_file`, everything Spark's side prints goes there instead of
-    this process' stdout and stderr (see launch_jvm_logging_to)."""
+    """The session on `master` (None: `default_master`); with `log_file`, everything
+    Spark's side prints goes there instead of this process' stdout and stderr (see
+    launch_jvm_logging_to)."""
+    user_defaults = user_spark_defaults()
+    master = master or user_defaults.get("spark.master") or DEFAULT_MASTER
     our_conf_dir = spark_environment()
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
-    user_defaults = user_spark_defaults()
     settings = session_settings(master, conf or {}, user_defaults)
     # PySpark keeps its gateway (the JVM) in a class attribute: only a JVM about to
     # start takes options.

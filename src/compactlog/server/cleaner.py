@@ -74,7 +74,9 @@ class CleanerConfig:
     # Keep a compaction process (its JVM and SparkSession) this long after a run, for the
     # next one; 0: a new process per run. A warm process holds about 1-2 GiB.
     keep_warm_s: float = 300.0
-    spark_master: str = "local[*]"
+    # Where compaction runs; empty: spark.master of the user's spark-defaults.conf, else
+    # local[*] (spark_session.default_master).
+    spark_master: str = ""
     spark_conf: dict[str, str] = field(default_factory=dict)
     # Every run a Spark job unless set: then the Spark service runs its tasks inside the
     # compaction process, with no JVM (compaction.without.spark, for every topic).

@@ -62,7 +62,8 @@ class ProcessSettings:
         return env
 
     def engine_args(self) -> list[str]:
-        args = ["--spark-master", self.spark_master]
+        # Empty: the child takes spark.master of spark-defaults.conf, else local[*].
+        args = ["--spark-master", self.spark_master] if self.spark_master else []
         for key, value in self.spark_conf.items():
             args += ["--spark-conf", f"{key}={value}"]
         if self.service:
