@@ -18,6 +18,10 @@ Each run's report must say it ran as a Spark job (or, with
 `--topic-config compaction.without.spark=true`, in this process): the table says which.
 It prints each step's median and minimum seconds, the median of each report stage, and
 the ratio of the medians (the issue's target: <= 10% after 1%, <= 30% after 10%).
+What a step leaves to readers is printed too: the ledger's files, rows and live rows,
+and DuckDB's median time over 11 runs of bench/iceberg_tables.py's query on the state
+table (`iceberg_scan`, deletes applied) after the step's last run; settings that make
+runs cheaper by keeping dead rows show there.
 Nothing is verified here: bench/compaction.py verifies the same runs' outputs.
 
     .venv/bin/python bench/incremental_repeats.py --data-dir /tmp/adoptbench/10m
@@ -39,12 +43,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import duckdb
+import duckdb_extension_avro  # type: ignore[import-untyped]
+import duckdb_extension_iceberg  # type: ignore[import-untyped]
+
 from compactlog.compaction import CompactionReport
 from compactlog.compaction.spark_service import SparkCompactionServiceFactory
+from compactlog.iceberg import state_table_location
 from compactlog.storage import LogStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compaction import TOPIC, Draws, append_records, clone, load_workload, ran_on
+from iceberg_tables import QUERY, extension
 from machine_info import commit, machine_info
 
 STAGES = ("phase 2", "iceberg", "commit", "tasks: read", "tasks: group", "tasks: write")
@@ -80,7 +90,33 @@ def repeated(label: str, state: Path, work: Path, factory: SparkCompactionServic
           f"  ran on: {ran_on(reports)}", flush=True)
     print("  stage medians: " + ", ".join(f"{name} {value:.3f} s"
                                           for name, value in stages.items()), flush=True)
+    print(f"  left to readers: {what_readers_get(work)}", flush=True)
     return seconds, reports
+
+
+def what_readers_get(data_dir: Path, repeat: int = 11) -> str:
+    """The ledger's files, rows and live rows (rows less their DVs' offsets), and DuckDB's
+    median over `repeat` runs of QUERY on the state table, after one warm-up run."""
+    with LogStore.open(data_dir) as store:
+        ledger = [info for partition in store.topic(TOPIC).partitions
+                  for info in partition.manifest.ledger]
+        table = state_table_location(store, TOPIC)
+    rows = sum(info.record_count for info in ledger)
+    live = rows - sum(info.dv_count for info in ledger)
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true",
+                                 "autoinstall_known_extensions": "false"})
+    for module in (duckdb_extension_avro, duckdb_extension_iceberg):
+        con.execute(f"LOAD '{extension(module)}'")
+    query = QUERY.format(source=f"iceberg_scan('{table}')")
+    con.execute(query).fetchall()
+    took = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        con.execute(query).fetchall()
+        took.append(time.perf_counter() - began)
+    con.close()
+    return (f"ledger {len(ledger)} files, {rows:,} rows, {live:,} live; DuckDB on the state "
+            f"table: median {statistics.median(took) * 1000:.1f} ms")
 
 
 def main() -> None:
