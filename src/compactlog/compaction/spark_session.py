@@ -3,9 +3,9 @@
 The master is the one given (`--spark-master`, COMPACTLOG_SPARK_MASTER, the server's
 `spark_master`), else `spark.master` of the user's spark-defaults.conf, else `local[*]`
 (`default_master`): `spark://host:7077` for a standalone cluster, or any master Spark
-accepts. Settings pass through unchanged (`--spark-conf
-KEY=VALUE`). The defaults below are the ones measured fastest for this job on small
-machines (shared/notes/spark.md): few shuffle partitions, no UI, 127.0.0.1.
+accepts. Settings pass through unchanged (`--spark-conf KEY=VALUE`). The defaults
+below are the ones measured fastest for this job on small machines
+(shared/notes/spark.md): few shuffle partitions, no UI, 127.0.0.1.
 
 Settings, highest first, as Spark orders its own (code over spark-defaults.conf):
 `--spark-conf` (the `conf` given), then the user's spark-defaults.conf (in their
