@@ -20,6 +20,11 @@ Each row: the file written through `open_writer` with and without the key dictio
 through `ParquetFile.read_row_group` (as phase 1 reads them); median of `--runs` runs
 after one untimed run, and the ratio of medians, plain over dictionary.
 
+A second table takes the ledger workload's plain key column through each codec (the
+other columns stay zstd, the product's parquet.compression default): zstd (the
+product), lz4 (Parquet's LZ4_RAW) and none; the same timings, the file's size and the
+key column's, and the ratios to zstd's.
+
     .venv/bin/python bench/key_encoding.py
     .venv/bin/python bench/key_encoding.py --rows 1000000 --runs 21
 """
@@ -67,12 +72,56 @@ def table(rows: int, keys: int | None, seed: int) -> pa.Table:
     return pa.table([columns[name] for name in LEDGER_SCHEMA.names], schema=LEDGER_SCHEMA)
 
 
-def write(data: pa.Table, path: Path, key_dictionary: bool) -> float:
+def write(data: pa.Table, path: Path, key_dictionary: bool,
+          compression: str | dict[str, str] = "zstd") -> float:
     began = time.perf_counter()
-    writer = open_writer(path, LEDGER_SCHEMA, "zstd", key_dictionary=key_dictionary)
+    writer = open_writer(path, LEDGER_SCHEMA, compression, key_dictionary=key_dictionary)
     writer.write_table(data, row_group_size=ROW_GROUP_ROWS)
     writer.close()
     return time.perf_counter() - began
+
+
+def key_codec(path: Path, codec: str) -> dict[str, str]:
+    """Every column path of the ledger layout zstd, the key column `codec` (pyarrow
+    leaves a column the mapping does not name uncompressed). `path` is scratch."""
+    pq.write_table(LEDGER_SCHEMA.empty_table(), path)
+    schema = pq.ParquetFile(path).metadata.schema
+    return {schema.column(i).path: "zstd" for i in range(len(schema))} | {"key": codec}
+
+
+def key_bytes(path: Path) -> int:
+    metadata = pq.ParquetFile(path).metadata
+    index = metadata.schema.names.index("key")
+    return sum(metadata.row_group(group).column(index).total_compressed_size
+               for group in range(metadata.num_row_groups))
+
+
+def codec_table(data: pa.Table, scratch: Path, runs: int) -> None:
+    """The second table (see the module): the ledger's plain key column per codec."""
+    print(f"{'ledger: distinct keys':26} {'key codec':12} {'write ms':>9} {'read ms':>8} "
+          f"{'MB':>6} {'key MB':>7}  ratio to zstd (write, read, size, key size)")
+    found: dict[str, tuple[float, float, int, int]] = {}
+    for codec in ("zstd", "lz4", "none"):
+        path = scratch / f"codec-{codec}.parquet"
+        compression = key_codec(scratch / "schema.parquet", codec)
+        writes, reads = [], []
+        for run in range(runs + 1):
+            took = write(data, path, False, compression)
+            read = read_keys(path)
+            if run:
+                writes.append(took)
+                reads.append(read)
+        if not pq.read_table(path, columns=["key"]).column("key").equals(data.column("key")):
+            raise SystemExit(f"key codec {codec}: the keys read back differ from those written")
+        found[codec] = (statistics.median(writes), statistics.median(reads),
+                        path.stat().st_size, key_bytes(path))
+    base = found["zstd"]
+    for codec, (took, read, size, keys) in found.items():
+        ratios = ("baseline" if codec == "zstd" else
+                  f"{took / base[0]:.2f}x, {read / base[1]:.2f}x, {size / base[2]:.2f}x, "
+                  f"{keys / base[3]:.2f}x")
+        print(f"{'':26} {codec:12} {took * 1e3:9.1f} {read * 1e3:8.1f} {size / 1e6:6.2f} "
+              f"{keys / 1e6:7.2f}  {ratios}", flush=True)
 
 
 def read_keys(path: Path) -> float:
@@ -124,6 +173,7 @@ def main() -> None:
                 name = "dictionary" if key_dictionary else "plain"
                 print(f"{label:26} {name:12} {took * 1e3:9.1f} {read * 1e3:8.1f} "
                       f"{size / 1e6:6.2f}  {ratios}", flush=True)
+        codec_table(table(args.rows, None, seed=1), Path(scratch), args.runs)
 
 
 if __name__ == "__main__":

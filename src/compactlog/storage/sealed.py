@@ -21,7 +21,7 @@ import bisect
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
@@ -137,7 +137,7 @@ def keys_repeat(table: pa.Table) -> bool:
     return bool(distinct <= KEY_DICTIONARY_MAX_DISTINCT * max(1, keys.length() - keys.null_count))
 
 
-def open_writer(path: Path, schema: pa.Schema, compression: str,
+def open_writer(path: Path, schema: pa.Schema, compression: str | Mapping[str, str],
                 key_dictionary: bool = True) -> pq.ParquetWriter:
     """A Parquet writer with the layout of sealed data (segments and ledger files alike):
     offset statistics for seeking, delta-encoded offsets, page checksums.
@@ -147,7 +147,8 @@ def open_writer(path: Path, schema: pa.Schema, compression: str,
     are mostly distinct. There a dictionary only costs: for 250,000 distinct keys, plain
     ones read (key and offset) in 0.69x the time, the file writes in 0.88x and is 2%
     smaller; where keys repeat (100 keys), plain reads take 1.2x.
-    bench/key_encoding.py, docs/benchmarks.md."""
+    bench/key_encoding.py, docs/benchmarks.md. `compression`: parquet.compression, or a
+    codec per column path (bench/key_encoding.py compares the key column's codecs)."""
     faults.point("write", path)
     dictionary = ["batch_attributes", "producer_id", "producer_epoch"]
     return pq.ParquetWriter(
