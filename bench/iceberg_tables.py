@@ -117,11 +117,18 @@ def without_deletes(table: str, scratch: Path) -> str:
     return str(copy)
 
 
-def duckdb_times(store: LogStore, repeat: int, scratch: Path) -> dict[str, Any]:
+def iceberg_duckdb() -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the pip packages' avro and iceberg extensions loaded from
+    their folders (nothing fetched: autoinstall off)."""
     con = duckdb.connect(config={"allow_unsigned_extensions": "true",
                                  "autoinstall_known_extensions": "false"})
     con.execute(f"LOAD '{extension(duckdb_extension_avro)}'")
     con.execute(f"LOAD '{extension(duckdb_extension_iceberg)}'")
+    return con
+
+
+def duckdb_times(store: LogStore, repeat: int, scratch: Path) -> dict[str, Any]:
+    con = iceberg_duckdb()
     table = state_table_location(store, TOPIC)
     ledger = [str(p.ledger_dir / info.file) for p in store.topic(TOPIC).partitions
               for info in p.manifest.ledger]

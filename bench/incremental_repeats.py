@@ -43,10 +43,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import duckdb
-import duckdb_extension_avro  # type: ignore[import-untyped]
-import duckdb_extension_iceberg  # type: ignore[import-untyped]
-
 from compactlog.compaction import CompactionReport
 from compactlog.compaction.spark_service import SparkCompactionServiceFactory
 from compactlog.iceberg import state_table_location
@@ -54,7 +50,7 @@ from compactlog.storage import LogStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compaction import TOPIC, Draws, append_records, clone, load_workload, ran_on
-from iceberg_tables import QUERY, extension
+from iceberg_tables import QUERY, iceberg_duckdb
 from machine_info import commit, machine_info
 
 STAGES = ("phase 2", "iceberg", "commit", "tasks: read", "tasks: group", "tasks: write")
@@ -103,10 +99,7 @@ def what_readers_get(data_dir: Path, repeat: int = 11) -> str:
         table = state_table_location(store, TOPIC)
     rows = sum(info.record_count for info in ledger)
     live = rows - sum(info.dv_count for info in ledger)
-    con = duckdb.connect(config={"allow_unsigned_extensions": "true",
-                                 "autoinstall_known_extensions": "false"})
-    for module in (duckdb_extension_avro, duckdb_extension_iceberg):
-        con.execute(f"LOAD '{extension(module)}'")
+    con = iceberg_duckdb()
     query = QUERY.format(source=f"iceberg_scan('{table}')")
     con.execute(query).fetchall()
     took = []
